@@ -1,0 +1,9 @@
+//! prefix-router: a reverse proxy for LLM inference fleets that sends each request to the
+//! backend most likely to hold its prompt prefix in KV cache, without overloading any.
+#![forbid(unsafe_code)]
+
+pub mod request;
+
+/// Stable small integer naming one backend for the router's lifetime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendId(pub u32);

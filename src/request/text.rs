@@ -1,0 +1,186 @@
+//! The routing text: the conversation as the prefix tree sees it.
+//!
+//! A routing text is a list of parts whose concatenation is the text. Parts borrow the
+//! request body (the escaped bytes of JSON strings as they stand) or short static markers,
+//! so building one copies nothing of the body. This module only assembles parts; it knows
+//! nothing of JSON or of the tree.
+
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Longest inline marker, in bytes (a tag plus a 16-digit hash fits).
+const INLINE_MAX: usize = 30;
+
+/// One piece of a routing text.
+#[derive(Clone, Copy, Debug)]
+pub enum Part<'a> {
+    /// Bytes of the request body, or a static marker.
+    Borrowed(&'a [u8]),
+    /// A short marker made for this request (e.g. the hash of an image).
+    Inline { buf: [u8; INLINE_MAX], len: u8 },
+}
+
+impl AsRef<[u8]> for Part<'_> {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Part::Borrowed(bytes) => bytes,
+            Part::Inline { buf, len } => &buf[..usize::from(*len)],
+        }
+    }
+}
+
+/// The text a request is routed on, as borrowed parts.
+#[derive(Debug, Default)]
+pub struct RoutingText<'a> {
+    parts: Vec<Part<'a>>,
+    len: usize,
+    anchor: Option<usize>,
+}
+
+impl<'a> RoutingText<'a> {
+    /// An empty text with room for `parts` parts.
+    pub fn with_capacity(parts: usize) -> Self {
+        RoutingText {
+            parts: Vec::with_capacity(parts),
+            len: 0,
+            anchor: None,
+        }
+    }
+
+    /// Appends borrowed bytes; empty slices are skipped.
+    pub fn push(&mut self, bytes: &'a [u8]) {
+        if !bytes.is_empty() {
+            self.len += bytes.len();
+            self.parts.push(Part::Borrowed(bytes));
+        }
+    }
+
+    /// Appends `tag` followed by a 16-hex-digit hash of `data`: a stable stand-in for
+    /// content whose bytes should not be routed on (images, audio, files).
+    pub fn push_digest(&mut self, tag: &[u8], data: &[u8]) {
+        let mut buf = [0u8; INLINE_MAX];
+        let tag = &tag[..tag.len().min(INLINE_MAX - 17)];
+        buf[..tag.len()].copy_from_slice(tag);
+        let hex = format_hex(xxh3_64(data));
+        buf[tag.len()..tag.len() + 16].copy_from_slice(&hex);
+        buf[tag.len() + 16] = b'>';
+        let len = tag.len() + 17;
+        self.len += len;
+        // `len` is at most INLINE_MAX (30), so it fits a u8.
+        self.parts.push(Part::Inline {
+            buf,
+            len: len as u8,
+        });
+    }
+
+    /// Marks the current end as the conversation's anchor (the end of its first user
+    /// message), once: the part of the text that identifies a conversation.
+    pub fn mark_anchor(&mut self) {
+        if self.anchor.is_none() {
+            self.anchor = Some(self.len);
+        }
+    }
+
+    /// The parts, in order.
+    pub fn parts(&self) -> &[Part<'a>] {
+        &self.parts
+    }
+
+    /// Length of the text in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the text is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Length of the anchor prefix in bytes: up to the end of the first user message, or the
+    /// whole text when there is none.
+    pub fn anchor_len(&self) -> usize {
+        self.anchor.unwrap_or(self.len)
+    }
+
+    /// Feeds the first `limit` bytes of the text to `sink`, part by part.
+    pub fn for_each_prefix(&self, limit: usize, mut sink: impl FnMut(&[u8])) {
+        let mut left = limit;
+        for part in &self.parts {
+            if left == 0 {
+                break;
+            }
+            let bytes = part.as_ref();
+            let take = bytes.len().min(left);
+            sink(&bytes[..take]);
+            left -= take;
+        }
+    }
+
+    /// The text as one buffer. For tests and debugging only: routing never needs it.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len);
+        self.for_each_prefix(self.len, |b| out.extend_from_slice(b));
+        out
+    }
+}
+
+fn format_hex(value: u64) -> [u8; 16] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 16];
+    for (i, slot) in out.iter_mut().enumerate() {
+        let shift = 60 - 4 * i;
+        *slot = DIGITS[((value >> shift) & 0xf) as usize];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_concatenate_and_skip_empty() {
+        let mut text = RoutingText::with_capacity(4);
+        text.push(b"ab");
+        text.push(b"");
+        text.push_digest(b"<image:", b"data");
+        text.push(b"cd");
+        let bytes = text.to_vec();
+        assert_eq!(text.len(), bytes.len());
+        assert!(bytes.starts_with(b"ab<image:"));
+        assert!(bytes.ends_with(b">cd"));
+        assert_eq!(text.parts().len(), 3);
+    }
+
+    #[test]
+    fn digest_is_stable_and_data_dependent() {
+        let mut a = RoutingText::default();
+        let mut b = RoutingText::default();
+        a.push_digest(b"<file:", b"x");
+        b.push_digest(b"<file:", b"x");
+        assert_eq!(a.to_vec(), b.to_vec());
+        let mut c = RoutingText::default();
+        c.push_digest(b"<file:", b"y");
+        assert_ne!(a.to_vec(), c.to_vec());
+    }
+
+    #[test]
+    fn anchor_is_first_mark_or_whole_text() {
+        let mut text = RoutingText::default();
+        text.push(b"hello");
+        assert_eq!(text.anchor_len(), 5);
+        text.mark_anchor();
+        text.push(b" world");
+        text.mark_anchor();
+        assert_eq!(text.anchor_len(), 5);
+    }
+
+    #[test]
+    fn prefix_walk_stops_at_limit() {
+        let mut text = RoutingText::default();
+        text.push(b"abc");
+        text.push(b"def");
+        let mut seen = Vec::new();
+        text.for_each_prefix(4, |b| seen.extend_from_slice(b));
+        assert_eq!(seen, b"abcd");
+    }
+}
