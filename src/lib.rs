@@ -2,7 +2,14 @@
 //! backend most likely to hold its prompt prefix in KV cache, without overloading any.
 #![forbid(unsafe_code)]
 
+pub mod config;
+pub mod error;
+pub mod fleet;
+pub mod policy;
+pub mod proxy;
 pub mod request;
+pub mod server;
+pub mod tree;
 
 /// Stable small integer naming one backend for the router's lifetime.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -1,0 +1,131 @@
+//! Raw settings: every option as it comes from the config file or the command line, all
+//! optional and unvalidated. The same struct is both the TOML file's schema and the flags,
+//! so an option has one name everywhere (`max_tree_size` in the file, `--max-tree-size` on
+//! the command line). Defaults and checks live in [`super::Config`], not here.
+
+use serde::Deserialize;
+
+/// Every option of the router, unvalidated. See `conf/prefix-router.toml` for the defaults.
+#[derive(clap::Args, Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Address the data plane listens on [default: 0.0.0.0]
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Port the data plane listens on [default: 8080]
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// Backend base URLs, e.g. http://10.0.0.5:8000 (space or comma separated)
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    pub worker_urls: Option<Vec<String>>,
+    /// cache_aware | round_robin | random | least_load | power_of_two | consistent_hash [default: cache_aware]
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Minimum prefix match ratio (0..=1) for cache_aware to follow the match [default: 0.3]
+    #[arg(long)]
+    pub cache_threshold: Option<f64>,
+    /// Imbalance needs max - min in-flight requests above this [default: 64]
+    #[arg(long)]
+    pub balance_abs_threshold: Option<usize>,
+    /// Imbalance needs max in-flight above min times this [default: 1.5]
+    #[arg(long)]
+    pub balance_rel_threshold: Option<f64>,
+    /// Seconds between prefix-tree eviction runs [default: 120]
+    #[arg(long)]
+    pub eviction_interval: Option<f64>,
+    /// Bytes of prefix text remembered per backend [default: 16777216]
+    #[arg(long)]
+    pub max_tree_size: Option<usize>,
+    /// Headers carrying a session id, in order of preference [default: x-session-id]
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    pub session_headers: Option<Vec<String>>,
+    /// Seconds after which an idle session forgets its backend [default: 1800]
+    #[arg(long)]
+    pub session_ttl: Option<f64>,
+    /// Seconds between active health checks [default: 5]
+    #[arg(long)]
+    pub health_check_interval: Option<f64>,
+    /// Path of the health check GET [default: /health]
+    #[arg(long)]
+    pub health_check_path: Option<String>,
+    /// Seconds a health check may take [default: 2]
+    #[arg(long)]
+    pub health_check_timeout: Option<f64>,
+    /// Consecutive passed checks that make an unhealthy backend healthy [default: 1]
+    #[arg(long)]
+    pub health_check_successes: Option<usize>,
+    /// Consecutive failed checks that make a healthy backend unhealthy [default: 2]
+    #[arg(long)]
+    pub health_check_failures: Option<usize>,
+    /// Largest accepted request body in bytes [default: 33554432]
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+    /// Other backends tried after a failed connection [default: 2]
+    #[arg(long)]
+    pub retries: Option<usize>,
+    /// Seconds to establish an upstream connection [default: 5]
+    #[arg(long)]
+    pub connect_timeout: Option<f64>,
+    /// Seconds an upstream may stay silent: before its first byte and between chunks [default: 600]
+    #[arg(long)]
+    pub upstream_read_timeout: Option<f64>,
+    /// Seconds one write to an upstream may take [default: 60]
+    #[arg(long)]
+    pub upstream_write_timeout: Option<f64>,
+    /// Seconds an idle pooled upstream connection is kept [default: 60]
+    #[arg(long)]
+    pub pool_idle_timeout: Option<f64>,
+    /// Seconds a client may take between reads of its request body [default: 60]
+    #[arg(long)]
+    pub client_read_timeout: Option<f64>,
+    /// Worker threads of the data plane [default: number of CPUs]
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Seconds to keep serving after SIGTERM before draining [default: 1]
+    #[arg(long)]
+    pub grace_period: Option<f64>,
+    /// Seconds in-flight requests get to finish when shutting down [default: 30]
+    #[arg(long)]
+    pub shutdown_timeout: Option<f64>,
+}
+
+/// Lists each field once: `overlay` takes the value from `over` where it is set.
+macro_rules! overlay_fields {
+    ($($field:ident),* $(,)?) => {
+        impl Settings {
+            /// These settings with every option that `over` sets replaced by `over`'s value.
+            pub fn overlay(self, over: Settings) -> Settings {
+                Settings { $($field: over.$field.or(self.$field)),* }
+            }
+        }
+    };
+}
+
+overlay_fields!(
+    host,
+    port,
+    worker_urls,
+    policy,
+    cache_threshold,
+    balance_abs_threshold,
+    balance_rel_threshold,
+    eviction_interval,
+    max_tree_size,
+    session_headers,
+    session_ttl,
+    health_check_interval,
+    health_check_path,
+    health_check_timeout,
+    health_check_successes,
+    health_check_failures,
+    max_body_bytes,
+    retries,
+    connect_timeout,
+    upstream_read_timeout,
+    upstream_write_timeout,
+    pool_idle_timeout,
+    client_read_timeout,
+    threads,
+    grace_period,
+    shutdown_timeout,
+);

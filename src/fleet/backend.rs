@@ -1,0 +1,102 @@
+//! One backend: its address, its peer settings, its in-flight load and its health. Load is
+//! counted by [`LoadGuard`]s, so it is released however a request ends.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+use pingora_core::upstreams::peer::HttpPeer;
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::BackendId;
+use crate::config::Worker;
+
+/// A backend of the fleet. Shared by every snapshot that contains it, so its counters
+/// survive reloads.
+#[derive(Debug)]
+pub struct Backend {
+    /// Stable id for the router's lifetime.
+    pub id: BackendId,
+    /// The configured worker this address came from.
+    pub worker: Worker,
+    /// The resolved address.
+    pub addr: SocketAddr,
+    /// Connection settings (timeouts) for this address.
+    pub peer: HttpPeer,
+    /// Stable hash of the address, for rendezvous hashing across router replicas.
+    pub hash: u64,
+    /// `host:port` to send as the Host header.
+    pub authority: String,
+    inflight: AtomicUsize,
+    checked: AtomicBool,
+    healthy: AtomicBool,
+}
+
+impl Backend {
+    /// A backend that is not ready until its first health check passes.
+    pub fn new(id: BackendId, worker: Worker, addr: SocketAddr, peer: HttpPeer) -> Self {
+        let authority = match worker.port {
+            80 => worker.host.clone(),
+            port => format!("{}:{port}", worker.host),
+        };
+        Backend {
+            id,
+            hash: xxh3_64(addr.to_string().as_bytes()),
+            worker,
+            addr,
+            peer,
+            authority,
+            inflight: AtomicUsize::new(0),
+            checked: AtomicBool::new(false),
+            healthy: AtomicBool::new(true),
+        }
+    }
+
+    /// Requests selected for this backend and not finished.
+    pub fn load(&self) -> usize {
+        self.inflight.load(Relaxed)
+    }
+
+    /// Whether it may get requests: its first check passed and it is healthy.
+    pub fn is_ready(&self) -> bool {
+        self.checked.load(Relaxed) && self.healthy.load(Relaxed)
+    }
+
+    /// Whether the last health verdict is healthy (ignoring whether it was checked yet).
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Relaxed)
+    }
+
+    /// Records a passed health check.
+    pub fn mark_checked(&self) {
+        self.checked.store(true, Relaxed);
+    }
+
+    /// Records a health verdict.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Relaxed);
+    }
+
+    /// Counts one more request in flight until the guard drops.
+    pub fn acquire(self: &Arc<Self>) -> LoadGuard {
+        self.inflight.fetch_add(1, Relaxed);
+        LoadGuard(Arc::clone(self))
+    }
+}
+
+/// One request in flight on a backend; dropping it releases the load.
+#[derive(Debug)]
+pub struct LoadGuard(Arc<Backend>);
+
+impl LoadGuard {
+    /// The backend this load is on.
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.0
+    }
+}
+
+impl Drop for LoadGuard {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Relaxed);
+    }
+}

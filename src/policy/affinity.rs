@@ -1,0 +1,124 @@
+//! Session affinity on top of any policy: a request with a session key goes to the backend
+//! that last served the session while that backend is ready and not past the imbalance
+//! bound; otherwise the policy places it and the session follows.
+
+use std::time::Duration;
+
+use super::{Candidate, Decision, Outcome, Policy, Request, Sessions, overloaded};
+use crate::BackendId;
+use crate::config::Balance;
+use crate::tree::TreeStats;
+
+/// The policy with session affinity: what the proxy asks to choose a backend.
+pub struct Selector {
+    policy: Box<dyn Policy>,
+    sessions: Sessions,
+    balance: Balance,
+}
+
+impl Selector {
+    /// `policy` with sessions that expire after `session_ttl` idle.
+    pub fn new(policy: Box<dyn Policy>, balance: Balance, session_ttl: Duration) -> Self {
+        Selector {
+            policy,
+            sessions: Sessions::new(session_ttl, super::sessions::MAX_SESSIONS),
+            balance,
+        }
+    }
+
+    /// Picks one of `candidates` (never empty) for `request`.
+    pub fn select(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        if let Some(decision) = self.by_session(request, candidates) {
+            return decision;
+        }
+        let decision = self.policy.choose(request, candidates);
+        if let Some(key) = request.session {
+            self.sessions.set(key, candidates[decision.index].id);
+        }
+        decision
+    }
+
+    fn by_session(&self, request: &Request, candidates: &[Candidate]) -> Option<Decision> {
+        let key = request.session?;
+        let backend = self.sessions.get(key)?;
+        let index = candidates.iter().position(|c| c.id == backend)?;
+        if overloaded(candidates[index].load, candidates, &self.balance) {
+            return None;
+        }
+        self.policy.record(request, backend);
+        self.sessions.set(key, backend);
+        Some(Decision::new(index, Outcome::Session))
+    }
+
+    /// Periodic upkeep: expire sessions, evict the tree, forget dead backends.
+    pub fn maintain(&self, live: &dyn Fn(BackendId) -> bool) {
+        self.sessions.sweep(live);
+        self.policy.maintain(live);
+    }
+
+    /// Whether upkeep is due early.
+    pub fn needs_upkeep(&self) -> bool {
+        self.policy.needs_upkeep()
+    }
+
+    /// Prefix-tree figures, if the policy keeps a tree.
+    pub fn tree_stats(&self) -> Option<TreeStats> {
+        self.policy.tree_stats()
+    }
+
+    /// Sessions remembered.
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::*;
+    use crate::policy::{PolicyParams, choose};
+    use crate::tree::TreeConfig;
+
+    fn selector(name: &str) -> Selector {
+        let balance = Balance { abs: 4, rel: 1.5 };
+        let params = PolicyParams { cache_threshold: 0.3, balance, tree: TreeConfig::default() };
+        let policy = choose(name).unwrap().build(&params);
+        Selector::new(policy, balance, Duration::from_secs(60))
+    }
+
+    #[test]
+    fn a_session_stays_even_when_texts_share_nothing() {
+        for name in ["cache_aware", "round_robin", "random", "least_load", "power_of_two"] {
+            let s = selector(name);
+            let (a, b) = (text("first text"), text("entirely different"));
+            let first = s.select(&request(&a, Some("s1")), &candidates(&[0, 0, 0]));
+            let again = s.select(&request(&b, Some("s1")), &candidates(&[0, 0, 0]));
+            assert_eq!(first.index, again.index, "{name}");
+            assert_eq!(again.outcome, Outcome::Session);
+        }
+    }
+
+    #[test]
+    fn an_overloaded_session_backend_is_left() {
+        let s = selector("cache_aware");
+        let t = text("conversation");
+        let first = s.select(&request(&t, Some("s")), &candidates(&[0, 0]));
+        let mut loads = [0, 0];
+        loads[first.index] = 20;
+        let moved = s.select(&request(&t, Some("s")), &candidates(&loads));
+        assert_eq!(moved.index, 1 - first.index);
+        let back = s.select(&request(&t, Some("s")), &candidates(&[0, 0]));
+        assert_eq!((back.index, back.outcome), (moved.index, Outcome::Session));
+    }
+
+    #[test]
+    fn a_session_whose_backend_is_gone_is_placed_again() {
+        let s = selector("least_load");
+        let t = text("x");
+        let all = candidates(&[0, 0]);
+        let first = s.select(&request(&t, Some("s")), &all);
+        let rest: Vec<Candidate> = all.iter().copied().filter(|c| c.id != all[first.index].id).collect();
+        let next = s.select(&request(&t, Some("s")), &rest);
+        assert_eq!(next.outcome, Outcome::Balanced);
+    }
+}

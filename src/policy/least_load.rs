@@ -1,0 +1,34 @@
+//! `least_load`: the candidate with the fewest requests in flight (ties at random).
+
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, least_loaded};
+
+/// Picks the least loaded.
+pub struct LeastLoad;
+
+pub fn build(_: &PolicyParams) -> Box<dyn Policy> {
+    Box::new(LeastLoad)
+}
+
+impl Policy for LeastLoad {
+    fn choose(&self, _: &Request, candidates: &[Candidate]) -> Decision {
+        Decision::new(least_loaded(candidates), Outcome::Balanced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::*;
+
+    #[test]
+    fn picks_least_loaded_and_spreads_ties() {
+        let t = text("x");
+        assert_eq!(LeastLoad.choose(&request(&t, None), &candidates(&[3, 1, 2])).index, 1);
+        let tied = candidates(&[0, 0, 5]);
+        let mut seen = [0; 3];
+        for _ in 0..200 {
+            seen[LeastLoad.choose(&request(&t, None), &tied).index] += 1;
+        }
+        assert!(seen[0] > 0 && seen[1] > 0 && seen[2] == 0, "{seen:?}");
+    }
+}

@@ -1,0 +1,220 @@
+//! Routing policies: one trait, one file per policy, and the one table where policies are
+//! named. A policy picks among ready candidates; it knows nothing of HTTP or of the fleet.
+//! Session affinity sits on top of every policy ([`Selector`]).
+
+mod affinity;
+mod cache_aware;
+mod consistent_hash;
+mod least_load;
+mod power_of_two;
+mod random;
+mod round_robin;
+mod sessions;
+
+use std::fmt;
+
+pub use affinity::Selector;
+pub use sessions::Sessions;
+
+use crate::BackendId;
+use crate::config::Balance;
+use crate::request::{RoutingText, SessionKey};
+use crate::tree::{TreeConfig, TreeStats};
+
+/// A ready backend as a policy sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    /// Which backend.
+    pub id: BackendId,
+    /// Its requests in flight.
+    pub load: usize,
+    /// A stable hash of its address (same on every router replica).
+    pub hash: u64,
+}
+
+impl Candidate {
+    /// A candidate.
+    pub fn new(id: BackendId, load: usize, hash: u64) -> Self {
+        Candidate { id, load, hash }
+    }
+}
+
+/// What a request offers a policy.
+pub struct Request<'r, 'a> {
+    /// The model; each model has its own prefix tree.
+    pub model: &'a [u8],
+    /// The routing text (empty for unrouted paths).
+    pub text: &'r RoutingText<'a>,
+    /// The session key, when the client gave one.
+    pub session: Option<SessionKey>,
+}
+
+/// Why a backend was chosen, for logs and stats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The best prefix match was good enough to follow.
+    PrefixHit,
+    /// No match good enough: the least loaded backend.
+    PrefixMiss,
+    /// The fleet was imbalanced: the least loaded backend.
+    Imbalance,
+    /// The session's backend.
+    Session,
+    /// Placed by load or rotation alone (policies that ignore the text).
+    Balanced,
+    /// Placed by hashing a key.
+    Hashed,
+}
+
+impl Outcome {
+    /// A short label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::PrefixHit => "prefix_hit",
+            Outcome::PrefixMiss => "prefix_miss",
+            Outcome::Imbalance => "imbalance",
+            Outcome::Session => "session",
+            Outcome::Balanced => "balanced",
+            Outcome::Hashed => "hashed",
+        }
+    }
+}
+
+/// A policy's choice: an index into the candidates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Index of the chosen candidate.
+    pub index: usize,
+    /// Why.
+    pub outcome: Outcome,
+    /// Bytes of the text the chosen backend is believed to hold.
+    pub matched: usize,
+}
+
+impl Decision {
+    /// A decision that used no prefix information.
+    pub fn new(index: usize, outcome: Outcome) -> Self {
+        Decision {
+            index,
+            outcome,
+            matched: 0,
+        }
+    }
+}
+
+/// A routing policy.
+pub trait Policy: Send + Sync {
+    /// Picks one of `candidates`, which is never empty.
+    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision;
+
+    /// Learns that `backend` was given `request` by someone else (session affinity).
+    fn record(&self, _request: &Request, _backend: BackendId) {}
+
+    /// Periodic upkeep (eviction); `live` tells which backends still exist.
+    fn maintain(&self, _live: &dyn Fn(BackendId) -> bool) {}
+
+    /// Whether upkeep is due before its interval (memory over budget).
+    fn needs_upkeep(&self) -> bool {
+        false
+    }
+
+    /// Prefix-tree figures, for policies that keep a tree.
+    fn tree_stats(&self) -> Option<TreeStats> {
+        None
+    }
+}
+
+/// What policies are built from.
+#[derive(Clone, Debug)]
+pub struct PolicyParams {
+    /// Minimum match ratio to follow a prefix match.
+    pub cache_threshold: f64,
+    /// Imbalance bounds.
+    pub balance: Balance,
+    /// Prefix-tree settings.
+    pub tree: TreeConfig,
+}
+
+/// A policy name with its constructor.
+#[derive(Clone, Copy)]
+pub struct PolicyChoice {
+    /// The name used in config and on the command line.
+    pub name: &'static str,
+    build: fn(&PolicyParams) -> Box<dyn Policy>,
+}
+
+impl PolicyChoice {
+    /// Builds the policy.
+    pub fn build(&self, params: &PolicyParams) -> Box<dyn Policy> {
+        (self.build)(params)
+    }
+}
+
+impl fmt::Debug for PolicyChoice {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for PolicyChoice {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+/// Every policy, by name. Adding a policy: a file and one line here.
+const POLICIES: &[PolicyChoice] = &[
+    PolicyChoice { name: "cache_aware", build: cache_aware::build },
+    PolicyChoice { name: "round_robin", build: round_robin::build },
+    PolicyChoice { name: "random", build: random::build },
+    PolicyChoice { name: "least_load", build: least_load::build },
+    PolicyChoice { name: "power_of_two", build: power_of_two::build },
+    PolicyChoice { name: "consistent_hash", build: consistent_hash::build },
+];
+
+/// The policy called `name`, or an error listing the names.
+pub fn choose(name: &str) -> Result<PolicyChoice, String> {
+    POLICIES.iter().find(|p| p.name == name).copied().ok_or_else(|| {
+        let names: Vec<&str> = POLICIES.iter().map(|p| p.name).collect();
+        format!("unknown policy `{name}`, expected one of: {}", names.join(", "))
+    })
+}
+
+/// Index of a least-loaded candidate; ties broken at random so equally idle backends share.
+pub fn least_loaded(candidates: &[Candidate]) -> usize {
+    pick_best(candidates.len(), |i| std::cmp::Reverse(candidates[i].load))
+}
+
+/// Index maximizing `score`, ties broken uniformly at random (reservoir sampling).
+pub fn pick_best<K: Ord>(len: usize, score: impl Fn(usize) -> K) -> usize {
+    let mut best = 0;
+    let mut ties = 0u32;
+    for i in 1..len {
+        match score(i).cmp(&score(best)) {
+            std::cmp::Ordering::Greater => (best, ties) = (i, 0),
+            std::cmp::Ordering::Equal => {
+                ties += 1;
+                if fastrand::u32(..=ties) == 0 {
+                    best = i;
+                }
+            }
+            std::cmp::Ordering::Less => {}
+        }
+    }
+    best
+}
+
+/// Whether `load` is past the imbalance bound relative to the least loaded candidate.
+pub fn overloaded(load: usize, candidates: &[Candidate], balance: &Balance) -> bool {
+    let min = candidates.iter().map(|c| c.load).min().unwrap_or(0);
+    load.saturating_sub(min) > balance.abs && load as f64 > min as f64 * balance.rel
+}
+
+/// Whether the fleet is imbalanced: its most loaded candidate is overloaded.
+pub fn imbalanced(candidates: &[Candidate], balance: &Balance) -> bool {
+    let max = candidates.iter().map(|c| c.load).max().unwrap_or(0);
+    overloaded(max, candidates, balance)
+}
+
+#[cfg(test)]
+pub(crate) mod testing;

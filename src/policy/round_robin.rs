@@ -1,0 +1,37 @@
+//! `round_robin`: candidates in turn, ignoring text and load.
+
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request};
+
+/// Rotates over the candidates.
+#[derive(Default)]
+pub struct RoundRobin {
+    next: AtomicUsize,
+}
+
+pub fn build(_: &PolicyParams) -> Box<dyn Policy> {
+    Box::new(RoundRobin::default())
+}
+
+impl Policy for RoundRobin {
+    fn choose(&self, _: &Request, candidates: &[Candidate]) -> Decision {
+        let turn = self.next.fetch_add(1, Relaxed);
+        Decision::new(turn % candidates.len(), Outcome::Balanced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::*;
+
+    #[test]
+    fn rotates() {
+        let policy = RoundRobin::default();
+        let t = text("x");
+        let c = candidates(&[5, 0, 9]);
+        let picks: Vec<usize> = (0..6).map(|_| policy.choose(&request(&t, None), &c).index).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+    }
+}

@@ -1,0 +1,107 @@
+//! The session table: which backend last served each session, forgotten after an idle TTL.
+//! Sharded so that concurrent requests rarely share a lock; bounded in entries so that
+//! clients minting ids cannot grow it without limit (beyond the bound, new sessions are
+//! simply not remembered and their requests are placed by the policy).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use crate::BackendId;
+use crate::request::SessionKey;
+
+const SHARDS: usize = 64;
+
+/// Default bound on remembered sessions.
+pub const MAX_SESSIONS: usize = 1 << 20;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    backend: BackendId,
+    seen: Instant,
+}
+
+/// Session key -> backend, with expiry.
+pub struct Sessions {
+    shards: Vec<Mutex<HashMap<SessionKey, Entry>>>,
+    ttl: Duration,
+    per_shard: usize,
+}
+
+impl Sessions {
+    /// A table forgetting sessions idle for `ttl`, holding at most `max` of them.
+    pub fn new(ttl: Duration, max: usize) -> Self {
+        Sessions {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            ttl,
+            per_shard: max.div_ceil(SHARDS),
+        }
+    }
+
+    fn shard(&self, key: SessionKey) -> &Mutex<HashMap<SessionKey, Entry>> {
+        &self.shards[(key.0 as usize) % SHARDS]
+    }
+
+    /// The backend that last served `key`, if the session is not expired.
+    pub fn get(&self, key: SessionKey) -> Option<BackendId> {
+        let entry = *self.shard(key).lock().get(&key)?;
+        (entry.seen.elapsed() < self.ttl).then_some(entry.backend)
+    }
+
+    /// Records that `backend` serves `key` now.
+    pub fn set(&self, key: SessionKey, backend: BackendId) {
+        let mut shard = self.shard(key).lock();
+        if shard.len() >= self.per_shard && !shard.contains_key(&key) {
+            return;
+        }
+        shard.insert(key, Entry { backend, seen: Instant::now() });
+    }
+
+    /// Drops expired sessions and those of backends for which `live` is false.
+    pub fn sweep(&self, live: &dyn Fn(BackendId) -> bool) {
+        for shard in &self.shards {
+            shard.lock().retain(|_, e| e.seen.elapsed() < self.ttl && live(e.backend));
+        }
+    }
+
+    /// Sessions remembered.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// Whether no session is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remembers_until_ttl_and_sweeps_dead_backends() {
+        let table = Sessions::new(Duration::from_secs(60), 100);
+        let key = SessionKey::of(b"s");
+        table.set(key, BackendId(3));
+        assert_eq!(table.get(key), Some(BackendId(3)));
+        table.sweep(&|b| b != BackendId(3));
+        assert_eq!(table.get(key), None);
+        let short = Sessions::new(Duration::from_millis(1), 100);
+        short.set(key, BackendId(1));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(short.get(key), None);
+        short.sweep(&|_| true);
+        assert!(short.is_empty());
+    }
+
+    #[test]
+    fn bounded() {
+        let table = Sessions::new(Duration::from_secs(60), SHARDS);
+        for i in 0..10_000u32 {
+            table.set(SessionKey::of(&i.to_le_bytes()), BackendId(0));
+        }
+        assert!(table.len() <= SHARDS);
+    }
+}

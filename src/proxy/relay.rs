@@ -1,0 +1,177 @@
+//! The upstream exchange, done by our own code because Pingora cannot choose an upstream after
+//! reading a body larger than its 64 KiB retry buffer: one pooled connection per attempt,
+//! the buffered body written as is, the response streamed back chunk by chunk without
+//! buffering. A failed connection is retried on another backend while nothing can have
+//! reached the first; once the response has started, a failure cuts the client's stream.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pingora_core::connectors::http::Connector;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::{Error, ErrorType};
+use pingora_http::RequestHeader;
+use pingora_proxy::Session;
+use smallvec::SmallVec;
+
+use super::headers;
+use crate::BackendId;
+use crate::config::Timeouts;
+use crate::error::RouterError;
+use crate::fleet::{Backend, Fleet};
+use crate::policy::{Candidate, Decision};
+
+/// Where an attempt failed, which decides whether another backend may be tried.
+enum Failure {
+    /// Nothing reached the backend, or a reused connection failed before any answer (the
+    /// backend had closed it): safe to try another backend.
+    Retryable(RouterError),
+    /// The backend may have the request, or the client has part of the response.
+    Final(RouterError),
+}
+
+/// What one routed exchange needs besides the client session.
+pub struct Exchange<'e> {
+    /// Connection pool.
+    pub connector: &'e Connector,
+    /// Backends.
+    pub fleet: &'e Fleet,
+    /// Upstream timeouts.
+    pub timeouts: &'e Timeouts,
+    /// Other backends to try after a retryable failure.
+    pub retries: usize,
+}
+
+/// The backend a request went to, and why.
+pub struct Placement {
+    /// The backend.
+    pub backend: Arc<Backend>,
+    /// The policy's decision.
+    pub decision: Decision,
+}
+
+impl Exchange<'_> {
+    /// Sends `req` with `body` to a backend picked by `choose` among the ready ones (never
+    /// called with none), retrying elsewhere as allowed; `placed` hears of every placement.
+    pub async fn run(
+        &self,
+        session: &mut Session,
+        req: &RequestHeader,
+        body: &Bytes,
+        choose: impl Fn(&[Candidate]) -> Decision,
+        mut placed: impl FnMut(Placement),
+    ) -> Result<(), RouterError> {
+        let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
+        loop {
+            let ready = self.fleet.ready(&tried);
+            if ready.candidates.is_empty() {
+                return Err(RouterError::NoBackend);
+            }
+            let decision = choose(&ready.candidates);
+            let backend = ready.backend(decision.index).ok_or(RouterError::NoBackend)?;
+            let load = backend.acquire();
+            placed(Placement { backend: Arc::clone(load.backend()), decision });
+            match self.attempt(session, load.backend(), req, body).await {
+                Ok(()) => return Ok(()),
+                Err(Failure::Retryable(e)) if tried.len() < self.retries => {
+                    log::warn!("{}: {e}; trying another backend", load.backend().worker.url);
+                    tried.push(load.backend().id);
+                }
+                Err(Failure::Retryable(e)) | Err(Failure::Final(e)) => return Err(e),
+            }
+        }
+    }
+
+    async fn attempt(
+        &self,
+        session: &mut Session,
+        backend: &Backend,
+        req: &RequestHeader,
+        body: &Bytes,
+    ) -> Result<(), Failure> {
+        let (mut upstream, reused) = self
+            .connector
+            .get_http_session(&backend.peer)
+            .await
+            .map_err(|e| Failure::Retryable(upstream_error(&e)))?;
+        upstream.set_read_timeout(Some(self.timeouts.upstream_read));
+        upstream.set_write_timeout(Some(self.timeouts.upstream_write));
+        let mut req = req.clone();
+        headers::set_host(&mut req, &backend.authority);
+        send(&mut upstream, req, body).await.map_err(Failure::Retryable)?;
+        let head = until_client_gone(session, read_final_header(&mut upstream)).await;
+        match head.map_err(Failure::Final)? {
+            Ok(()) => {}
+            Err(e) if reused => return Err(Failure::Retryable(upstream_error(&e))),
+            Err(e) => return Err(Failure::Final(upstream_error(&e))),
+        }
+        stream_response(session, &mut upstream).await.map_err(Failure::Final)?;
+        let idle = Some(self.timeouts.pool_idle);
+        self.connector.release_http_session(upstream, &backend.peer, idle).await;
+        Ok(())
+    }
+}
+
+async fn send(upstream: &mut HttpSession, req: RequestHeader, body: &Bytes) -> Result<(), RouterError> {
+    let error = |e: Box<Error>| upstream_error(&e);
+    upstream.write_request_header(Box::new(req)).await.map_err(error)?;
+    if !body.is_empty() {
+        upstream.write_request_body(body.clone(), true).await.map_err(error)?;
+    }
+    upstream.finish_request_body().await.map_err(error)
+}
+
+/// Reads response headers until a final (non-1xx) one.
+async fn read_final_header(upstream: &mut HttpSession) -> pingora_core::Result<()> {
+    loop {
+        upstream.read_response_header().await?;
+        let status = upstream.response_header().map_or(200, |h| h.status.as_u16());
+        if !(100..200).contains(&status) || status == 101 {
+            return Ok(());
+        }
+    }
+}
+
+/// Copies the response header and body to the client as they arrive.
+async fn stream_response(session: &mut Session, upstream: &mut HttpSession) -> Result<(), RouterError> {
+    let head = upstream.response_header().ok_or_else(|| aborted("no response header"))?;
+    let resp = headers::client_response(head);
+    session.write_response_header(resp, false).await.map_err(client_gone)?;
+    loop {
+        let chunk = until_client_gone(session, upstream.read_response_body()).await?;
+        match chunk.map_err(|e| aborted(&e.to_string()))? {
+            Some(bytes) => session.write_response_body(Some(bytes), false).await,
+            None => return session.write_response_body(None, true).await.map_err(client_gone),
+        }
+        .map_err(client_gone)?;
+    }
+}
+
+/// Runs `work` unless the client disconnects first.
+async fn until_client_gone<T>(session: &mut Session, work: impl Future<Output = T>) -> Result<T, RouterError> {
+    tokio::pin!(work);
+    tokio::select! {
+        biased;
+        out = &mut work => Ok(out),
+        idle = session.read_body_or_idle(true) => match idle {
+            Err(e) => Err(client_gone(e)),
+            Ok(_) => Ok(work.await),
+        },
+    }
+}
+
+fn upstream_error(e: &Error) -> RouterError {
+    match e.etype() {
+        ErrorType::ReadTimedout | ErrorType::ConnectTimedout => RouterError::UpstreamTimeout,
+        _ => RouterError::Upstream(e.to_string()),
+    }
+}
+
+fn client_gone(e: Box<Error>) -> RouterError {
+    RouterError::ClientGone(e.to_string())
+}
+
+fn aborted(reason: &str) -> RouterError {
+    RouterError::Aborted(reason.to_string())
+}

@@ -1,0 +1,108 @@
+//! Assembles the Pingora server: the proxy service on the data-plane listener, the
+//! load-balancing background service that runs discovery and health checks, and the upkeep
+//! service that evicts the prefix tree and expires sessions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::server::configuration::{Opt, ServerConf};
+use pingora_core::server::{Server, ShutdownWatch};
+use pingora_core::services::background::{BackgroundService, background_service};
+use pingora_load_balancing::selection::RoundRobin;
+use pingora_load_balancing::{Backends, LoadBalancer};
+
+use crate::config::Config;
+use crate::fleet::{Discover, Fleet, FleetDiscovery, ReadyCheck};
+use crate::policy::{PolicyParams, Selector};
+use crate::proxy::{Router, State};
+use crate::tree::TreeConfig;
+
+/// How often worker host names are resolved again.
+const DISCOVERY_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The running parts, for callers that need to look inside (tests, admin).
+pub struct Handles {
+    /// Shared request state.
+    pub state: Arc<State>,
+    /// Worker discovery.
+    pub discovery: Arc<FleetDiscovery>,
+}
+
+/// Builds the server for `config`; `opt` carries Pingora's own flags (upgrade, daemon).
+pub fn build(config: &Config, opt: Option<Opt>) -> (Server, Handles) {
+    let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
+    server.bootstrap();
+    let fleet = Arc::new(Fleet::new(config.timeouts.clone()));
+    let discovery = Arc::new(FleetDiscovery::new(Arc::clone(&fleet), config.workers.clone()));
+    let state = Arc::new(State::new(config, Arc::clone(&fleet), selector(config)));
+    let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
+    proxy.add_tcp(&config.listen);
+    server.add_service(proxy);
+    server.add_service(background_service("health", health(config, &fleet, &discovery)));
+    let upkeep = Upkeep { state: Arc::clone(&state), interval: config.eviction_interval };
+    server.add_service(background_service("upkeep", upkeep));
+    (server, Handles { state, discovery })
+}
+
+fn server_conf(config: &Config) -> ServerConf {
+    let mut conf = ServerConf {
+        threads: config.threads,
+        grace_period_seconds: Some(config.grace_period.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout.as_secs()),
+        ..ServerConf::default()
+    };
+    conf.upstream_keepalive_pool_size = 1024;
+    conf
+}
+
+fn selector(config: &Config) -> Selector {
+    let params = PolicyParams {
+        cache_threshold: config.cache_threshold,
+        balance: config.balance,
+        tree: TreeConfig {
+            max_bytes_per_backend: config.max_tree_size,
+            ..TreeConfig::default()
+        },
+    };
+    Selector::new(config.policy.build(&params), config.balance, config.session_ttl)
+}
+
+fn health(config: &Config, fleet: &Arc<Fleet>, discovery: &Arc<FleetDiscovery>) -> LoadBalancer<RoundRobin> {
+    let mut backends = Backends::new(Box::new(Discover(Arc::clone(discovery))));
+    backends.set_health_check(Box::new(ReadyCheck::new(&config.health, Arc::clone(fleet))));
+    let mut lb = LoadBalancer::from_backends(backends);
+    lb.health_check_frequency = Some(config.health.interval);
+    lb.update_frequency = Some(DISCOVERY_INTERVAL);
+    lb.parallel_health_check = true;
+    lb
+}
+
+/// Periodic upkeep: prefix-tree eviction and session expiry every `interval`, sooner when
+/// the tree is over budget or the fleet changed (to drop removed backends' entries).
+struct Upkeep {
+    state: Arc<State>,
+    interval: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Upkeep {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut last = Instant::now();
+        let mut generation = 0;
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            let snapshot = self.state.fleet.snapshot();
+            let due = last.elapsed() >= self.interval || self.state.selector.needs_upkeep();
+            if due || snapshot.generation != generation {
+                let live = |id| snapshot.backends.iter().any(|b| b.id == id);
+                self.state.selector.maintain(&live);
+                (last, generation) = (Instant::now(), snapshot.generation);
+            }
+        }
+    }
+}
