@@ -12,6 +12,7 @@ mod round_robin;
 mod sessions;
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 pub use affinity::Selector;
 pub use sessions::Sessions;
@@ -180,28 +181,27 @@ pub fn choose(name: &str) -> Result<PolicyChoice, String> {
     })
 }
 
-/// Index of a least-loaded candidate; ties broken at random so equally idle backends share.
+/// Index of a least-loaded candidate; equally loaded ones take turns.
 pub fn least_loaded(candidates: &[Candidate]) -> usize {
-    pick_best(candidates.len(), |i| std::cmp::Reverse(candidates[i].load))
+    static TURN: AtomicUsize = AtomicUsize::new(0);
+    pick_best_turn(candidates.len(), |i| std::cmp::Reverse(candidates[i].load), &TURN)
 }
 
-/// Index maximizing `score`, ties broken uniformly at random (reservoir sampling).
+/// Index maximizing `score`; tied indexes take turns.
 pub fn pick_best<K: Ord>(len: usize, score: impl Fn(usize) -> K) -> usize {
-    let mut best = 0;
-    let mut ties = 0u32;
-    for i in 1..len {
-        match score(i).cmp(&score(best)) {
-            std::cmp::Ordering::Greater => (best, ties) = (i, 0),
-            std::cmp::Ordering::Equal => {
-                ties += 1;
-                if fastrand::u32(..=ties) == 0 {
-                    best = i;
-                }
-            }
-            std::cmp::Ordering::Less => {}
-        }
-    }
-    best
+    static TURN: AtomicUsize = AtomicUsize::new(0);
+    pick_best_turn(len, score, &TURN)
+}
+
+/// Index maximizing `score`. Ties go to each tied index in turn (`turn` counts calls), so
+/// equally idle backends share new work instead of the first one taking it all.
+fn pick_best_turn<K: Ord>(len: usize, score: impl Fn(usize) -> K, turn: &AtomicUsize) -> usize {
+    let Some(best) = (0..len).map(&score).max() else {
+        return 0;
+    };
+    let mut tied = (0..len).filter(|&i| score(i) == best);
+    let ties = tied.clone().count().max(1);
+    tied.nth(turn.fetch_add(1, Relaxed) % ties).unwrap_or(0)
 }
 
 /// Whether `load` is past the imbalance bound relative to the least loaded candidate.

@@ -63,10 +63,11 @@ impl Exchange<'_> {
         mut placed: impl FnMut(Placement),
     ) -> Result<(), RouterError> {
         let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
+        let mut last_error = RouterError::NoBackend;
         loop {
             let ready = self.fleet.ready(&tried);
             if ready.candidates.is_empty() {
-                return Err(RouterError::NoBackend);
+                return Err(last_error);
             }
             let decision = choose(&ready.candidates);
             let backend = ready.backend(decision.index).ok_or(RouterError::NoBackend)?;
@@ -77,6 +78,7 @@ impl Exchange<'_> {
                 Err(Failure::Retryable(e)) if tried.len() < self.retries => {
                     log::warn!("{}: {e}; trying another backend", load.backend().worker.url);
                     tried.push(load.backend().id);
+                    last_error = e;
                 }
                 Err(Failure::Retryable(e)) | Err(Failure::Final(e)) => return Err(e),
             }

@@ -1,0 +1,104 @@
+//! Routing: conversations follow their prefix, sessions stick, and neither the session header
+//! nor the body's session params displace the conversation text.
+
+use std::collections::{HashMap, HashSet};
+
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+/// Text unique to `seed`, about `len` bytes.
+fn text(seed: &str, len: usize) -> String {
+    let unit = format!("{seed} says something specific about topic {seed}. ");
+    unit.repeat(len / unit.len() + 1)
+}
+
+/// The messages of turn `turn` (0-based) of conversation `conv`.
+fn conversation(conv: usize, turn: usize) -> Vec<(&'static str, String)> {
+    let mut messages = vec![("system", text(&format!("system-{conv}"), 2000))];
+    for t in 0..=turn {
+        messages.push(("user", text(&format!("user-{conv}-{t}"), 500)));
+        if t < turn {
+            messages.push(("assistant", text(&format!("answer-{conv}-{t}"), 300)));
+        }
+    }
+    messages
+}
+
+async fn backend_of(router: &TestRouter, body: &Value) -> String {
+    let (status, reply) = post(&router.url, "/v1/chat/completions", body).await;
+    assert_eq!(status, 200, "{reply}");
+    reply["backend"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interleaved_conversations_follow_their_first_backend() {
+    let ups = [Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await];
+    let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
+    let mut first: HashMap<usize, String> = HashMap::new();
+    for turn in 0..5 {
+        for conv in 0..6 {
+            let backend = backend_of(&router, &chat(&conversation(conv, turn))).await;
+            let expected = first.entry(conv).or_insert_with(|| backend.clone());
+            assert_eq!(&backend, expected, "conversation {conv} turn {turn} moved");
+        }
+    }
+    let spread: HashSet<&String> = first.values().collect();
+    assert!(spread.len() >= 2, "all conversations on one backend: {first:?}");
+    assert_eq!(ups.iter().map(Upstream::count).sum::<usize>(), 30);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_header_keeps_unrelated_texts_together() {
+    let ups = [Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await];
+    let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
+    for session in ["s1", "s2", "s3", "s4"] {
+        let mut seen = HashSet::new();
+        for i in 0..5 {
+            let body = chat(&[("user", text(&format!("{session}-unrelated-{i}"), 400))]);
+            let resp = client()
+                .post(format!("{}/v1/chat/completions", router.url))
+                .header("x-session-id", session)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            let reply: Value = resp.json().await.unwrap();
+            seen.insert(reply["backend"].as_str().unwrap().to_string());
+        }
+        assert_eq!(seen.len(), 1, "session {session} spread over {seen:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn body_session_id_keeps_a_session_without_displacing_the_text() {
+    let ups = [Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await];
+    let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
+    let mut seen = HashSet::new();
+    for i in 0..5 {
+        let mut body = chat(&[("user", text(&format!("unrelated-{i}"), 400))]);
+        body["session_params"] = json!({"session_id": "body-session"});
+        seen.insert(backend_of(&router, &body).await);
+    }
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    // The text was routed on and recorded: its next turn, without any session id,
+    // follows the prefix to the same backend.
+    let mut messages = vec![("user", text("unrelated-4", 400))];
+    messages.push(("assistant", text("reply", 200)));
+    messages.push(("user", text("follow-up", 200)));
+    let follow = backend_of(&router, &chat(&messages)).await;
+    assert!(seen.contains(&follow), "follow-up went to {follow}, session to {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_paths_go_to_a_healthy_backend() {
+    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
+    for _ in 0..4 {
+        let resp = client().get(format!("{}/v1/models", router.url)).send().await.unwrap();
+        assert_eq!(resp.status(), 200);
+    }
+    let paths: Vec<String> = ups.iter().flat_map(|u| u.received()).map(|r| r.path).collect();
+    assert_eq!(paths, vec!["/v1/models"; 4]);
+    assert!(ups.iter().all(|u| u.count() > 0), "least load with rotating ties uses both");
+}

@@ -1,0 +1,202 @@
+//! A real HTTP backend for tests, on 127.0.0.1 with a port from the OS. It records every
+//! request it receives (method, path, headers, body) and answers as the test sets it up:
+//! JSON, an SSE stream that can be held open, or an error status. `/health` answers 200
+//! while healthy, 503 otherwise.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, mpsc, watch};
+
+/// A request as the backend received it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// How the backend answers non-health requests.
+#[derive(Clone)]
+pub enum Reply {
+    /// `{"backend": name, "bytes": body length}` with status 200.
+    Json,
+    /// An SSE stream of `chunks` events; after the first, waits for the gate.
+    Sse { chunks: usize, gate: Arc<Notify> },
+    /// An empty response with this status.
+    Status(u16),
+    /// Waits this long before answering JSON.
+    Slow(Duration),
+    /// Drops the connection without answering.
+    Hangup,
+}
+
+struct Shared {
+    name: String,
+    received: Mutex<Vec<Received>>,
+    healthy: AtomicBool,
+    reply: Mutex<Reply>,
+}
+
+/// A running test backend; stops when dropped.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: watch::Sender<bool>,
+}
+
+impl Upstream {
+    /// Starts a backend called `name`.
+    pub async fn start(name: &str) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shared = Arc::new(Shared {
+            name: name.to_string(),
+            received: Mutex::new(Vec::new()),
+            healthy: AtomicBool::new(true),
+            reply: Mutex::new(Reply::Json),
+        });
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(serve(listener, Arc::clone(&shared), stopped));
+        Upstream { addr, shared, stop }
+    }
+
+    /// Stops listening and drops every open connection (a crashed backend).
+    pub fn kill(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Its name, as it reports in JSON replies.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Requests received so far, health checks excluded.
+    pub fn received(&self) -> Vec<Received> {
+        self.shared.received.lock().clone()
+    }
+
+    /// How many requests it received, health checks excluded.
+    pub fn count(&self) -> usize {
+        self.shared.received.lock().len()
+    }
+
+    /// Makes `/health` pass or fail.
+    pub fn set_healthy(&self, healthy: bool) {
+        self.shared.healthy.store(healthy, SeqCst);
+    }
+
+    /// Changes how it answers.
+    pub fn set_reply(&self, reply: Reply) {
+        *self.shared.reply.lock() = reply;
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopped.changed() => return,
+        };
+        let Ok((stream, _)) = accepted else { continue };
+        let shared = Arc::clone(&shared);
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| handle(Arc::clone(&shared), req));
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = conn => {}
+                _ = stopped.changed() => {}
+            }
+        });
+    }
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, std::io::Error> {
+    if req.uri().path() == "/health" {
+        let status = if shared.healthy.load(SeqCst) { 200 } else { 503 };
+        return Ok(status_only(status));
+    }
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let len = body.len();
+    shared.received.lock().push(Received {
+        method: parts.method.to_string(),
+        path: parts.uri.path().to_string(),
+        headers: parts.headers,
+        body,
+    });
+    let reply = shared.reply.lock().clone();
+    Ok(match reply {
+        Reply::Json => json(&shared.name, len),
+        Reply::Slow(wait) => {
+            tokio::time::sleep(wait).await;
+            json(&shared.name, len)
+        }
+        Reply::Status(status) => status_only(status),
+        Reply::Sse { chunks, gate } => sse(chunks, gate),
+        Reply::Hangup => return Err(std::io::Error::other("hang up")),
+    })
+}
+
+fn json(name: &str, len: usize) -> Response<Body> {
+    let text = format!(r#"{{"backend":"{name}","bytes":{len}}}"#);
+    Response::builder()
+        .header("content-type", "application/json")
+        .header("x-upstream", name)
+        .body(Full::new(Bytes::from(text)).boxed())
+        .unwrap()
+}
+
+fn status_only(status: u16) -> Response<Body> {
+    let mut resp = Response::new(Full::new(Bytes::new()).boxed());
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+    resp
+}
+
+fn sse(chunks: usize, gate: Arc<Notify>) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(chunks + 1);
+    tokio::spawn(async move {
+        for i in 0..chunks {
+            let event = format!("data: {{\"chunk\":{i}}}\n\n");
+            if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
+                return;
+            }
+            if i == 0 {
+                gate.notified().await;
+            }
+        }
+        let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")))).await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .body(BodyExt::boxed(StreamBody::new(stream)))
+        .unwrap()
+}

@@ -1,0 +1,10 @@
+//! Integration tests: one binary (every test binary re-links Pingora), real router, real
+//! backends, real HTTP on loopback.
+
+mod support;
+
+mod bodies;
+mod errors;
+mod health;
+mod routing;
+mod streaming;
