@@ -7,8 +7,10 @@ pub mod error;
 pub mod fleet;
 pub mod policy;
 pub mod proxy;
+pub mod replay;
 pub mod request;
 pub mod server;
+pub mod sim;
 pub mod tree;
 
 /// Stable small integer naming one backend for the router's lifetime.

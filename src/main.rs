@@ -20,6 +20,10 @@ struct Cli {
 enum Command {
     /// Run the router (the default when no command is given).
     Serve(ServeArgs),
+    /// Run simulated vLLM backends.
+    Sim(prefix_router::sim::SimArgs),
+    /// Replay a trace or a synthetic workload against an OpenAI-compatible URL.
+    Replay(prefix_router::replay::ReplayArgs),
 }
 
 #[derive(Args)]
@@ -39,8 +43,15 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Serve(args)) => serve(args),
+        Some(Command::Sim(args)) => runtime()?.block_on(prefix_router::sim::run(args)),
+        Some(Command::Replay(args)) => runtime()?.block_on(prefix_router::replay::run(args)),
         None => serve(cli.serve),
     }
+}
+
+/// A runtime for the tools beside the router (the router runs Pingora's own runtimes).
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -6,5 +6,7 @@ mod support;
 mod bodies;
 mod errors;
 mod health;
+mod replay;
 mod routing;
+mod sim;
 mod streaming;

@@ -1,0 +1,200 @@
+//! Scheduling: open-loop arrivals (trace timestamps or agent session starts,
+//! divided by `--speedup`), closed-loop turns inside a session (the next turn
+//! goes a think time after the previous response), all capped by
+//! `--concurrency`.
+//!
+//! Requests over the cap wait in FIFO order. Latency (TTFT, end-to-end) is
+//! measured from when a request was actually sent; how late it was sent
+//! relative to its schedule (waiting for a slot, or a late timer) is recorded
+//! separately as the send lag.
+//!
+//! If the caller drops the run (the receiving end closes), the dispatcher
+//! stops starting sessions and each session stops after its current request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest::header::CONTENT_TYPE;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::time::{Instant, sleep_until};
+
+use super::client::{self, Exchange};
+use super::plan::Plan;
+use super::text::BodyStyle;
+
+/// Header carrying the session id (with `--send-session-header`).
+pub const SESSION_HEADER: &str = "x-session-id";
+
+/// How to run a plan.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// Full URL requests are posted to.
+    pub(crate) endpoint: String,
+    /// Model name and streaming.
+    pub(crate) style: BodyStyle,
+    /// Schedule compression factor (> 0).
+    pub(crate) speedup: f64,
+    /// Maximum requests in flight (>= 1).
+    pub(crate) concurrency: usize,
+    /// Stop after this many requests.
+    pub(crate) max_requests: Option<usize>,
+    /// Stop sending after this long.
+    pub(crate) duration: Option<Duration>,
+    /// Send `x-session-id`.
+    pub(crate) send_session: bool,
+}
+
+/// One request's result.
+#[derive(Debug, Clone)]
+pub(crate) struct Outcome {
+    /// Session index in the plan.
+    pub(crate) session: u32,
+    /// Turn index in the session.
+    pub(crate) turn: u32,
+    /// Time from the scheduled send to the actual send.
+    pub(crate) lag: Duration,
+    /// Time from send to the end of the answer.
+    pub(crate) e2e: Duration,
+    /// What came back.
+    pub(crate) exchange: Exchange,
+}
+
+/// All outcomes of a run and its wall time.
+#[derive(Debug)]
+pub(crate) struct RunResult {
+    /// In completion order.
+    pub(crate) outcomes: Vec<Outcome>,
+    /// From the first scheduled arrival to the last completion.
+    pub(crate) elapsed: Duration,
+}
+
+struct Ctx {
+    client: reqwest::Client,
+    settings: Settings,
+    plan: Arc<Plan>,
+    t0: Instant,
+    deadline: Option<Instant>,
+    budget: AtomicUsize,
+    slots: Arc<Semaphore>,
+    tx: mpsc::UnboundedSender<Outcome>,
+}
+
+/// Runs `plan`, calling `on_outcome` as each request completes.
+pub(crate) async fn run(
+    client: reqwest::Client,
+    settings: Settings,
+    plan: Arc<Plan>,
+    mut on_outcome: impl FnMut(&Outcome),
+) -> RunResult {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let t0 = Instant::now();
+    let ctx = Arc::new(Ctx {
+        client,
+        deadline: settings.duration.map(|d| t0 + d),
+        budget: AtomicUsize::new(settings.max_requests.unwrap_or(usize::MAX)),
+        slots: Arc::new(Semaphore::new(settings.concurrency.max(1))),
+        settings,
+        plan,
+        t0,
+        tx,
+    });
+    tokio::spawn(dispatch(ctx));
+    let mut outcomes = Vec::new();
+    while let Some(o) = rx.recv().await {
+        on_outcome(&o);
+        outcomes.push(o);
+    }
+    RunResult {
+        outcomes,
+        elapsed: t0.elapsed(),
+    }
+}
+
+/// Starts each session at its arrival time, in order.
+async fn dispatch(ctx: Arc<Ctx>) {
+    for si in 0..ctx.plan.sessions.len() {
+        let ready = ctx.t0 + ctx.scaled(ctx.plan.sessions[si].start_ms);
+        if ctx.expired(ready) || ctx.tx.is_closed() {
+            break;
+        }
+        sleep_until(ready).await;
+        let Some(permit) = ctx.slot().await else {
+            break;
+        };
+        tokio::spawn(session(ctx.clone(), si, ready, permit));
+    }
+}
+
+/// Sends a session's turns one after another.
+async fn session(ctx: Arc<Ctx>, si: usize, first_ready: Instant, permit: OwnedSemaphorePermit) {
+    let mut first = Some(permit);
+    let mut ready = first_ready;
+    for (ti, turn) in ctx.plan.sessions[si].turns.iter().enumerate() {
+        let permit = match first.take() {
+            Some(p) => p,
+            None => {
+                ready = Instant::now() + ctx.scaled(turn.think_ms);
+                if ctx.expired(ready) || ctx.tx.is_closed() {
+                    break;
+                }
+                sleep_until(ready).await;
+                match ctx.slot().await {
+                    Some(p) => p,
+                    None => break,
+                }
+            }
+        };
+        let outcome = ctx.send(si, ti, ready).await;
+        drop(permit);
+        if ctx.tx.send(outcome).is_err() {
+            break;
+        }
+    }
+}
+
+impl Ctx {
+    /// A schedule offset in trace ms, divided by the speedup.
+    fn scaled(&self, ms: f64) -> Duration {
+        Duration::from_secs_f64((ms / 1000.0 / self.settings.speedup).max(0.0))
+    }
+
+    fn expired(&self, at: Instant) -> bool {
+        self.deadline.is_some_and(|d| at >= d)
+    }
+
+    /// Waits for a concurrency slot, then takes one request from the budget;
+    /// `None` once the budget or the duration is spent.
+    async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        let permit = self.slots.clone().acquire_owned().await.ok()?;
+        if self.expired(Instant::now()) {
+            return None;
+        }
+        self.budget
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |b| b.checked_sub(1))
+            .ok()?;
+        Some(permit)
+    }
+
+    async fn send(&self, si: usize, ti: usize, ready: Instant) -> Outcome {
+        let session = &self.plan.sessions[si];
+        let body = self.plan.body(&self.settings.style, &session.turns[ti]);
+        let mut req = self
+            .client
+            .post(&self.settings.endpoint)
+            .header(CONTENT_TYPE, "application/json")
+            .body(body);
+        if let (true, Some(id)) = (self.settings.send_session, &session.id) {
+            req = req.header(SESSION_HEADER, &**id);
+        }
+        let sent = Instant::now();
+        let exchange = client::exchange(req, self.settings.style.stream(), sent).await;
+        Outcome {
+            session: si as u32,
+            turn: ti as u32,
+            lag: sent.saturating_duration_since(ready),
+            e2e: sent.elapsed(),
+            exchange,
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! Trace replay load generator: sends a recorded (Mooncake JSONL) or
+//! synthetic (coding-agent) workload of chat completions to any
+//! OpenAI-compatible URL — our router, a peer router, or a backend — and
+//! reports the prefix-cache hit rate the target achieved (from the responses'
+//! `usage.prompt_tokens_details.cached_tokens`) against the best achievable
+//! (`--bound`), latencies, throughput and how evenly backends were loaded.
+//!
+//! Library use: build [`ReplayArgs`], [`Workload::load`] once, then
+//! [`replay`] as often as needed; [`run`] is the CLI subcommand.
+
+mod agent;
+mod bound;
+mod client;
+mod driver;
+mod metrics;
+mod plan;
+mod progress;
+mod report;
+mod sse;
+mod table;
+mod text;
+mod trace;
+mod workload;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+pub use agent::AgentConfig;
+pub use bound::Bound;
+pub use client::INSTANCE_HEADER;
+pub use driver::SESSION_HEADER;
+pub use metrics::Counters;
+pub use plan::Plan;
+pub use report::{BackendRow, Backends, Percentiles, Report, Requests, Throughput, Tokens};
+pub use workload::Workload;
+
+/// Errors of the replay library.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The trace file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A trace line is malformed.
+    #[error("{path}:{line}: {msg}")]
+    TraceLine {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        msg: String,
+    },
+    /// Neither `--trace` nor `--synthetic` was given.
+    #[error("no workload: give --trace FILE or --synthetic agent")]
+    NoWorkload,
+    /// The workload has no requests.
+    #[error("the workload has no requests")]
+    EmptyWorkload,
+    /// An option has an unusable value.
+    #[error("invalid option: {0}")]
+    InvalidArg(String),
+    /// The HTTP client could not be built.
+    #[error("HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    /// A backend's `/metrics` could not be read.
+    #[error("backend metrics {url}: {msg}")]
+    Metrics {
+        /// The metrics URL.
+        url: String,
+        /// What went wrong.
+        msg: String,
+    },
+}
+
+/// Built-in workload generators.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synthetic {
+    /// Coding-agent sessions: shared long system prompts and tools, growing contexts.
+    Agent,
+}
+
+/// Options of the `replay` command.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct ReplayArgs {
+    /// Base URL of the target (router, peer router or backend).
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// Path appended to `--url` for requests.
+    #[arg(long, default_value = "/v1/chat/completions")]
+    pub path: String,
+    /// Mooncake JSONL trace to replay.
+    #[arg(long, conflicts_with = "synthetic")]
+    pub trace: Option<PathBuf>,
+    /// Built-in workload instead of a trace.
+    #[arg(long, value_enum)]
+    pub synthetic: Option<Synthetic>,
+    /// Tokens per trace hash id (block).
+    #[arg(long, default_value_t = 512)]
+    pub block_tokens: u32,
+    /// Bytes of text per token (the simulator tokenizes ~4 bytes per token).
+    #[arg(long, default_value_t = 4)]
+    pub bytes_per_token: u32,
+    /// Divide arrival times and think times by this factor.
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Send each request's session id as `x-session-id`.
+    #[arg(long)]
+    pub send_session_header: bool,
+    /// Maximum requests in flight; later arrivals wait (FIFO).
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Stop after this many requests (a trace is cut to its first N at load).
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Stop sending new requests after this many seconds (in-flight ones finish).
+    #[arg(long)]
+    pub duration: Option<f64>,
+    /// Stream responses (SSE); needed to measure TTFT.
+    #[arg(long)]
+    pub stream: bool,
+    /// Print the best achievable hit rate of the workload and exit without sending.
+    #[arg(long)]
+    pub bound: bool,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Backends whose vLLM `/metrics` to read before and after (comma-separated base URLs).
+    #[arg(long, value_delimiter = ',')]
+    pub backend_metrics: Vec<String>,
+    /// Model name sent in requests.
+    #[arg(long, default_value = "replay")]
+    pub model: String,
+    /// Per-request timeout, seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout: f64,
+    /// Agent workload: number of sessions.
+    #[arg(long, default_value_t = 100)]
+    pub sessions: usize,
+    /// Agent workload: random seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Agent workload: mean new sessions per second (Poisson, before --speedup).
+    #[arg(long, default_value_t = 0.5)]
+    pub session_rate: f64,
+    /// Agent workload: sessions end before their context passes this many tokens.
+    #[arg(long, default_value_t = 100_000)]
+    pub max_context_tokens: u64,
+    /// Agent workload: shortest think time between turns, seconds (before --speedup).
+    #[arg(long, default_value_t = 1.0)]
+    pub think_min: f64,
+    /// Agent workload: longest think time between turns, seconds (before --speedup).
+    #[arg(long, default_value_t = 5.0)]
+    pub think_max: f64,
+}
+
+impl Default for ReplayArgs {
+    /// The CLI defaults (no workload chosen).
+    fn default() -> Self {
+        let agent = AgentConfig::default();
+        ReplayArgs {
+            url: "http://127.0.0.1:8080".into(),
+            path: "/v1/chat/completions".into(),
+            trace: None,
+            synthetic: None,
+            block_tokens: 512,
+            bytes_per_token: 4,
+            speedup: 1.0,
+            send_session_header: false,
+            concurrency: 64,
+            max_requests: None,
+            duration: None,
+            stream: false,
+            bound: false,
+            out: None,
+            quiet: false,
+            backend_metrics: Vec::new(),
+            model: "replay".into(),
+            timeout: 600.0,
+            sessions: agent.sessions,
+            seed: agent.seed,
+            session_rate: agent.session_rate,
+            max_context_tokens: agent.max_context_tokens,
+            think_min: agent.think_min,
+            think_max: agent.think_max,
+        }
+    }
+}
+
+impl ReplayArgs {
+    /// The agent generator settings these options describe.
+    pub fn agent_config(&self) -> AgentConfig {
+        AgentConfig {
+            sessions: self.sessions,
+            seed: self.seed,
+            session_rate: self.session_rate,
+            max_context_tokens: self.max_context_tokens,
+            bytes_per_token: self.bytes_per_token,
+            think_min: self.think_min,
+            think_max: self.think_max,
+            ..AgentConfig::default()
+        }
+    }
+
+    fn validate(&self) -> Result<(), ReplayError> {
+        let bad = |m: &str| Err(ReplayError::InvalidArg(m.to_owned()));
+        if !(self.speedup.is_finite() && self.speedup > 0.0) {
+            return bad("--speedup must be > 0");
+        }
+        if self.concurrency == 0 {
+            return bad("--concurrency must be >= 1");
+        }
+        if !(self.timeout.is_finite() && self.timeout > 0.0) {
+            return bad("--timeout must be > 0");
+        }
+        if self.duration.is_some_and(|d| !(d.is_finite() && d >= 0.0)) {
+            return bad("--duration must be >= 0");
+        }
+        if !self.url.starts_with("http://") {
+            return bad("--url must start with http:// (built without TLS)");
+        }
+        Ok(())
+    }
+
+    fn endpoint(&self) -> String {
+        let path = self.path.trim_start_matches('/');
+        format!("{}/{path}", self.url.trim_end_matches('/'))
+    }
+
+    fn settings(&self) -> driver::Settings {
+        driver::Settings {
+            endpoint: self.endpoint(),
+            style: text::BodyStyle::new(&self.model, self.stream),
+            speedup: self.speedup,
+            concurrency: self.concurrency,
+            max_requests: self.max_requests,
+            duration: self.duration.map(Duration::from_secs_f64),
+            send_session: self.send_session_header,
+        }
+    }
+}
+
+/// Replays `workload` against `args.url` and returns the report. Prints
+/// nothing except the progress bar (on stderr, when it is a terminal and
+/// `--quiet` is not set).
+pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<Report, ReplayError> {
+    args.validate()?;
+    let client = http_client(args)?;
+    let before = metrics::scrape_all(&client, &args.backend_metrics).await?;
+    let plan = Arc::clone(workload.plan());
+    let total = args.max_requests.map_or(plan.len(), |n| n.min(plan.len()));
+    let mut progress = progress::Progress::new(total, args.quiet);
+    let run = driver::run(client.clone(), args.settings(), plan.clone(), |o| {
+        progress.update(o)
+    })
+    .await;
+    progress.finish();
+    let metrics = if args.backend_metrics.is_empty() {
+        None
+    } else {
+        let after = metrics::scrape_all(&client, &args.backend_metrics).await;
+        Some(
+            after
+                .map(|a| report::from_metrics(&args.backend_metrics, &before, &a))
+                .map_err(|e| e.to_string()),
+        )
+    };
+    let sent = run.outcomes.iter().map(|o| (o.session, o.turn));
+    let ctx = report::Context {
+        target: args.url.clone(),
+        workload: workload.describe(),
+        stream: args.stream,
+        concurrency: args.concurrency,
+        speedup: args.speedup,
+        planned: total as u64,
+        bound: bound::compute_sent(&plan, sent),
+        metrics,
+    };
+    Ok(report::build(ctx, &run))
+}
+
+fn http_client(args: &ReplayArgs) -> Result<reqwest::Client, ReplayError> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(args.concurrency)
+        .pool_idle_timeout(Duration::from_secs(90))
+        .connect_timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs_f64(args.timeout))
+        .tcp_nodelay(true)
+        .build()
+        .map_err(ReplayError::Client)
+}
+
+/// The CLI subcommand: load, then print the bound (`--bound`) or replay and
+/// print the table; write JSON to `--out` when given.
+pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
+    let workload = Workload::load(&args)?;
+    if args.bound {
+        let b = workload.bound_detail();
+        println!("{}", workload.bound_summary());
+        if let Some(out) = &args.out {
+            let json = serde_json::json!({ "workload": workload.describe(), "bound": b });
+            write_json(out, &json)?;
+        }
+        return Ok(());
+    }
+    if !args.quiet {
+        eprintln!("replaying {} -> {}", workload.describe(), args.endpoint());
+    }
+    let report = replay(&args, &workload).await?;
+    print!("{}", report.table());
+    if let Some(out) = &args.out {
+        write_json(out, &report)?;
+    }
+    Ok(())
+}
+
+fn write_json(path: &std::path::Path, value: &impl serde::Serialize) -> anyhow::Result<()> {
+    let data = serde_json::to_vec_pretty(value)?;
+    std::fs::write(path, data).with_context(|| format!("writing {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ReplayArgs,
+    }
+
+    #[test]
+    fn default_matches_cli_defaults() {
+        assert_eq!(Cli::parse_from(["replay"]).args, ReplayArgs::default());
+    }
+
+    #[test]
+    fn parses_options() {
+        let a = Cli::parse_from([
+            "replay",
+            "--url",
+            "http://h:1/",
+            "--synthetic",
+            "agent",
+            "--stream",
+            "--backend-metrics",
+            "http://a:1,http://b:2",
+            "--max-requests",
+            "5",
+        ])
+        .args;
+        assert_eq!(a.synthetic, Some(Synthetic::Agent));
+        assert_eq!(a.backend_metrics, ["http://a:1", "http://b:2"]);
+        assert_eq!(a.endpoint(), "http://h:1/v1/chat/completions");
+        assert!(Cli::try_parse_from(["replay", "--trace", "x", "--synthetic", "agent"]).is_err());
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        let bad = |f: fn(&mut ReplayArgs)| {
+            let mut a = ReplayArgs::default();
+            f(&mut a);
+            a.validate().is_err()
+        };
+        assert!(bad(|a| a.speedup = 0.0));
+        assert!(bad(|a| a.concurrency = 0));
+        assert!(bad(|a| a.url = "127.0.0.1:8080".into()));
+        assert!(ReplayArgs::default().validate().is_ok());
+        assert!(matches!(
+            Workload::load(&ReplayArgs::default()),
+            Err(ReplayError::NoWorkload)
+        ));
+    }
+}

@@ -1,0 +1,95 @@
+//! The prepared form of a workload: pre-rendered message pieces and the
+//! sessions and turns that reference them.
+//!
+//! A trace request is a session of one turn scheduled at its timestamp; an
+//! agent session is a chain of turns, each sent a think time after the
+//! previous response finished (closed loop).
+
+use std::sync::Arc;
+
+use super::bound::{self, Bound};
+use super::text::BodyStyle;
+
+/// A prepared workload: rendered text plus schedule. Opaque; built by
+/// [`Workload::load`](super::Workload::load) and shared between runs.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Rendered chat messages (JSON objects), referenced by index.
+    pub(crate) pieces: Vec<Box<str>>,
+    /// For each piece, the piece whose first sighting makes this one a cache
+    /// hit (itself, or for a cut final block the full block it was cut from).
+    pub(crate) piece_key: Vec<u32>,
+    /// Prompt tokens each piece stands for (used by the bound).
+    pub(crate) piece_tokens: Vec<u32>,
+    /// Piece holding the JSON `tools` array sent before the messages, if any.
+    pub(crate) tools: Option<u32>,
+    /// Sessions sorted by start time.
+    pub(crate) sessions: Vec<Session>,
+    /// Bound over the whole workload, computed once at load.
+    pub(crate) bound: Bound,
+}
+
+/// A sequence of turns sharing a session id.
+#[derive(Debug, Clone)]
+pub(crate) struct Session {
+    /// Sent as `x-session-id` with `--send-session-header`.
+    pub(crate) id: Option<Arc<str>>,
+    /// Arrival of the first turn, in ms from the start (before `--speedup`).
+    pub(crate) start_ms: f64,
+    /// The requests, in order.
+    pub(crate) turns: Vec<Turn>,
+}
+
+/// One request.
+#[derive(Debug, Clone)]
+pub(crate) struct Turn {
+    /// Pieces forming `messages`, in order.
+    pub(crate) pieces: Vec<u32>,
+    /// `max_tokens` sent.
+    pub(crate) max_tokens: u32,
+    /// Delay after the previous turn's response, in ms (before `--speedup`).
+    pub(crate) think_ms: f64,
+    /// Prompt tokens the workload intends (trace `input_length`).
+    pub(crate) prompt_tokens: u64,
+}
+
+impl Plan {
+    /// Adds a piece and returns its index.
+    pub(crate) fn push_piece(&mut self, json: String, key: Option<u32>, tokens: u32) -> u32 {
+        let idx = u32::try_from(self.pieces.len()).expect("fewer than 2^32 pieces");
+        self.pieces.push(json.into_boxed_str());
+        self.piece_key.push(key.unwrap_or(idx));
+        self.piece_tokens.push(tokens);
+        idx
+    }
+
+    /// Total number of requests.
+    pub(crate) fn len(&self) -> usize {
+        self.sessions.iter().map(|s| s.turns.len()).sum()
+    }
+
+    /// The pieces a turn's prompt consists of, `tools` first when present.
+    pub(crate) fn chain<'a>(&'a self, turn: &'a Turn) -> impl Iterator<Item = u32> + 'a {
+        self.tools.into_iter().chain(turn.pieces.iter().copied())
+    }
+
+    /// The request body for `turn`.
+    pub(crate) fn body(&self, style: &BodyStyle, turn: &Turn) -> Vec<u8> {
+        let tools = self.tools.map(|t| &*self.pieces[t as usize]);
+        let pieces = turn.pieces.iter().map(|&p| &*self.pieces[p as usize]);
+        style.build(tools, pieces, turn.max_tokens)
+    }
+
+    /// Sorts sessions by start time (stable) and computes the bound.
+    pub(crate) fn finish(mut self) -> Self {
+        self.sessions
+            .sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+        self.bound = bound::compute(&self, self.all_turns());
+        self
+    }
+
+    /// Every turn in schedule order (sessions by start, turns in order).
+    pub(crate) fn all_turns(&self) -> impl Iterator<Item = &Turn> + Clone {
+        self.sessions.iter().flat_map(|s| s.turns.iter())
+    }
+}

@@ -1,0 +1,321 @@
+//! The simulated KV block cache: vLLM's automatic prefix caching, as pure data.
+//!
+//! For: deciding how many leading prompt blocks of a request are already cached
+//! (the prefix-cache hit), pinning them while the request runs, allocating the
+//! rest, and evicting unpinned cached blocks in vLLM's LRU order.
+//! Not for: time, queueing or I/O (see `engine`), nor for turning requests into
+//! bytes (see `template`). Everything here is deterministic and synchronous.
+//!
+//! Model, following vLLM's block pool:
+//! - The prompt is cut into blocks of `block_bytes` bytes (`block_tokens` tokens
+//!   of `bytes_per_token` bytes). Only full blocks get a hash; block `i`'s hash is
+//!   xxh3 of (block `i-1`'s hash, block `i`'s bytes), so a hash names the whole
+//!   prefix up to and including that block.
+//! - Every block of the pool is either *pinned* (reference count > 0, used by a
+//!   running request) or on the *free queue* (reference count 0). A block on the
+//!   free queue may still hold a cached hash; it can be hit (which takes it off the
+//!   queue and pins it) until it is reused for another allocation, which evicts it.
+//! - Allocation takes blocks from the front of the free queue. Released blocks are
+//!   appended to the back in reverse order (a request's tail block first), so the
+//!   least recently released blocks, and within one request the block covering the
+//!   most tokens, are evicted first.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use xxhash_rust::xxh3::Xxh3;
+
+/// Hash of one full block, chained over all blocks before it.
+pub type BlockHash = u64;
+
+/// Index of a block in the pool.
+pub type BlockId = u32;
+
+const NIL: u32 = u32::MAX;
+
+/// Seed standing in for the parent hash of the first block.
+const ROOT_HASH: BlockHash = 0x5eed_0fb1_0c4a_5400;
+
+/// Chained hashes of every *full* block of `prompt` (a trailing partial block has none).
+///
+/// `block_bytes` is `block_tokens * bytes_per_token` (64 with the defaults); it must be > 0.
+pub fn block_hashes(prompt: &[u8], block_bytes: usize) -> Vec<BlockHash> {
+    let mut parent = ROOT_HASH;
+    prompt
+        .chunks_exact(block_bytes.max(1))
+        .map(|block| {
+            let mut hasher = Xxh3::new();
+            hasher.update(&parent.to_le_bytes());
+            hasher.update(block);
+            parent = hasher.digest();
+            parent
+        })
+        .collect()
+}
+
+/// The most leading blocks a request of `prompt_tokens` tokens may take from the
+/// cache: vLLM caps the hit at `prompt_tokens - 1` tokens so the last prompt token
+/// is always computed (it yields the first output token). Hence a prompt of
+/// exactly `k * block_tokens` tokens can hit at most `k - 1` blocks, while one of
+/// `k * block_tokens + 1` tokens can hit all `k` full blocks.
+pub fn max_hit_blocks(prompt_tokens: usize, full_blocks: usize, block_tokens: usize) -> usize {
+    full_blocks.min(prompt_tokens.saturating_sub(1) / block_tokens.max(1))
+}
+
+/// Blocks a request holds from admission to completion (hit blocks first, then
+/// newly allocated ones in prompt order, then its partial and output blocks).
+#[derive(Debug)]
+pub struct Allocation {
+    blocks: Vec<BlockId>,
+    hit_blocks: usize,
+}
+
+impl Allocation {
+    /// Leading blocks that were already cached when the request was admitted.
+    pub fn hit_blocks(&self) -> usize {
+        self.hit_blocks
+    }
+
+    /// All blocks held, in prompt order.
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    hash: Option<BlockHash>,
+    refs: u32,
+    prev: u32,
+    next: u32,
+}
+
+/// Hasher for keys that already are uniformly distributed 64-bit hashes.
+#[derive(Default)]
+struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type HashIndex = HashMap<BlockHash, BlockId, BuildHasherDefault<IdentityHasher>>;
+
+/// A fixed pool of KV blocks with vLLM's prefix-cache and eviction rules.
+#[derive(Debug)]
+pub struct BlockCache {
+    slots: Vec<Slot>,
+    index: HashIndex,
+    head: u32,
+    tail: u32,
+    free_len: usize,
+}
+
+impl BlockCache {
+    /// A pool of `capacity` blocks, all free and empty. Capacity is capped at
+    /// `u32::MAX - 1` blocks.
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(NIL as usize - 1);
+        let slots = (0..capacity)
+            .map(|_| Slot {
+                hash: None,
+                refs: 0,
+                prev: NIL,
+                next: NIL,
+            })
+            .collect();
+        let mut cache = Self {
+            slots,
+            index: HashIndex::default(),
+            head: NIL,
+            tail: NIL,
+            free_len: 0,
+        };
+        for id in 0..capacity as u32 {
+            cache.push_back(id);
+        }
+        cache
+    }
+
+    /// Total blocks in the pool.
+    pub fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Blocks held by running requests (reference count > 0).
+    pub fn pinned(&self) -> usize {
+        self.slots.len() - self.free_len
+    }
+
+    /// Blocks on the free queue (empty or cached but unpinned): what an allocation can use.
+    pub fn free(&self) -> usize {
+        self.free_len
+    }
+
+    /// Blocks currently holding a cached hash, pinned or not.
+    pub fn cached(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Fraction of the pool pinned by running requests, 0..=1 (vLLM's `kv_cache_usage_perc`).
+    pub fn usage(&self) -> f64 {
+        if self.slots.is_empty() {
+            0.0
+        } else {
+            self.pinned() as f64 / self.slots.len() as f64
+        }
+    }
+
+    /// Whether a block with this hash is cached (pinned or on the free queue).
+    pub fn contains(&self, hash: BlockHash) -> bool {
+        self.index.contains_key(&hash)
+    }
+
+    /// Leading blocks of `hashes` that are cached, at most `cap` (see [`max_hit_blocks`]).
+    pub fn hit_blocks(&self, hashes: &[BlockHash], cap: usize) -> usize {
+        hashes
+            .iter()
+            .take(cap)
+            .take_while(|h| self.index.contains_key(h))
+            .count()
+    }
+
+    /// Admits a request: pins its cached leading blocks (at most `cap`), then takes
+    /// `total_blocks - hit` blocks from the front of the free queue, evicting what
+    /// they cached, and registers the request's remaining full prompt blocks under
+    /// their hashes. Returns `None`, changing nothing, when not enough blocks are free.
+    pub fn allocate(
+        &mut self,
+        hashes: &[BlockHash],
+        cap: usize,
+        total_blocks: usize,
+    ) -> Option<Allocation> {
+        let hit_ids: Vec<BlockId> = hashes
+            .iter()
+            .take(cap)
+            .map_while(|h| self.index.get(h).copied())
+            .collect();
+        let hit = hit_ids.len();
+        let hits_on_free_queue = hit_ids
+            .iter()
+            .filter(|&&id| self.slots[id as usize].refs == 0)
+            .count();
+        let needed = total_blocks.max(hit) - hit;
+        if needed > self.free_len - hits_on_free_queue {
+            return None;
+        }
+        let mut blocks = hit_ids;
+        blocks.reserve(needed);
+        for &id in &blocks {
+            self.pin(id);
+        }
+        for position in hit..hit + needed {
+            let id = self.take_front()?;
+            if let Some(&hash) = hashes.get(position) {
+                self.register(id, hash);
+            }
+            blocks.push(id);
+        }
+        Some(Allocation {
+            blocks,
+            hit_blocks: hit,
+        })
+    }
+
+    /// Unpins a finished (or aborted) request's blocks; those no longer used by any
+    /// request go to the back of the free queue, tail block first.
+    pub fn release(&mut self, allocation: Allocation) {
+        for &id in allocation.blocks.iter().rev() {
+            let slot = &mut self.slots[id as usize];
+            slot.refs = slot.refs.saturating_sub(1);
+            if slot.refs == 0 {
+                self.push_back(id);
+            }
+        }
+    }
+
+    fn pin(&mut self, id: BlockId) {
+        if self.slots[id as usize].refs == 0 {
+            self.unlink(id);
+        }
+        self.slots[id as usize].refs += 1;
+    }
+
+    /// Pops the front of the free queue, evicting its cached hash, and pins it.
+    fn take_front(&mut self) -> Option<BlockId> {
+        let id = self.head;
+        if id == NIL {
+            return None;
+        }
+        self.unlink(id);
+        if let Some(hash) = self.slots[id as usize].hash.take() {
+            self.index.remove(&hash);
+        }
+        self.slots[id as usize].refs = 1;
+        Some(id)
+    }
+
+    /// Caches `id` under `hash` unless another block already does (then `id` stays anonymous).
+    fn register(&mut self, id: BlockId, hash: BlockHash) {
+        if let std::collections::hash_map::Entry::Vacant(entry) = self.index.entry(hash) {
+            entry.insert(id);
+            self.slots[id as usize].hash = Some(hash);
+        }
+    }
+
+    fn push_back(&mut self, id: BlockId) {
+        let old_tail = self.tail;
+        let slot = &mut self.slots[id as usize];
+        slot.prev = old_tail;
+        slot.next = NIL;
+        if old_tail == NIL {
+            self.head = id;
+        } else {
+            self.slots[old_tail as usize].next = id;
+        }
+        self.tail = id;
+        self.free_len += 1;
+    }
+
+    fn unlink(&mut self, id: BlockId) {
+        let Slot { prev, next, .. } = self.slots[id as usize];
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+        let slot = &mut self.slots[id as usize];
+        slot.prev = NIL;
+        slot.next = NIL;
+        self.free_len -= 1;
+    }
+
+    /// Block ids on the free queue, front (next to be evicted) first. For tests and debugging.
+    pub fn free_queue(&self) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(self.free_len);
+        let mut id = self.head;
+        while id != NIL {
+            out.push(id);
+            id = self.slots[id as usize].next;
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[path = "cache_tests.rs"]
+mod tests;

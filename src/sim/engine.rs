@@ -1,0 +1,396 @@
+//! The scheduler and timing model of one simulated vLLM instance, on a simulated clock.
+//!
+//! For: deciding when each request is admitted, when its first token is out and
+//! when it finishes, in *simulated* seconds, given the block cache. Pure and
+//! synchronous: the caller feeds it the current simulated time ([`EngineCore::advance`])
+//! and asks when it next needs waking ([`EngineCore::next_deadline`]), so tests can
+//! assert exact simulated times without a wall clock.
+//! Not for: real time, channels or HTTP (see `driver`), nor parsing requests.
+//!
+//! Model:
+//! - Requests wait in a FIFO queue. The head is admitted when fewer than
+//!   `max_num_seqs` requests run and the cache can hold its blocks (its hit plus
+//!   new blocks for the rest of the prompt and *all* `output_tokens`, reserved
+//!   upfront, so a running request never needs preempting). The head blocks the
+//!   queue until it fits, like vLLM's FCFS scheduler.
+//! - An admitted request first waits `prefill_overhead_s` (not shared), then
+//!   prefills its uncached tokens. Prefill is processor sharing: all requests
+//!   prefilling at a moment split `prefill_tokens_per_s` equally. Alone, a request
+//!   takes `overhead + uncached / prefill_tokens_per_s`.
+//! - Its first output token is out when its prefill ends; each further one every
+//!   `decode_s_per_token` (independent of load). It finishes with its last token,
+//!   releasing its blocks to the cache.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use super::cache::{Allocation, BlockCache, BlockHash, max_hit_blocks};
+
+/// Remaining prefill below this many tokens counts as done (float slack).
+const EPS_TOKENS: f64 = 1e-6;
+
+/// Timing and scheduling parameters, in simulated seconds.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// Prefill throughput shared by all prefilling requests, tokens per second.
+    pub prefill_tokens_per_s: f64,
+    /// Fixed latency each request pays before its prefill, seconds.
+    pub prefill_overhead_s: f64,
+    /// Interval between output tokens after the first, seconds.
+    pub decode_s_per_token: f64,
+    /// Most requests running (prefilling or decoding) at once.
+    pub max_num_seqs: usize,
+    /// Tokens per KV block.
+    pub block_tokens: usize,
+}
+
+/// A request handed to the engine, already rendered and hashed.
+#[derive(Clone, Debug)]
+pub struct EngineRequest {
+    /// Unique id (the caller's).
+    pub id: u64,
+    /// Chained hashes of the prompt's full blocks.
+    pub hashes: Vec<BlockHash>,
+    /// Prompt length in tokens (>= 1).
+    pub prompt_tokens: usize,
+    /// Output tokens to generate (>= 1).
+    pub output_tokens: usize,
+}
+
+/// What happened to a request, at simulated time `at` (seconds).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    /// Admitted: it now runs, with `cached_tokens` of its prompt hit in the cache.
+    Admitted {
+        id: u64,
+        at: f64,
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    /// Its first token is out; `ttft` counts from arrival, queueing included.
+    FirstToken {
+        id: u64,
+        at: f64,
+        ttft: f64,
+        cached_tokens: usize,
+    },
+    /// Its last token is out and its blocks are released.
+    Finished {
+        id: u64,
+        at: f64,
+        output_tokens: usize,
+    },
+    /// It needs more blocks than the whole cache has; it never runs.
+    Rejected { id: u64 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Overhead,
+    Prefill,
+    Decode,
+}
+
+#[derive(Debug)]
+struct Running {
+    allocation: Allocation,
+    uncached_tokens: usize,
+    cached_tokens: usize,
+    output_tokens: usize,
+    arrival: f64,
+    phase: Phase,
+}
+
+/// One instance's queue, running set, prefill sharing and block cache.
+#[derive(Debug)]
+pub struct EngineCore {
+    timing: Timing,
+    cache: BlockCache,
+    clock: f64,
+    waiting: VecDeque<(EngineRequest, f64)>,
+    running: HashMap<u64, Running>,
+    /// Requests prefilling now, with their remaining tokens as of `clock`.
+    prefilling: Vec<(u64, f64)>,
+    /// Wake-ups `(at.to_bits(), id)`: the end of a request's overhead or its last
+    /// token, by its phase. Times are >= 0, and the bits of non-negative floats
+    /// order like the floats.
+    timers: BinaryHeap<Reverse<(u64, u64)>>,
+    outputs: Vec<Output>,
+}
+
+impl EngineCore {
+    /// An idle engine at simulated time 0 with a cache of `kv_blocks` blocks.
+    pub fn new(timing: Timing, kv_blocks: usize) -> Self {
+        Self {
+            timing,
+            cache: BlockCache::new(kv_blocks),
+            clock: 0.0,
+            waiting: VecDeque::new(),
+            running: HashMap::new(),
+            prefilling: Vec::new(),
+            timers: BinaryHeap::new(),
+            outputs: Vec::new(),
+        }
+    }
+
+    /// The simulated time the engine has reached, seconds.
+    pub fn now(&self) -> f64 {
+        self.clock
+    }
+
+    /// Requests waiting for admission.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Requests admitted and not finished.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// The timing parameters.
+    pub fn timing(&self) -> &Timing {
+        &self.timing
+    }
+
+    /// The block cache (read-only).
+    pub fn cache(&self) -> &BlockCache {
+        &self.cache
+    }
+
+    /// Blocks a request holds while running: prompt plus output tokens, rounded up to blocks.
+    pub fn blocks_needed(&self, prompt_tokens: usize, output_tokens: usize) -> usize {
+        prompt_tokens
+            .saturating_add(output_tokens)
+            .div_ceil(self.timing.block_tokens.max(1))
+    }
+
+    /// Takes the outputs produced since the last call, in order.
+    pub fn take_outputs(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.outputs)
+    }
+
+    /// Queues a request arriving now (call [`Self::advance`] to the arrival time first).
+    pub fn submit(&mut self, request: EngineRequest) {
+        self.waiting.push_back((request, self.clock));
+        self.admit();
+    }
+
+    /// Drops a request wherever it is (client gone); its blocks are released.
+    /// Unknown or finished ids are ignored.
+    pub fn abort(&mut self, id: u64) {
+        if let Some(running) = self.running.remove(&id) {
+            self.prefilling.retain(|&(other, _)| other != id);
+            self.cache.release(running.allocation);
+            self.admit();
+        } else {
+            self.waiting.retain(|(request, _)| request.id != id);
+            self.admit();
+        }
+    }
+
+    /// The simulated time of the next event, if any: a prefill ending, an overhead
+    /// ending or a request finishing.
+    pub fn next_deadline(&self) -> Option<f64> {
+        let timer = self
+            .timers
+            .peek()
+            .map(|&Reverse((at, _))| f64::from_bits(at));
+        match (timer, self.next_prefill_end()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Processes every event up to simulated time `now` (seconds), in time order.
+    pub fn advance(&mut self, now: f64) {
+        while let Some(at) = self.next_deadline() {
+            if at > now {
+                break;
+            }
+            self.step(at);
+        }
+        self.set_clock(now);
+    }
+
+    fn next_prefill_end(&self) -> Option<f64> {
+        let least = self
+            .prefilling
+            .iter()
+            .map(|&(_, left)| left)
+            .min_by(f64::total_cmp)?;
+        let share = self.timing.prefill_tokens_per_s / self.prefilling.len() as f64;
+        Some(self.clock + least.max(0.0) / share)
+    }
+
+    /// Moves the clock forward, progressing every prefill by its share of the throughput.
+    fn set_clock(&mut self, t: f64) {
+        if t <= self.clock {
+            return;
+        }
+        if !self.prefilling.is_empty() {
+            let share = self.timing.prefill_tokens_per_s / self.prefilling.len() as f64;
+            let done = (t - self.clock) * share;
+            for (_, left) in &mut self.prefilling {
+                *left = (*left - done).max(0.0);
+            }
+        }
+        self.clock = t;
+    }
+
+    fn step(&mut self, at: f64) {
+        let prefill_due = self.next_prefill_end().is_some_and(|end| end <= at);
+        self.set_clock(at);
+        if prefill_due {
+            self.end_prefills();
+        }
+        while self
+            .timers
+            .peek()
+            .is_some_and(|&Reverse((due, _))| f64::from_bits(due) <= at)
+        {
+            if let Some(Reverse((_, id))) = self.timers.pop() {
+                self.fire(id);
+            }
+        }
+        self.admit();
+    }
+
+    /// Ends the prefill that was due (the least remaining, whatever float error left
+    /// of it) and any other that is done.
+    fn end_prefills(&mut self) {
+        let least = self
+            .prefilling
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.1.total_cmp(&b.1.1))
+            .map(|(index, _)| index);
+        if let Some(index) = least {
+            self.prefilling[index].1 = 0.0;
+        }
+        let mut done = Vec::new();
+        self.prefilling.retain(|&(id, left)| {
+            let finished = left <= EPS_TOKENS;
+            if finished {
+                done.push(id);
+            }
+            !finished
+        });
+        for id in done {
+            self.first_token(id);
+        }
+    }
+
+    fn fire(&mut self, id: u64) {
+        let Some(running) = self.running.get_mut(&id) else {
+            return;
+        };
+        match running.phase {
+            Phase::Overhead => {
+                running.phase = Phase::Prefill;
+                let work = running.uncached_tokens as f64;
+                self.prefilling.push((id, work));
+            }
+            Phase::Decode => self.finish(id),
+            Phase::Prefill => {}
+        }
+    }
+
+    fn first_token(&mut self, id: u64) {
+        let Some(running) = self.running.get_mut(&id) else {
+            return;
+        };
+        running.phase = Phase::Decode;
+        let (at, output_tokens) = (self.clock, running.output_tokens);
+        let (ttft, cached_tokens) = (at - running.arrival, running.cached_tokens);
+        self.outputs.push(Output::FirstToken {
+            id,
+            at,
+            ttft,
+            cached_tokens,
+        });
+        if output_tokens <= 1 {
+            self.finish(id);
+        } else {
+            let at = at + (output_tokens - 1) as f64 * self.timing.decode_s_per_token;
+            self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
+        }
+    }
+
+    fn finish(&mut self, id: u64) {
+        if let Some(running) = self.running.remove(&id) {
+            let output_tokens = running.output_tokens;
+            self.cache.release(running.allocation);
+            self.outputs.push(Output::Finished {
+                id,
+                at: self.clock,
+                output_tokens,
+            });
+        }
+    }
+
+    /// Admits waiting requests in FIFO order while a seat and the blocks are available.
+    fn admit(&mut self) {
+        while self.running.len() < self.timing.max_num_seqs.max(1) {
+            let Some((request, _)) = self.waiting.front() else {
+                return;
+            };
+            let total = self.blocks_needed(request.prompt_tokens, request.output_tokens);
+            if total > self.cache.capacity() {
+                let id = request.id;
+                self.waiting.pop_front();
+                self.outputs.push(Output::Rejected { id });
+                continue;
+            }
+            let cap = max_hit_blocks(
+                request.prompt_tokens,
+                request.hashes.len(),
+                self.timing.block_tokens,
+            );
+            let Some(allocation) = self.cache.allocate(&request.hashes, cap, total) else {
+                return;
+            };
+            if let Some((request, arrival)) = self.waiting.pop_front() {
+                self.start(request, arrival, allocation);
+            }
+        }
+    }
+
+    fn start(&mut self, request: EngineRequest, arrival: f64, allocation: Allocation) {
+        let cached_tokens =
+            (allocation.hit_blocks() * self.timing.block_tokens).min(request.prompt_tokens);
+        let uncached_tokens = request.prompt_tokens - cached_tokens;
+        let (id, prompt_tokens, at) = (request.id, request.prompt_tokens, self.clock);
+        self.outputs.push(Output::Admitted {
+            id,
+            at,
+            prompt_tokens,
+            cached_tokens,
+        });
+        let overhead = self.timing.prefill_overhead_s > 0.0;
+        let phase = if overhead {
+            Phase::Overhead
+        } else {
+            Phase::Prefill
+        };
+        let running = Running {
+            allocation,
+            uncached_tokens,
+            cached_tokens,
+            output_tokens: request.output_tokens,
+            arrival,
+            phase,
+        };
+        self.running.insert(id, running);
+        if overhead {
+            let at = self.clock + self.timing.prefill_overhead_s;
+            self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
+        } else {
+            self.prefilling.push((id, uncached_tokens as f64));
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

@@ -1,0 +1,247 @@
+//! Unit tests of the timing model, on the simulated clock (a child module of `engine`).
+
+use super::*;
+
+const TOL: f64 = 1e-9;
+
+fn timing() -> Timing {
+    Timing {
+        prefill_tokens_per_s: 30_000.0,
+        prefill_overhead_s: 0.020,
+        decode_s_per_token: 0.007,
+        max_num_seqs: 256,
+        block_tokens: 16,
+    }
+}
+
+/// A request whose prompt blocks are named by `tag` (equal tags share every block).
+fn req(id: u64, tag: u64, prompt_tokens: usize, output_tokens: usize) -> EngineRequest {
+    let hashes = (0..prompt_tokens / 16)
+        .map(|i| (tag << 40) | i as u64)
+        .collect();
+    EngineRequest {
+        id,
+        hashes,
+        prompt_tokens,
+        output_tokens,
+    }
+}
+
+fn run_to_idle(core: &mut EngineCore) -> Vec<Output> {
+    while let Some(at) = core.next_deadline() {
+        core.advance(at);
+    }
+    core.take_outputs()
+}
+
+fn first_token(outputs: &[Output], want: u64) -> (f64, f64, usize) {
+    outputs
+        .iter()
+        .find_map(|o| match *o {
+            Output::FirstToken {
+                id,
+                at,
+                ttft,
+                cached_tokens,
+            } if id == want => Some((at, ttft, cached_tokens)),
+            _ => None,
+        })
+        .expect("first token")
+}
+
+fn finished(outputs: &[Output], want: u64) -> f64 {
+    outputs
+        .iter()
+        .find_map(|o| match *o {
+            Output::Finished { id, at, .. } if id == want => Some(at),
+            _ => None,
+        })
+        .expect("finished")
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < TOL
+}
+
+#[test]
+fn lone_prefill_is_overhead_plus_tokens_over_throughput() {
+    let mut core = EngineCore::new(timing(), 26_000);
+    core.submit(req(1, 1, 30_000, 10));
+    let out = run_to_idle(&mut core);
+    let (at, ttft, cached) = first_token(&out, 1);
+    assert!(close(at, 1.020), "{at}");
+    assert!(close(ttft, 1.020));
+    assert_eq!(cached, 0);
+    // 9 more tokens at 7 ms.
+    assert!(close(finished(&out, 1), 1.020 + 9.0 * 0.007));
+    assert_eq!(core.cache().pinned(), 0);
+}
+
+#[test]
+fn concurrent_prefills_share_throughput() {
+    let mut core = EngineCore::new(timing(), 26_000);
+    core.submit(req(1, 1, 30_000, 1));
+    core.submit(req(2, 2, 30_000, 1));
+    let out = run_to_idle(&mut core);
+    assert!(close(first_token(&out, 1).0, 2.020));
+    assert!(close(first_token(&out, 2).0, 2.020));
+    // One output token: finished with the first token.
+    assert!(close(finished(&out, 2), 2.020));
+}
+
+#[test]
+fn staggered_prefills_follow_processor_sharing() {
+    let mut core = EngineCore::new(timing(), 26_000);
+    core.submit(req(1, 1, 30_000, 1));
+    core.advance(0.52);
+    core.submit(req(2, 2, 15_000, 1));
+    let out = run_to_idle(&mut core);
+    // A alone 0.02..0.54 (15.6K done), then both at 15K/s: A's 14.4K end at 1.50;
+    // B has 600 left then, alone at 30K/s: 1.52.
+    assert!(
+        close(first_token(&out, 1).0, 1.50),
+        "{:?}",
+        first_token(&out, 1)
+    );
+    assert!(
+        close(first_token(&out, 2).0, 1.52),
+        "{:?}",
+        first_token(&out, 2)
+    );
+}
+
+#[test]
+fn cache_hit_shortens_prefill_and_keeps_last_token() {
+    let mut core = EngineCore::new(timing(), 26_000);
+    core.submit(req(1, 7, 30_000, 1));
+    run_to_idle(&mut core);
+    let start = core.now();
+    core.submit(req(2, 7, 30_000, 1));
+    let out = run_to_idle(&mut core);
+    let (at, _, cached) = first_token(&out, 2);
+    // 30000 tokens = 1875 full blocks; the cap leaves the last block to compute.
+    assert_eq!(cached, 30_000 - 16);
+    assert!(close(at - start, 0.020 + 16.0 / 30_000.0), "{}", at - start);
+    let admitted = out.iter().any(|o| {
+        matches!(
+            o,
+            Output::Admitted {
+                id: 2,
+                cached_tokens: 29_984,
+                ..
+            }
+        )
+    });
+    assert!(admitted);
+}
+
+#[test]
+fn max_num_seqs_queues_and_ttft_includes_queueing() {
+    let mut core = EngineCore::new(
+        Timing {
+            max_num_seqs: 1,
+            ..timing()
+        },
+        26_000,
+    );
+    core.submit(req(1, 1, 3_000, 11));
+    core.submit(req(2, 2, 3_000, 1));
+    assert_eq!((core.running(), core.waiting()), (1, 1));
+    let out = run_to_idle(&mut core);
+    let end1 = 0.020 + 0.1 + 10.0 * 0.007;
+    assert!(close(finished(&out, 1), end1));
+    let (at, ttft, _) = first_token(&out, 2);
+    assert!(close(at, end1 + 0.120));
+    assert!(close(ttft, at));
+    assert_eq!((core.running(), core.waiting()), (0, 0));
+}
+
+#[test]
+fn request_waits_for_blocks_and_oversized_is_rejected() {
+    // 100 blocks; request 1 holds 64 + 16 = 80 of them.
+    let mut core = EngineCore::new(timing(), 100);
+    core.submit(req(1, 1, 1_024, 256));
+    core.submit(req(2, 2, 512, 16));
+    assert_eq!((core.running(), core.waiting()), (1, 1));
+    core.submit(req(3, 3, 1_600, 16));
+    let out = run_to_idle(&mut core);
+    let end1 = finished(&out, 1);
+    let admitted2 = out.iter().find_map(|o| match *o {
+        Output::Admitted { id: 2, at, .. } => Some(at),
+        _ => None,
+    });
+    assert_eq!(admitted2, Some(end1));
+    assert!(out.contains(&Output::Rejected { id: 3 }));
+    assert_eq!(core.blocks_needed(1_600, 16), 101);
+}
+
+#[test]
+fn abort_releases_blocks_and_admits_the_next() {
+    let mut core = EngineCore::new(
+        Timing {
+            max_num_seqs: 1,
+            ..timing()
+        },
+        26_000,
+    );
+    core.submit(req(1, 1, 30_000, 100));
+    core.submit(req(2, 2, 300, 1));
+    core.advance(0.5);
+    core.abort(1);
+    assert_eq!(core.cache().pinned(), 19);
+    let out = run_to_idle(&mut core);
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Output::FirstToken { id: 1, .. }))
+    );
+    assert!(close(first_token(&out, 2).0, 0.5 + 0.020 + 0.01));
+    core.abort(2);
+    core.abort(99);
+    assert_eq!(core.cache().pinned(), 0);
+}
+
+#[test]
+fn many_requests_all_finish_in_order_and_free_everything() {
+    let mut core = EngineCore::new(
+        Timing {
+            max_num_seqs: 64,
+            ..timing()
+        },
+        2_000,
+    );
+    let mut seed = 12_345u64;
+    let mut rand = move |n: u64| {
+        seed = seed
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (seed >> 33) % n
+    };
+    let (mut last_first, mut done) = (0.0, 0);
+    let mut check = |outputs: Vec<Output>| {
+        for output in outputs {
+            match output {
+                Output::FirstToken { at, ttft, .. } => {
+                    assert!(at >= last_first && ttft >= 0.020 - TOL);
+                    last_first = at;
+                }
+                Output::Finished { .. } => done += 1,
+                _ => {}
+            }
+        }
+    };
+    for id in 0..1_000u64 {
+        core.advance(id as f64 * 0.003);
+        core.submit(req(
+            id,
+            rand(20),
+            1 + rand(4_000) as usize,
+            1 + rand(300) as usize,
+        ));
+        check(core.take_outputs());
+    }
+    check(run_to_idle(&mut core));
+    assert_eq!(done, 1_000);
+    assert_eq!((core.running(), core.waiting()), (0, 0));
+    assert_eq!(core.cache().pinned(), 0);
+    assert_eq!(core.cache().free(), 2_000);
+}

@@ -1,0 +1,310 @@
+//! The generation endpoints (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/responses`): validate, hand the request to the engine, answer when it says so.
+//!
+//! For: the request lifecycle on the HTTP side. Non-streaming responses are sent
+//! when the engine finishes the request. Streaming responses send their headers at
+//! once, the first content at the engine's first-token time, then the output text
+//! on the simulated decode schedule, coalesced to at most one event per
+//! [`MIN_EVENT_INTERVAL`] of real time, and last the usage. A client that goes away
+//! aborts its request in the engine (its blocks are released).
+//! Not for: the timing model itself (see `engine`) or JSON shapes (see `openai`).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::{Duration, Instant, sleep_until};
+
+use super::SimConfig;
+use super::cache::block_hashes;
+use super::driver::{Event, Ticket};
+use super::engine::EngineRequest;
+use super::error::ApiError;
+use super::http::{Body, Shared, json_response};
+use super::openai::{Meta, StreamWriter, Usage, full_response, output_text};
+use super::template::{self, Endpoint};
+
+/// Shortest real time between two streamed text events of one request.
+pub const MIN_EVENT_INTERVAL: Duration = Duration::from_millis(1);
+
+/// Seconds since the Unix epoch.
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A request accepted by the engine, as the HTTP side tracks it.
+struct Job {
+    meta: Meta,
+    ticket: Ticket,
+    events: mpsc::UnboundedReceiver<Event>,
+    prompt_tokens: usize,
+    output_tokens: usize,
+    bytes_per_token: usize,
+    /// Longest prompt plus output the instance accepts, tokens.
+    limit: usize,
+}
+
+impl Job {
+    fn usage(&self, cached_tokens: usize) -> Usage {
+        let (prompt_tokens, completion_tokens) = (self.prompt_tokens, self.output_tokens);
+        Usage {
+            prompt_tokens,
+            cached_tokens,
+            completion_tokens,
+        }
+    }
+
+    fn rejected(&self) -> ApiError {
+        too_long(self.prompt_tokens, self.output_tokens, self.limit)
+    }
+}
+
+/// Handles one generation request whose body is `body`.
+pub async fn generate(
+    shared: &Arc<Shared>,
+    endpoint: Endpoint,
+    body: Value,
+) -> Result<Response<Body>, ApiError> {
+    let config = &shared.config;
+    let parsed = template::parse(endpoint, &body, config.bytes_per_token)?;
+    drop(body);
+    let prompt_tokens = template::token_count(&parsed.prompt, config.bytes_per_token);
+    check_length(config, prompt_tokens, parsed.output_tokens)?;
+    let hashes = block_hashes(
+        &parsed.prompt,
+        config.block_tokens.saturating_mul(config.bytes_per_token),
+    );
+    drop(parsed.prompt);
+    let number = shared.next_number.fetch_add(1, Relaxed);
+    let request = EngineRequest {
+        id: number,
+        hashes,
+        prompt_tokens,
+        output_tokens: parsed.output_tokens,
+    };
+    let (ticket, events) = shared.engine.submit(request).ok_or(ApiError::EngineGone)?;
+    let meta = Meta {
+        endpoint,
+        number,
+        created: unix_now(),
+        model: config.model.clone(),
+        instance: config.name.clone(),
+    };
+    let (output_tokens, bytes_per_token, limit) = (
+        parsed.output_tokens,
+        config.bytes_per_token,
+        token_limit(config),
+    );
+    let job = Job {
+        meta,
+        ticket,
+        events,
+        prompt_tokens,
+        output_tokens,
+        bytes_per_token,
+        limit,
+    };
+    if parsed.stream {
+        Ok(stream_response(job))
+    } else {
+        complete(job).await
+    }
+}
+
+/// Refuses empty prompts, and prompts plus output beyond `max_model_len` or the KV cache.
+fn check_length(
+    config: &SimConfig,
+    prompt_tokens: usize,
+    output_tokens: usize,
+) -> Result<(), ApiError> {
+    if prompt_tokens == 0 {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
+    let limit = token_limit(config);
+    if prompt_tokens.saturating_add(output_tokens) > limit {
+        return Err(too_long(prompt_tokens, output_tokens, limit));
+    }
+    Ok(())
+}
+
+/// Longest prompt plus output: `max_model_len`, or the whole KV cache if smaller.
+fn token_limit(config: &SimConfig) -> usize {
+    config
+        .max_model_len
+        .min(config.kv_blocks.saturating_mul(config.block_tokens))
+}
+
+fn too_long(prompt: usize, output: usize, limit: usize) -> ApiError {
+    ApiError::TooLong {
+        limit,
+        total: prompt.saturating_add(output),
+        prompt,
+        output,
+    }
+}
+
+/// Waits for the first token; returns its cached tokens, time and the token interval.
+async fn first_token(job: &mut Job) -> Result<(usize, Instant, Duration), ApiError> {
+    match job.events.recv().await {
+        Some(Event::FirstToken {
+            cached_tokens,
+            first_at,
+            interval,
+        }) => Ok((cached_tokens, first_at, interval)),
+        Some(Event::Rejected) => Err(job.rejected()),
+        Some(Event::Finished) | None => Err(ApiError::EngineGone),
+    }
+}
+
+async fn finished(job: &mut Job) -> Result<(), ApiError> {
+    while let Some(event) = job.events.recv().await {
+        if event == Event::Finished {
+            job.ticket.complete();
+            return Ok(());
+        }
+    }
+    Err(ApiError::EngineGone)
+}
+
+/// Non-streaming: answers once the engine has generated every token.
+async fn complete(mut job: Job) -> Result<Response<Body>, ApiError> {
+    let (cached_tokens, _, _) = first_token(&mut job).await?;
+    finished(&mut job).await?;
+    let text = output_text(0, job.output_tokens, job.bytes_per_token);
+    let body = full_response(&job.meta, &text, job.usage(cached_tokens));
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+/// A response body fed by a channel of ready-made SSE events.
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.get_mut()
+            .rx
+            .poll_recv(cx)
+            .map(|event| event.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
+
+fn stream_response(job: Job) -> Response<Body> {
+    let (tx, rx) = mpsc::channel(32);
+    tokio::spawn(stream_task(job, tx));
+    let mut response = Response::new(ChannelBody { rx }.boxed());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// The client went away (its body was dropped).
+struct Gone;
+
+async fn send_all(tx: &mpsc::Sender<Bytes>, events: Vec<Bytes>) -> Result<(), Gone> {
+    for event in events {
+        tx.send(event).await.map_err(|_| Gone)?;
+    }
+    Ok(())
+}
+
+async fn stream_task(mut job: Job, tx: mpsc::Sender<Bytes>) {
+    let mut writer = StreamWriter::new(job.meta.clone());
+    if send_all(&tx, writer.start()).await.is_err() {
+        return;
+    }
+    let first = tokio::select! {
+        first = first_token(&mut job) => first,
+        () = tx.closed() => return,
+    };
+    let _ = match first {
+        Ok(first) => stream_tokens(&mut job, &mut writer, &tx, first).await,
+        Err(err) => send_all(&tx, vec![Bytes::from(format!("data: {}\n\n", err.body()))]).await,
+    };
+}
+
+async fn stream_tokens(
+    job: &mut Job,
+    writer: &mut StreamWriter,
+    tx: &mpsc::Sender<Bytes>,
+    (cached_tokens, first_at, interval): (usize, Instant, Duration),
+) -> Result<(), Gone> {
+    send_all(tx, writer.first()).await?;
+    let (total, bpt) = (job.output_tokens, job.bytes_per_token);
+    let mut sent = 0;
+    loop {
+        let due = tokens_due(Instant::now(), first_at, interval, total);
+        if due > sent {
+            tx.send(writer.delta(&output_text(sent, due - sent, bpt)))
+                .await
+                .map_err(|_| Gone)?;
+            sent = due;
+        }
+        if sent >= total {
+            break;
+        }
+        let next = token_time(first_at, interval, sent);
+        sleep_until(next.max(Instant::now() + MIN_EVENT_INTERVAL)).await;
+    }
+    if finished(job).await.is_err() {
+        return Err(Gone);
+    }
+    let text = output_text(0, total, bpt);
+    send_all(tx, writer.end(&text, job.usage(cached_tokens))).await
+}
+
+/// Output tokens out by `now`: the first at `first_at`, then one per `interval`.
+fn tokens_due(now: Instant, first_at: Instant, interval: Duration, total: usize) -> usize {
+    if interval.is_zero() {
+        return total;
+    }
+    let elapsed = now.saturating_duration_since(first_at).as_nanos();
+    let later = usize::try_from(elapsed / interval.as_nanos()).unwrap_or(usize::MAX);
+    later.saturating_add(1).min(total)
+}
+
+/// When token `index` (0-based) is out.
+fn token_time(first_at: Instant, interval: Duration, index: usize) -> Instant {
+    let index = u32::try_from(index).unwrap_or(u32::MAX);
+    interval
+        .checked_mul(index)
+        .and_then(|offset| first_at.checked_add(offset))
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_schedule() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis(1);
+        assert_eq!(tokens_due(t0, t0, ms * 7, 10), 1);
+        assert_eq!(tokens_due(t0 + ms * 13, t0, ms * 7, 10), 2);
+        assert_eq!(tokens_due(t0 + ms * 14, t0, ms * 7, 10), 3);
+        assert_eq!(tokens_due(t0 + ms * 1000, t0, ms * 7, 10), 10);
+        assert_eq!(tokens_due(t0, t0, Duration::ZERO, 10), 10);
+        assert_eq!(token_time(t0, ms * 7, 3), t0 + ms * 21);
+    }
+}

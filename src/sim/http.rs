@@ -1,0 +1,227 @@
+//! The HTTP/1.1 server of one simulated instance: accept loop, routing, and the
+//! small endpoints (`/health`, `/v1/models`, `/metrics`, `/tokenize`).
+//!
+//! For: speaking vLLM's OpenAI-compatible HTTP surface and turning every
+//! [`ApiError`] into an OpenAI error body. Generation endpoints are in `generate`.
+//! Not for: HTTP/2, TLS or authentication (the simulator accepts any request).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+
+use super::SimConfig;
+use super::driver::EngineHandle;
+use super::error::ApiError;
+use super::generate;
+use super::metrics::Metrics;
+use super::template::{self, Endpoint};
+
+/// Largest request body accepted, bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// Response body type of every endpoint.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// State shared by every connection of one instance.
+#[derive(Debug)]
+pub struct Shared {
+    /// The instance's settings.
+    pub config: SimConfig,
+    /// The engine task.
+    pub engine: EngineHandle,
+    /// The instance's counters.
+    pub metrics: Arc<Metrics>,
+    /// Next request number (response ids, engine ids).
+    pub next_number: AtomicU64,
+    /// `x-sim-instance` header value (`None` if the name is not a valid header value).
+    pub instance_header: Option<HeaderValue>,
+}
+
+/// Accepts connections until the task is aborted; dropping it closes them all.
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_connection(stream, shared.clone()));
+                }
+                Err(err) => {
+                    log::warn!("sim {}: accept failed: {err}", shared.config.name);
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+            },
+            Some(_) = connections.join_next() => {}
+        }
+    }
+}
+
+async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    let service = service_fn(move |request| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(route(shared, request).await) }
+    });
+    if let Err(err) = http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await
+    {
+        log::debug!("sim connection ended: {err}");
+    }
+}
+
+async fn route(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Body> {
+    let result = dispatch(&shared, request).await;
+    let mut response = result.unwrap_or_else(|err| error_response(&err));
+    if let Some(value) = &shared.instance_header {
+        response
+            .headers_mut()
+            .insert("x-sim-instance", value.clone());
+    }
+    response
+}
+
+/// The endpoints, by path.
+enum Route {
+    Health,
+    Models,
+    Metrics,
+    Tokenize,
+    Generate(Endpoint),
+}
+
+impl Route {
+    fn of(path: &str) -> Option<(Self, Method)> {
+        let route = match path {
+            "/health" => (Self::Health, Method::GET),
+            "/v1/models" => (Self::Models, Method::GET),
+            "/metrics" => (Self::Metrics, Method::GET),
+            "/tokenize" => (Self::Tokenize, Method::POST),
+            "/v1/chat/completions" => (Self::Generate(Endpoint::Chat), Method::POST),
+            "/v1/completions" => (Self::Generate(Endpoint::Completions), Method::POST),
+            "/v1/responses" => (Self::Generate(Endpoint::Responses), Method::POST),
+            _ => return None,
+        };
+        Some(route)
+    }
+}
+
+async fn dispatch(
+    shared: &Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let path = request.uri().path();
+    let Some((route, allowed)) = Route::of(path) else {
+        return Err(ApiError::NotFound(path.to_owned()));
+    };
+    if request.method() != allowed {
+        let (method, path) = (request.method().to_string(), path.to_owned());
+        return Err(ApiError::MethodNotAllowed { method, path });
+    }
+    match route {
+        Route::Health => Ok(full(StatusCode::OK, None, Bytes::new())),
+        Route::Models => Ok(json_response(StatusCode::OK, &models(&shared.config))),
+        Route::Metrics => Ok(metrics(shared)),
+        Route::Tokenize => tokenize(shared, read_json(request).await?),
+        Route::Generate(endpoint) => {
+            generate::generate(shared, endpoint, read_json(request).await?).await
+        }
+    }
+}
+
+/// Reads the whole body (at most [`MAX_BODY_BYTES`]) and parses it as JSON.
+async fn read_json(request: Request<Incoming>) -> Result<Value, ApiError> {
+    let collected = Limited::new(request.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await;
+    let bytes = match collected {
+        Ok(collected) => collected.to_bytes(),
+        Err(err) if err.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::BodyTooLarge {
+                limit: MAX_BODY_BYTES,
+            });
+        }
+        Err(err) => return Err(ApiError::BodyRead(err.to_string())),
+    };
+    Ok(serde_json::from_slice(&bytes)?)
+}
+
+fn models(config: &SimConfig) -> Value {
+    json!({"object": "list", "data": [{
+        "id": config.model,
+        "object": "model",
+        "created": generate::unix_now(),
+        "owned_by": "vllm",
+        "root": config.model,
+        "parent": null,
+        "max_model_len": config.max_model_len,
+        "permission": [],
+    }]})
+}
+
+fn metrics(shared: &Shared) -> Response<Body> {
+    let text = shared.metrics.render(&shared.config.model);
+    full(
+        StatusCode::OK,
+        Some("text/plain; version=0.0.4; charset=utf-8"),
+        Bytes::from(text),
+    )
+}
+
+/// vLLM's `/tokenize`: `{"count", "max_model_len", "tokens", "token_strs": null}`.
+fn tokenize(shared: &Shared, body: Value) -> Result<Response<Body>, ApiError> {
+    if !body.is_object() {
+        return Err(ApiError::invalid(
+            "body",
+            "the request body must be a JSON object",
+        ));
+    }
+    let bpt = shared.config.bytes_per_token;
+    let prompt = template::render_tokenize(&body, bpt)?;
+    let tokens = template::token_ids(&prompt, bpt);
+    let answer = json!({
+        "count": tokens.len(),
+        "max_model_len": shared.config.max_model_len,
+        "tokens": tokens,
+        "token_strs": null,
+    });
+    Ok(json_response(StatusCode::OK, &answer))
+}
+
+/// A whole response with an optional content type.
+pub fn full(status: StatusCode, content_type: Option<&'static str>, body: Bytes) -> Response<Body> {
+    let mut response = Response::new(Full::new(body).boxed());
+    *response.status_mut() = status;
+    if let Some(kind) = content_type {
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    }
+    response
+}
+
+/// A JSON response.
+pub fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+    full(
+        status,
+        Some("application/json"),
+        Bytes::from(body.to_string()),
+    )
+}
+
+/// The OpenAI error response for `err`.
+pub fn error_response(err: &ApiError) -> Response<Body> {
+    json_response(err.status(), &err.body())
+}
