@@ -17,6 +17,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start
 enum Command {
     /// Run the router (the default when no command is given).
     Serve(ServeArgs),

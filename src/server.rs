@@ -106,3 +106,76 @@ impl BackgroundService for Upkeep {
         }
     }
 }
+
+/// A router running in this process on its own threads, stopped when dropped. For the
+/// demo and tests; the command line runs the server on the main thread instead.
+pub struct Running {
+    /// Base URL of the data plane.
+    pub url: String,
+    /// The running parts.
+    pub handles: Handles,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+struct StopSignal(parking_lot::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>);
+
+#[async_trait]
+impl pingora_core::server::ShutdownSignalWatch for StopSignal {
+    async fn recv(&self) -> pingora_core::server::ShutdownSignal {
+        let stop = self.0.lock().take();
+        if let Some(stop) = stop {
+            let _ = stop.await;
+        }
+        pingora_core::server::ShutdownSignal::FastShutdown
+    }
+}
+
+impl Running {
+    /// Starts the router for `config` (listening on `config.listen`) on a thread of its own.
+    pub fn start(config: &Config) -> Running {
+        let (server, handles) = build(config, None);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let signal = Box::new(StopSignal(parking_lot::Mutex::new(Some(stopped))));
+        let run = move || server.run(pingora_core::server::RunArgs { shutdown_signal: signal });
+        let thread = std::thread::spawn(run);
+        Running {
+            url: format!("http://{}", config.listen),
+            handles,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Waits (up to `timeout`) until the listener accepts and `backends` passed their health
+    /// check; returns whether it did.
+    pub fn wait_ready(&self, backends: usize, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let addr = self.url.trim_start_matches("http://");
+        while Instant::now() < deadline {
+            let listening = std::net::TcpStream::connect(addr).is_ok();
+            if listening && self.handles.state.fleet.ready(&[]).candidates.len() >= backends {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A loopback `host:port` with a port the OS just handed out (bound, then released).
+pub fn free_loopback_addr() -> std::io::Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}

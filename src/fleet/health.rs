@@ -50,10 +50,10 @@ impl ReadyCheck {
 impl HealthCheck for ReadyCheck {
     async fn check(&self, target: &LbBackend) -> pingora_core::Result<()> {
         let result = self.inner.check(target).await;
-        if result.is_ok() {
-            if let Some(backend) = self.backend(target) {
-                mark_first_pass(&backend);
-            }
+        if result.is_ok()
+            && let Some(backend) = self.backend(target)
+        {
+            mark_first_pass(&backend);
         }
         result
     }

@@ -1,40 +1,19 @@
 //! The real router, started in-process on a loopback port from the OS, with the real Pingora
 //! server, health checks and policies. Stopped (fast shutdown) when dropped.
 
-use std::net::TcpListener;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use parking_lot::Mutex;
-use pingora_core::server::{RunArgs, ShutdownSignal, ShutdownSignalWatch};
 use prefix_router::config::{Config, Settings};
 use prefix_router::proxy::State;
-use prefix_router::server::{self, Handles};
-use tokio::sync::oneshot;
+use prefix_router::server::{Running, free_loopback_addr};
 
 use super::upstream::Upstream;
 
 /// A running router.
 pub struct TestRouter {
     pub url: String,
-    pub handles: Handles,
-    stop: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-struct StopSignal(Mutex<Option<oneshot::Receiver<()>>>);
-
-#[async_trait]
-impl ShutdownSignalWatch for StopSignal {
-    async fn recv(&self) -> ShutdownSignal {
-        let stop = self.0.lock().take();
-        if let Some(stop) = stop {
-            let _ = stop.await;
-        }
-        ShutdownSignal::FastShutdown
-    }
+    running: Running,
 }
 
 /// Settings a test starts from: fast health checks, the given backends.
@@ -50,48 +29,23 @@ pub fn settings(upstreams: &[&Upstream]) -> Settings {
     }
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
-}
-
 impl TestRouter {
     /// Starts a router with `settings` (host and port are chosen here) and waits until it
     /// accepts connections and `ready` backends passed their health check.
     pub fn start(mut settings: Settings, ready: usize) -> TestRouter {
-        let port = free_port();
-        settings.host = Some("127.0.0.1".into());
-        settings.port = Some(port);
+        let addr = free_loopback_addr().unwrap();
+        let (host, port) = addr.rsplit_once(':').unwrap();
+        settings.host = Some(host.to_string());
+        settings.port = Some(port.parse().unwrap());
         let config = Config::from_settings(settings).expect("valid test config");
-        let (server, handles) = server::build(&config, None);
-        let (stop, stopped) = oneshot::channel();
-        let signal = Box::new(StopSignal(Mutex::new(Some(stopped))));
-        let thread = std::thread::spawn(move || server.run(RunArgs { shutdown_signal: signal }));
-        let router = TestRouter {
-            url: format!("http://127.0.0.1:{port}"),
-            handles,
-            stop: Some(stop),
-            thread: Some(thread),
-        };
-        router.wait_ready(port, ready);
-        router
-    }
-
-    fn wait_ready(&self, port: u16, ready: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            let listening = std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
-            if listening && self.ready_backends() >= ready {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("router did not become ready with {ready} backends");
+        let running = Running::start(&config);
+        assert!(running.wait_ready(ready, Duration::from_secs(20)), "router not ready");
+        TestRouter { url: running.url.clone(), running }
     }
 
     /// Shared request state (fleet, selector).
     pub fn state(&self) -> &Arc<State> {
-        &self.handles.state
+        &self.running.handles.state
     }
 
     /// Backends that passed their health check.
@@ -110,17 +64,6 @@ impl TestRouter {
         while !check(self) {
             assert!(Instant::now() < deadline, "timed out waiting until {what}");
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for TestRouter {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
         }
     }
 }
