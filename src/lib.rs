@@ -3,6 +3,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod fleet;
 pub mod policy;

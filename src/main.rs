@@ -25,6 +25,8 @@ enum Command {
     Sim(prefix_router::sim::SimArgs),
     /// Replay a trace or a synthetic workload against an OpenAI-compatible URL.
     Replay(prefix_router::replay::ReplayArgs),
+    /// Compare policies on simulated backends, all in this process.
+    Demo(prefix_router::demo::DemoArgs),
 }
 
 #[derive(Args)]
@@ -40,12 +42,15 @@ struct ServeArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    let quiet = matches!(cli.command, Some(Command::Demo(_)));
+    let level = if quiet { "warn" } else { "info,pingora_core=warn,pingora_proxy=warn" };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     match cli.command {
         Some(Command::Serve(args)) => serve(args),
         Some(Command::Sim(args)) => runtime()?.block_on(prefix_router::sim::run(args)),
         Some(Command::Replay(args)) => runtime()?.block_on(prefix_router::replay::run(args)),
+        Some(Command::Demo(args)) => runtime()?.block_on(prefix_router::demo::run(args)),
         None => serve(cli.serve),
     }
 }

@@ -1,0 +1,30 @@
+# The commands a new user needs. Each one first installs what a fresh machine lacks:
+# Pingora's zlib-ng build needs cmake (from Debian, else from PyPI).
+#   make demo   - simulated vLLM backends + the router, every policy compared (a few minutes)
+#   make test   - the whole test suite, and the benchmarks built
+#   make run    - the router on the defaults of conf/prefix-router.toml (add ARGS="--worker-urls ...")
+
+CARGO ?= cargo
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: deps demo test run bench
+
+deps:
+	@command -v cmake >/dev/null 2>&1 || { \
+		echo "installing cmake (needed to build Pingora)"; \
+		( $(SUDO) apt-get install -y cmake || { $(SUDO) apt-get update && $(SUDO) apt-get install -y cmake; } ) \
+		|| python3 -m pip install --user cmake; }
+	@command -v cmake >/dev/null 2>&1 || [ -x "$$HOME/.local/bin/cmake" ] || { echo "cmake is missing"; exit 1; }
+
+demo: deps
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)
+
+test: deps
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --no-run
+
+run: deps
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- --config conf/prefix-router.toml $(ARGS)
+
+bench: deps
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench
