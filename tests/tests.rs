@@ -4,6 +4,7 @@
 mod support;
 
 mod bodies;
+mod demo;
 mod errors;
 mod health;
 mod replay;

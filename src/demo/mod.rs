@@ -3,7 +3,7 @@
 //! side-by-side comparison printed as a table and written as JSON and an SVG chart.
 //! It only assembles `sim`, `server` and `replay`; it measures nothing itself.
 
-mod chart;
+pub mod chart;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -64,21 +64,27 @@ pub struct PolicyResult {
     pub report: Report,
 }
 
-/// Runs the comparison and prints it.
+/// Runs the comparison, prints it and writes `demo.json` and `demo.svg`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
-    let replay_args = replay_args(&args);
-    let loading = replay_args.clone();
-    let workload = tokio::task::spawn_blocking(move || Workload::load(&loading)).await??;
-    println!("workload: {}", workload.describe());
-    println!("{}\n", workload.bound_summary());
-    let mut results = Vec::new();
-    for policy in &args.policies {
-        println!("running {policy} ...");
-        let report = run_policy(&args, policy, &replay_args, &workload).await?;
-        results.push(PolicyResult { policy: policy.clone(), report });
-    }
+    let results = compare(&args, |line| println!("{line}")).await?;
     println!("\n{}", chart::table(&results, args.speedup));
     write_outputs(&args, &results)
+}
+
+/// Replays the workload once per policy on fresh backends; `progress` hears what happens.
+pub async fn compare(args: &DemoArgs, progress: impl Fn(&str)) -> anyhow::Result<Vec<PolicyResult>> {
+    let replay_args = replay_args(args);
+    let loading = replay_args.clone();
+    let workload = tokio::task::spawn_blocking(move || Workload::load(&loading)).await??;
+    progress(&format!("workload: {}", workload.describe()));
+    progress(&format!("{}\n", workload.bound_summary()));
+    let mut results = Vec::new();
+    for policy in &args.policies {
+        progress(&format!("running {policy} ..."));
+        let report = run_policy(args, policy, &replay_args, &workload).await?;
+        results.push(PolicyResult { policy: policy.clone(), report });
+    }
+    Ok(results)
 }
 
 fn replay_args(args: &DemoArgs) -> ReplayArgs {
