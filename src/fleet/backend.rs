@@ -28,6 +28,7 @@ pub struct Backend {
     /// `host:port` to send as the Host header.
     pub authority: String,
     inflight: AtomicUsize,
+    pending_prefill: AtomicUsize,
     checked: AtomicBool,
     healthy: AtomicBool,
 }
@@ -47,6 +48,7 @@ impl Backend {
             peer,
             authority,
             inflight: AtomicUsize::new(0),
+            pending_prefill: AtomicUsize::new(0),
             checked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
         }
@@ -55,6 +57,11 @@ impl Backend {
     /// Requests selected for this backend and not finished.
     pub fn load(&self) -> usize {
         self.inflight.load(Relaxed)
+    }
+
+    /// Bytes of routing text sent here, expected uncached, and not answered yet.
+    pub fn pending_prefill(&self) -> usize {
+        self.pending_prefill.load(Relaxed)
     }
 
     /// Whether it may get requests: its first check passed and it is healthy.
@@ -77,26 +84,41 @@ impl Backend {
         self.healthy.store(healthy, Relaxed);
     }
 
-    /// Counts one more request in flight until the guard drops.
-    pub fn acquire(self: &Arc<Self>) -> LoadGuard {
+    /// Counts one more request in flight until the guard drops, and `prefill` bytes of
+    /// pending prefill until it is answered.
+    pub fn acquire(self: &Arc<Self>, prefill: usize) -> LoadGuard {
         self.inflight.fetch_add(1, Relaxed);
-        LoadGuard(Arc::clone(self))
+        self.pending_prefill.fetch_add(prefill, Relaxed);
+        LoadGuard {
+            backend: Arc::clone(self),
+            prefill: AtomicUsize::new(prefill),
+        }
     }
 }
 
 /// One request in flight on a backend; dropping it releases the load.
 #[derive(Debug)]
-pub struct LoadGuard(Arc<Backend>);
+pub struct LoadGuard {
+    backend: Arc<Backend>,
+    prefill: AtomicUsize,
+}
 
 impl LoadGuard {
     /// The backend this load is on.
     pub fn backend(&self) -> &Arc<Backend> {
-        &self.0
+        &self.backend
+    }
+
+    /// The backend answered: its prefill for this request is done.
+    pub fn answered(&self) {
+        let prefill = self.prefill.swap(0, Relaxed);
+        self.backend.pending_prefill.fetch_sub(prefill, Relaxed);
     }
 }
 
 impl Drop for LoadGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Relaxed);
+        self.answered();
+        self.backend.inflight.fetch_sub(1, Relaxed);
     }
 }

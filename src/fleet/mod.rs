@@ -83,7 +83,7 @@ impl Fleet {
         for (i, b) in snapshot.backends.iter().enumerate() {
             if b.is_ready() && !exclude.contains(&b.id) {
                 members.push(i);
-                candidates.push(Candidate::new(b.id, b.load(), b.hash));
+                candidates.push(Candidate::new(b.id, b.load(), b.pending_prefill(), b.hash));
             }
         }
         Ready {
@@ -176,7 +176,8 @@ mod tests {
         let fleet = fleet();
         assert!(fleet.replace(&[member(1), member(2)]));
         let first = fleet.snapshot();
-        let guard = first.backends[0].acquire();
+        let guard = first.backends[0].acquire(10);
+        assert_eq!(first.backends[0].pending_prefill(), 10);
         assert!(!fleet.replace(&[member(1), member(2)]));
         assert!(fleet.replace(&[member(1), member(3)]));
         let second = fleet.snapshot();
@@ -184,6 +185,8 @@ mod tests {
         assert_eq!(second.backends[0].load(), 1);
         assert_ne!(second.backends[1].id, first.backends[1].id);
         assert!(fleet.find(&member(2).1).is_none());
+        guard.answered();
+        assert_eq!(second.backends[0].pending_prefill(), 0);
         drop(guard);
         assert_eq!(second.backends[0].load(), 0);
     }

@@ -45,9 +45,9 @@ impl Selector {
         if overloaded(candidates[index].load, candidates, &self.balance) {
             return None;
         }
-        self.policy.record(request, backend);
+        let matched = self.policy.record(request, backend);
         self.sessions.set(key, backend);
-        Some(Decision::new(index, Outcome::Session))
+        Some(Decision { index, outcome: Outcome::Session, matched })
     }
 
     /// Periodic upkeep: expire sessions, evict the tree, forget dead backends.

@@ -3,30 +3,30 @@
 //! best prefix match if it covers at least `cache_threshold` of the text (ties: least
 //! loaded); else the least loaded. The text is then recorded under the chosen backend.
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request};
+use super::prefix::{PrefixPolicy, Rule};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams};
 use super::{imbalanced, least_loaded, pick_best};
-use crate::BackendId;
 use crate::config::Balance;
-use crate::tree::{Matches, PrefixTrees, TreeStats};
+use crate::tree::Matches;
 
-/// Prefix-affine routing bounded by load.
-pub struct CacheAware {
-    trees: PrefixTrees,
+/// The peers' threshold rule.
+pub struct Threshold {
     threshold: f64,
     balance: Balance,
 }
 
 pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
-    Box::new(CacheAware {
-        trees: PrefixTrees::new(params.tree.clone()),
-        threshold: params.cache_threshold,
-        balance: params.balance,
-    })
+    let rule = Threshold { threshold: params.cache_threshold, balance: params.balance };
+    Box::new(PrefixPolicy::new(params, rule))
 }
 
-impl CacheAware {
-    fn by_match(&self, matches: &Matches, candidates: &[Candidate]) -> Decision {
+impl Rule for Threshold {
+    fn decide(&self, matches: &Matches, candidates: &[Candidate]) -> Decision {
         let matched = |i: usize| matches.matched(candidates[i].id);
+        if imbalanced(candidates, &self.balance) {
+            let index = least_loaded(candidates);
+            return Decision { index, outcome: Outcome::Imbalance, matched: matched(index) };
+        }
         let best = pick_best(candidates.len(), |i| (matched(i), std::cmp::Reverse(candidates[i].load)));
         let ratio = matched(best) as f64 / matches.total().max(1) as f64;
         if matched(best) > 0 && ratio >= self.threshold {
@@ -37,52 +37,15 @@ impl CacheAware {
     }
 }
 
-impl Policy for CacheAware {
-    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
-        let parts = request.text.parts();
-        if imbalanced(candidates, &self.balance) {
-            let index = least_loaded(candidates);
-            self.trees.insert(request.model, parts, candidates[index].id);
-            return Decision::new(index, Outcome::Imbalance);
-        }
-        let mut decision = Decision::new(0, Outcome::PrefixMiss);
-        self.trees.route(request.model, parts, |matches| {
-            decision = self.by_match(matches, candidates);
-            Some(candidates[decision.index].id)
-        });
-        decision
-    }
-
-    fn record(&self, request: &Request, backend: BackendId) {
-        self.trees.insert(request.model, request.text.parts(), backend);
-    }
-
-    fn maintain(&self, live: &dyn Fn(BackendId) -> bool) {
-        self.trees.retain_backends(live);
-        self.trees.evict();
-    }
-
-    fn needs_upkeep(&self) -> bool {
-        self.trees.over_budget()
-    }
-
-    fn tree_stats(&self) -> Option<TreeStats> {
-        Some(self.trees.stats())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::policy::testing::*;
     use crate::tree::TreeConfig;
 
-    fn policy(threshold: f64) -> CacheAware {
-        CacheAware {
-            trees: PrefixTrees::new(TreeConfig::default()),
-            threshold,
-            balance: Balance { abs: 4, rel: 1.5 },
-        }
+    fn policy(threshold: f64) -> Box<dyn Policy> {
+        let balance = Balance { abs: 4, rel: 1.5 };
+        build(&PolicyParams { cache_threshold: threshold, balance, tree: TreeConfig::default() })
     }
 
     #[test]
@@ -125,10 +88,19 @@ mod tests {
         let p = policy(0.3);
         let texts = ["q1", "w2", "e3", "r4", "t5", "y6", "u7", "i8", "o9", "p0"];
         let mut seen = [0; 3];
-        for s in texts.iter().cycle().take(30) {
+        for s in texts {
             let t = text(s);
             seen[p.choose(&request(&t, None), &candidates(&[0, 0, 0])).index] += 1;
         }
-        assert!(seen.iter().filter(|&&n| n > 0).count() >= 2, "{seen:?}");
+        assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+    }
+
+    #[test]
+    fn record_reports_what_the_backend_already_had() {
+        let p = policy(0.3);
+        let first = text("shared prefix");
+        let d = p.choose(&request(&first, None), &candidates(&[0, 0]));
+        let longer = text("shared prefix and more");
+        assert_eq!(p.record(&request(&longer, None), crate::BackendId(d.index as u32)), first.len());
     }
 }

@@ -7,6 +7,8 @@ mod cache_aware;
 mod consistent_hash;
 mod least_load;
 mod power_of_two;
+mod prefill_aware;
+mod prefix;
 mod random;
 mod round_robin;
 mod sessions;
@@ -29,14 +31,17 @@ pub struct Candidate {
     pub id: BackendId,
     /// Its requests in flight.
     pub load: usize,
+    /// Bytes of routing text its in-flight requests were not expected to find cached and
+    /// that have not been answered yet: the prefill work queued there.
+    pub pending: usize,
     /// A stable hash of its address (same on every router replica).
     pub hash: u64,
 }
 
 impl Candidate {
     /// A candidate.
-    pub fn new(id: BackendId, load: usize, hash: u64) -> Self {
-        Candidate { id, load, hash }
+    pub fn new(id: BackendId, load: usize, pending: usize, hash: u64) -> Self {
+        Candidate { id, load, pending, hash }
     }
 }
 
@@ -108,8 +113,11 @@ pub trait Policy: Send + Sync {
     /// Picks one of `candidates`, which is never empty.
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision;
 
-    /// Learns that `backend` was given `request` by someone else (session affinity).
-    fn record(&self, _request: &Request, _backend: BackendId) {}
+    /// Learns that `backend` was given `request` by someone else (session affinity);
+    /// returns the bytes of its text the backend was believed to hold.
+    fn record(&self, _request: &Request, _backend: BackendId) -> usize {
+        0
+    }
 
     /// Periodic upkeep (eviction); `live` tells which backends still exist.
     fn maintain(&self, _live: &dyn Fn(BackendId) -> bool) {}
@@ -171,6 +179,7 @@ const POLICIES: &[PolicyChoice] = &[
     PolicyChoice { name: "least_load", build: least_load::build },
     PolicyChoice { name: "power_of_two", build: power_of_two::build },
     PolicyChoice { name: "consistent_hash", build: consistent_hash::build },
+    PolicyChoice { name: "prefill_aware", build: prefill_aware::build },
 ];
 
 /// The policy called `name`, or an error listing the names.

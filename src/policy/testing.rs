@@ -7,7 +7,7 @@ use crate::request::{RoutingText, SessionKey};
 /// Candidates with ids 0.. and the given loads.
 pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
     let ids = 0..loads.len() as u32;
-    ids.zip(loads).map(|(i, &load)| Candidate::new(BackendId(i), load, u64::from(i) * 7919)).collect()
+    ids.zip(loads).map(|(i, &load)| Candidate::new(BackendId(i), load, 0, u64::from(i) * 7919)).collect()
 }
 
 /// A routing text of one part.

@@ -177,6 +177,7 @@ impl Router {
             fleet: &state.fleet,
             timeouts: &state.timeouts,
             retries: state.retries,
+            text_len: ctx.text_len,
         };
         let placed = |p: Placement| ctx.placement = Some(p);
         exchange.run(session, &req, body, choose, placed).await

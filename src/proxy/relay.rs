@@ -19,7 +19,7 @@ use super::headers;
 use crate::BackendId;
 use crate::config::Timeouts;
 use crate::error::RouterError;
-use crate::fleet::{Backend, Fleet};
+use crate::fleet::{Backend, Fleet, LoadGuard};
 use crate::policy::{Candidate, Decision};
 
 /// Where an attempt failed, which decides whether another backend may be tried.
@@ -41,6 +41,8 @@ pub struct Exchange<'e> {
     pub timeouts: &'e Timeouts,
     /// Other backends to try after a retryable failure.
     pub retries: usize,
+    /// Length of the request's routing text (0 for unrouted paths), bytes.
+    pub text_len: usize,
 }
 
 /// The backend a request went to, and why.
@@ -71,9 +73,9 @@ impl Exchange<'_> {
             }
             let decision = choose(&ready.candidates);
             let backend = ready.backend(decision.index).ok_or(RouterError::NoBackend)?;
-            let load = backend.acquire();
+            let load = backend.acquire(self.text_len.saturating_sub(decision.matched));
             placed(Placement { backend: Arc::clone(load.backend()), decision });
-            match self.attempt(session, load.backend(), req, body).await {
+            match self.attempt(session, &load, req, body).await {
                 Ok(()) => return Ok(()),
                 Err(Failure::Retryable(e)) if tried.len() < self.retries => {
                     log::warn!("{}: {e}; trying another backend", load.backend().worker.url);
@@ -88,10 +90,11 @@ impl Exchange<'_> {
     async fn attempt(
         &self,
         session: &mut Session,
-        backend: &Backend,
+        load: &LoadGuard,
         req: &RequestHeader,
         body: &Bytes,
     ) -> Result<(), Failure> {
+        let backend = load.backend();
         let (mut upstream, reused) = self
             .connector
             .get_http_session(&backend.peer)
@@ -108,6 +111,7 @@ impl Exchange<'_> {
             Err(e) if reused => return Err(Failure::Retryable(upstream_error(&e))),
             Err(e) => return Err(Failure::Final(upstream_error(&e))),
         }
+        load.answered();
         stream_response(session, &mut upstream).await.map_err(Failure::Final)?;
         let idle = Some(self.timeouts.pool_idle);
         self.connector.release_http_session(upstream, &backend.peer, idle).await;

@@ -1,0 +1,55 @@
+//! What the prefix-tree policies share: a tree per model that remembers which backend got
+//! which text, and one atomic match-decide-record step per request. The decision itself
+//! is a [`Rule`]: `cache_aware` and `prefill_aware` differ only in theirs.
+
+use super::{Candidate, Decision, Policy, PolicyParams, Request};
+use crate::BackendId;
+use crate::tree::{Matches, PrefixTrees, TreeStats};
+
+/// Picks a candidate from the prefix matches of a request.
+pub trait Rule: Send + Sync {
+    /// Decides among `candidates` (never empty) given each one's matched bytes.
+    fn decide(&self, matches: &Matches, candidates: &[Candidate]) -> Decision;
+}
+
+/// A policy that routes on prefix matches with rule `R`.
+pub struct PrefixPolicy<R> {
+    trees: PrefixTrees,
+    rule: R,
+}
+
+impl<R: Rule> PrefixPolicy<R> {
+    /// A policy with an empty tree of `params.tree`'s settings.
+    pub fn new(params: &PolicyParams, rule: R) -> Self {
+        PrefixPolicy { trees: PrefixTrees::new(params.tree.clone()), rule }
+    }
+}
+
+impl<R: Rule> Policy for PrefixPolicy<R> {
+    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        let mut decision = Decision::new(0, super::Outcome::PrefixMiss);
+        self.trees.route(request.model, request.text.parts(), |matches| {
+            decision = self.rule.decide(matches, candidates);
+            candidates.get(decision.index).map(|c| c.id)
+        });
+        decision
+    }
+
+    fn record(&self, request: &Request, backend: BackendId) -> usize {
+        let routed = self.trees.route(request.model, request.text.parts(), |_| Some(backend));
+        routed.map_or(0, |r| r.matched)
+    }
+
+    fn maintain(&self, live: &dyn Fn(BackendId) -> bool) {
+        self.trees.retain_backends(live);
+        self.trees.evict();
+    }
+
+    fn needs_upkeep(&self) -> bool {
+        self.trees.over_budget()
+    }
+
+    fn tree_stats(&self) -> Option<TreeStats> {
+        Some(self.trees.stats())
+    }
+}
