@@ -93,7 +93,7 @@ pub struct Config {
     pub balance: Balance,
     /// Time between prefix-tree evictions. Default 120 s.
     pub eviction_interval: Duration,
-    /// Bytes of prefix text remembered per backend. Default 16 MiB.
+    /// Bytes of prefix text remembered per backend. Default 4 MiB.
     pub max_tree_size: usize,
     /// Session id headers, in order of preference. Default `x-session-id`.
     pub session_headers: Vec<HeaderName>,
@@ -140,7 +140,7 @@ impl Config {
                 rel: at_least_one("balance_rel_threshold", s.balance_rel_threshold.unwrap_or(1.5))?,
             },
             eviction_interval: seconds("eviction_interval", s.eviction_interval, 120.0)?,
-            max_tree_size: positive("max_tree_size", s.max_tree_size.unwrap_or(16 << 20))?,
+            max_tree_size: positive("max_tree_size", s.max_tree_size.unwrap_or(4 << 20))?,
             session_headers: header_names(s.session_headers)?,
             session_ttl: seconds("session_ttl", s.session_ttl, 1800.0)?,
             health,

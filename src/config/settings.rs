@@ -33,7 +33,7 @@ pub struct Settings {
     /// Seconds between prefix-tree eviction runs [default: 120]
     #[arg(long)]
     pub eviction_interval: Option<f64>,
-    /// Bytes of prefix text remembered per backend [default: 16777216]
+    /// Bytes of prefix text remembered per backend; about 4 x its KV cache in tokens [default: 4194304]
     #[arg(long)]
     pub max_tree_size: Option<usize>,
     /// Headers carrying a session id, in order of preference [default: x-session-id]

@@ -21,7 +21,7 @@ use crate::sim::{SimConfig, SimHandle, start};
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Policies to compare, in order.
-    #[arg(long, value_delimiter = ',', default_value = "round_robin,consistent_hash,cache_aware")]
+    #[arg(long, value_delimiter = ',', default_value = "round_robin,consistent_hash,cache_aware,prefill_aware")]
     pub policies: Vec<String>,
     /// Simulated backends.
     #[arg(long, default_value_t = 4)]
@@ -33,7 +33,7 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 20.0)]
     pub speedup: f64,
     /// Built-in workload: coding-agent sessions.
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = 24)]
     pub sessions: usize,
     /// Built-in workload: new sessions per second, before the speedup.
     #[arg(long, default_value_t = 0.5)]
@@ -113,7 +113,7 @@ async fn run_policy(
 ) -> anyhow::Result<Report> {
     let sims = start_sims(args).await?;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
-    let config = router_config(policy, &urls)?;
+    let config = router_config(policy, &urls, args.kv_blocks)?;
     let backends = urls.len();
     let router = tokio::task::spawn_blocking(move || {
         let running = Running::start(&config);
@@ -146,7 +146,9 @@ async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
     Ok(sims)
 }
 
-fn router_config(policy: &str, urls: &[String]) -> anyhow::Result<Config> {
+fn router_config(policy: &str, urls: &[String], kv_blocks: usize) -> anyhow::Result<Config> {
+    let sim = SimConfig::default();
+    let kv_bytes = kv_blocks * sim.block_tokens * sim.bytes_per_token;
     let addr = free_loopback_addr()?;
     let (host, port) = addr.rsplit_once(':').context("loopback address without port")?;
     let settings = Settings {
@@ -154,6 +156,7 @@ fn router_config(policy: &str, urls: &[String]) -> anyhow::Result<Config> {
         port: Some(port.parse()?),
         worker_urls: Some(urls.to_vec()),
         policy: Some(policy.to_string()),
+        max_tree_size: Some(kv_bytes),
         health_check_interval: Some(0.5),
         threads: Some(2),
         grace_period: Some(0.0),

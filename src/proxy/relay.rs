@@ -111,8 +111,7 @@ impl Exchange<'_> {
             Err(e) if reused => return Err(Failure::Retryable(upstream_error(&e))),
             Err(e) => return Err(Failure::Final(upstream_error(&e))),
         }
-        load.answered();
-        stream_response(session, &mut upstream).await.map_err(Failure::Final)?;
+        stream_response(session, &mut upstream, load).await.map_err(Failure::Final)?;
         let idle = Some(self.timeouts.pool_idle);
         self.connector.release_http_session(upstream, &backend.peer, idle).await;
         Ok(())
@@ -139,13 +138,19 @@ async fn read_final_header(upstream: &mut HttpSession) -> pingora_core::Result<(
     }
 }
 
-/// Copies the response header and body to the client as they arrive.
-async fn stream_response(session: &mut Session, upstream: &mut HttpSession) -> Result<(), RouterError> {
+/// Copies the response header and body to the client as they arrive. The first body bytes
+/// mark the request answered (a stream's header comes before its prefill is done).
+async fn stream_response(
+    session: &mut Session,
+    upstream: &mut HttpSession,
+    load: &LoadGuard,
+) -> Result<(), RouterError> {
     let head = upstream.response_header().ok_or_else(|| aborted("no response header"))?;
     let resp = headers::client_response(head);
     session.write_response_header(resp, false).await.map_err(client_gone)?;
     loop {
         let chunk = until_client_gone(session, upstream.read_response_body()).await?;
+        load.answered();
         match chunk.map_err(|e| aborted(&e.to_string()))? {
             Some(bytes) => session.write_response_body(Some(bytes), false).await,
             None => return session.write_response_body(None, true).await.map_err(client_gone),
