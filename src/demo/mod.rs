@@ -77,7 +77,12 @@ pub async fn compare(args: &DemoArgs, progress: impl Fn(&str)) -> anyhow::Result
     let loading = replay_args.clone();
     let workload = tokio::task::spawn_blocking(move || Workload::load(&loading)).await??;
     progress(&format!("workload: {}", workload.describe()));
-    progress(&format!("{}\n", workload.bound_summary()));
+    progress(&workload.bound_summary());
+    if let Some(capacity) = replay_args.bound_capacity {
+        let pooled = workload.pooled_bound(capacity);
+        let line = format!("with the fleet's KV ({capacity} tokens) pooled into one LRU cache: {:.2}%\n", pooled * 100.0);
+        progress(&line);
+    }
     let mut results = Vec::new();
     for policy in &args.policies {
         progress(&format!("running {policy} ..."));
@@ -99,6 +104,7 @@ fn replay_args(args: &DemoArgs) -> ReplayArgs {
         send_session_header: args.send_session_header,
         sessions: args.sessions,
         session_rate: args.session_rate,
+        bound_capacity: Some((args.backends * args.kv_blocks * SimConfig::default().block_tokens) as u64),
         ..ReplayArgs::default()
     };
     replay.model = crate::sim::DEFAULT_MODEL.to_string();

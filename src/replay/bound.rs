@@ -34,6 +34,17 @@ pub struct Bound {
     pub prompt_tokens: u64,
     /// Tokens an infinite cache would have hit.
     pub hit_tokens: u64,
+    /// The bound with a finite cache, when `--bound-capacity` was given.
+    pub pooled: Option<Pooled>,
+}
+
+/// The best hit rate with the fleet's caches pooled into one LRU cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Pooled {
+    /// Capacity of the pooled cache, tokens.
+    pub capacity_tokens: u64,
+    /// Best token-weighted hit rate with it, 0..=1.
+    pub hit_rate: f64,
 }
 
 /// Computes the bound over `turns`, taken in the order given.
@@ -59,14 +70,24 @@ pub(crate) fn compute<'a>(plan: &Plan, turns: impl Iterator<Item = &'a Turn>) ->
 
 /// The bound over the turns that were sent, `(session, turn)` pairs in any
 /// order, taken in schedule order.
-pub(crate) fn compute_sent(plan: &Plan, sent: impl Iterator<Item = (u32, u32)>) -> Bound {
+/// With `capacity` tokens, the pooled finite-cache bound is computed too.
+pub(crate) fn compute_sent(
+    plan: &Plan,
+    sent: impl Iterator<Item = (u32, u32)>,
+    capacity: Option<u64>,
+) -> Bound {
     let mut sent: Vec<(u32, u32)> = sent.collect();
     sent.sort_unstable();
     sent.dedup();
     let turns = sent
-        .into_iter()
-        .map(|(s, t)| &plan.sessions[s as usize].turns[t as usize]);
-    compute(plan, turns)
+        .iter()
+        .map(|&(s, t)| &plan.sessions[s as usize].turns[t as usize]);
+    let mut bound = compute(plan, turns.clone());
+    bound.pooled = capacity.map(|capacity_tokens| Pooled {
+        capacity_tokens,
+        hit_rate: compute_pooled(plan, turns, capacity_tokens),
+    });
+    bound
 }
 
 /// Number of leading blocks already seen, and the tokens they cover.
@@ -80,6 +101,58 @@ fn leading_hits(plan: &Plan, turn: &Turn, seen: &[bool]) -> (u64, u64) {
         tokens += u64::from(plan.piece_tokens[p as usize]);
     }
     (k, tokens)
+}
+
+/// The best hit rate with one LRU cache of `capacity` tokens instead of an infinite one:
+/// what a perfect router could reach if the fleet's KV caches were pooled. Each request
+/// hits its leading cached blocks (capped at `prompt - 1`), then all its blocks become the
+/// most recently used, the earlier ones older, and the least recently used are evicted.
+pub(crate) fn compute_pooled<'a>(plan: &Plan, turns: impl Iterator<Item = &'a Turn>, capacity: u64) -> f64 {
+    let mut cache = Lru::default();
+    let (mut hit, mut total) = (0u64, 0u64);
+    for turn in turns {
+        let mut leading = true;
+        let mut tokens = 0;
+        for p in plan.chain(turn) {
+            let key = plan.piece_key[p as usize];
+            leading &= cache.contains(key);
+            tokens += if leading { u64::from(plan.piece_tokens[p as usize]) } else { 0 };
+            cache.touch(key, u64::from(plan.piece_tokens[p as usize]), capacity);
+        }
+        hit += tokens.min(turn.prompt_tokens.saturating_sub(1));
+        total += turn.prompt_tokens;
+    }
+    ratio(hit, total)
+}
+
+/// Block keys in least-recently-used order, with their token sizes.
+#[derive(Default)]
+struct Lru {
+    ticks: std::collections::HashMap<u32, (u64, u64)>,
+    order: std::collections::BTreeMap<u64, u32>,
+    tokens: u64,
+    clock: u64,
+}
+
+impl Lru {
+    fn contains(&self, key: u32) -> bool {
+        self.ticks.contains_key(&key)
+    }
+
+    fn touch(&mut self, key: u32, size: u64, capacity: u64) {
+        self.clock += 1;
+        match self.ticks.insert(key, (self.clock, size)) {
+            Some((old, _)) => drop(self.order.remove(&old)),
+            None => self.tokens += size,
+        }
+        self.order.insert(self.clock, key);
+        while self.tokens > capacity {
+            let Some((_, oldest)) = self.order.pop_first() else { break };
+            if let Some((_, size)) = self.ticks.remove(&oldest) {
+                self.tokens -= size;
+            }
+        }
+    }
 }
 
 fn ratio(a: u64, b: u64) -> f64 {
@@ -118,6 +191,20 @@ mod tests {
         assert!((b.hit_rate - 22.0 / 44.0).abs() < 1e-12);
         // blocks: 3+3+3+2+1 = 12, seen 0+2+3+0+1 = 6
         assert!((b.blocks_seen_rate - 0.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pooled_bound_is_the_infinite_one_when_large_and_less_when_small() {
+        let recs = vec![
+            rec(0.0, 8, &[1, 2]),
+            rec(1.0, 8, &[3, 4]),
+            rec(2.0, 8, &[1, 2]), // 2 blocks back: hit with room for 4 blocks
+        ];
+        let plan = plan_trace(recs, 4, 1);
+        let big = super::compute_pooled(&plan, plan.all_turns(), 1000);
+        assert!((big - plan.bound.hit_rate).abs() < 1e-12);
+        assert!((big - 7.0 / 24.0).abs() < 1e-12);
+        assert_eq!(super::compute_pooled(&plan, plan.all_turns(), 8), 0.0);
     }
 
     #[test]

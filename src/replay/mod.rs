@@ -29,7 +29,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 
 pub use agent::AgentConfig;
-pub use bound::Bound;
+pub use bound::{Bound, Pooled};
 pub use client::INSTANCE_HEADER;
 pub use driver::SESSION_HEADER;
 pub use metrics::Counters;
@@ -129,6 +129,10 @@ pub struct ReplayArgs {
     /// Print the best achievable hit rate of the workload and exit without sending.
     #[arg(long)]
     pub bound: bool,
+    /// Also compute the bound for one LRU cache of this many tokens (all backends' KV
+    /// caches pooled): what any router could reach with the fleet's real capacity.
+    #[arg(long)]
+    pub bound_capacity: Option<u64>,
     /// Write the report as JSON to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -182,6 +186,7 @@ impl Default for ReplayArgs {
             duration: None,
             stream: false,
             bound: false,
+            bound_capacity: None,
             out: None,
             quiet: false,
             backend_metrics: Vec::new(),
@@ -283,7 +288,7 @@ pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<Report, Re
         concurrency: args.concurrency,
         speedup: args.speedup,
         planned: total as u64,
-        bound: bound::compute_sent(&plan, sent),
+        bound: bound::compute_sent(&plan, sent, args.bound_capacity),
         metrics,
     };
     Ok(report::build(ctx, &run))
@@ -306,8 +311,13 @@ fn http_client(args: &ReplayArgs) -> Result<reqwest::Client, ReplayError> {
 pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
     let workload = Workload::load(&args)?;
     if args.bound {
-        let b = workload.bound_detail();
+        let mut b = workload.bound_detail();
         println!("{}", workload.bound_summary());
+        if let Some(capacity_tokens) = args.bound_capacity {
+            let hit_rate = workload.pooled_bound(capacity_tokens);
+            println!("with one LRU cache of {capacity_tokens} tokens: {:.2}%", hit_rate * 100.0);
+            b.pooled = Some(Pooled { capacity_tokens, hit_rate });
+        }
         if let Some(out) = &args.out {
             let json = serde_json::json!({ "workload": workload.describe(), "bound": b });
             write_json(out, &json)?;

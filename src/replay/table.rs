@@ -68,6 +68,15 @@ impl Report {
             pct(Some(self.bound.hit_rate)),
             pct(self.hit_rate_of_bound)
         );
+        if let Some(p) = self.bound.pooled {
+            let _ = writeln!(
+                s,
+                "{:<13}{} with one LRU cache of {} tokens (the fleet's KV pooled)",
+                "finite bound",
+                pct(Some(p.hit_rate)),
+                p.capacity_tokens
+            );
+        }
         let t = &self.tokens;
         let _ = writeln!(
             s,

@@ -79,6 +79,13 @@ impl Workload {
         self.plan().bound.hit_rate
     }
 
+    /// The best hit rate with all backends' caches pooled into one LRU cache of
+    /// `capacity_tokens` (see `bound::compute_pooled`).
+    pub fn pooled_bound(&self, capacity_tokens: u64) -> f64 {
+        let plan = self.plan();
+        super::bound::compute_pooled(plan, plan.all_turns(), capacity_tokens)
+    }
+
     /// The bound with its token and block counts.
     pub fn bound_detail(&self) -> Bound {
         self.plan().bound.clone()
