@@ -18,7 +18,9 @@ pub fn chat_body(size: usize) -> Vec<u8> {
         messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
             {"id": format!("call_{t}"), "type": "function",
              "function": {"name": "read_file", "arguments": format!("{{\"path\":\"src/{t}.rs\"}}")}}]}));
-        messages.push(json!({"role": "tool", "tool_call_id": format!("call_{t}"), "content": text(per_turn)}));
+        messages.push(
+            json!({"role": "tool", "tool_call_id": format!("call_{t}"), "content": text(per_turn)}),
+        );
     }
     let tools = json!([{"type": "function", "function": {"name": "read_file",
         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]);

@@ -15,6 +15,9 @@ pub enum RouterError {
     /// The request itself is malformed (framing, headers).
     #[error("{0}")]
     Malformed(String),
+    /// A path the data plane does not serve (admin paths live on the admin listener).
+    #[error("{0} is not served here")]
+    NotFound(String),
     /// The body is larger than `max_body_bytes`.
     #[error("request body is larger than the limit of {limit} bytes")]
     BodyTooLarge { limit: usize },
@@ -43,6 +46,7 @@ impl RouterError {
     pub fn status(&self) -> u16 {
         match self {
             RouterError::BadRequest(_) | RouterError::Malformed(_) => 400,
+            RouterError::NotFound(_) => 404,
             RouterError::BodyTooLarge { .. } => 413,
             RouterError::ClientTimeout => 408,
             RouterError::NoBackend => 503,
@@ -65,6 +69,7 @@ impl RouterError {
         match self {
             RouterError::BadRequest(_) => "invalid_body",
             RouterError::Malformed(_) => "malformed_request",
+            RouterError::NotFound(_) => "not_found",
             RouterError::BodyTooLarge { .. } => "body_too_large",
             RouterError::ClientTimeout => "client_timeout",
             RouterError::ClientGone(_) => "client_gone",

@@ -2,7 +2,9 @@
 //! backend most likely to hold its prompt prefix in KV cache, without overloading any.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod config;
+pub mod control;
 pub mod demo;
 pub mod error;
 pub mod fleet;
@@ -12,6 +14,7 @@ pub mod replay;
 pub mod request;
 pub mod server;
 pub mod sim;
+pub mod stats;
 pub mod tree;
 
 /// Stable small integer naming one backend for the router's lifetime.

@@ -8,7 +8,12 @@ use pingora_core::server::configuration::Opt;
 use prefix_router::config::{Config, Settings};
 
 #[derive(Parser)]
-#[command(name = "prefix-router", version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "prefix-router",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -44,7 +49,11 @@ struct ServeArgs {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let quiet = matches!(cli.command, Some(Command::Demo(_)));
-    let level = if quiet { "warn" } else { "info,pingora_core=warn,pingora_proxy=warn" };
+    let level = if quiet {
+        "warn"
+    } else {
+        "info,pingora_core=warn,pingora_proxy=warn"
+    };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
     match cli.command {
         Some(Command::Serve(args)) => serve(args),
@@ -57,11 +66,14 @@ fn main() -> anyhow::Result<()> {
 
 /// A runtime for the tools beside the router (the router runs Pingora's own runtimes).
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), args.settings).context("invalid configuration")?;
+    let config = Config::load(args.config.as_deref(), args.settings.clone())
+        .context("invalid configuration")?;
     log::info!(
         "listening on {} with policy {} over {} workers",
         config.listen,
@@ -72,6 +84,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         upgrade: args.upgrade,
         ..Opt::default()
     };
-    let (server, _handles) = prefix_router::server::build(&config, Some(opt));
+    let source = prefix_router::server::Source {
+        file: args.config,
+        flags: args.settings,
+    };
+    let (server, _handles) = prefix_router::server::build(&config, source, Some(opt));
     server.run_forever()
 }

@@ -1,7 +1,9 @@
-//! Assembles the Pingora server: the proxy service on the data-plane listener, the
-//! load-balancing background service that runs discovery and health checks, and the upkeep
-//! service that evicts the prefix tree and expires sessions.
+//! Assembles the Pingora server: the proxy service on the data-plane listener, the admin
+//! service on its own listener, the load-balancing background service that runs health
+//! checks, the upkeep service that evicts the prefix tree and expires sessions, and the
+//! reload triggers.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,37 +14,80 @@ use pingora_core::services::background::{BackgroundService, background_service};
 use pingora_load_balancing::selection::RoundRobin;
 use pingora_load_balancing::{Backends, LoadBalancer};
 
-use crate::config::Config;
-use crate::fleet::{Discover, Fleet, FleetDiscovery, ReadyCheck};
-use crate::policy::{PolicyParams, Selector};
-use crate::proxy::{Router, State};
-use crate::tree::TreeConfig;
+use pingora_core::services::listening::Service;
 
-/// How often worker host names are resolved again.
-const DISCOVERY_INTERVAL: Duration = Duration::from_secs(30);
+use crate::admin::Admin;
+use crate::config::{Config, Settings};
+use crate::control::{Control, Triggers};
+use crate::fleet::{Discover, Fleet, FleetDiscovery, ReadyCheck};
+use crate::policy::{PolicyParams, Selector, SharedTunables};
+use crate::proxy::{Router, State};
+use crate::stats::Stats;
+use crate::tree::TreeConfig;
 
 /// The running parts, for callers that need to look inside (tests, admin).
 pub struct Handles {
     /// Shared request state.
     pub state: Arc<State>,
-    /// Worker discovery.
-    pub discovery: Arc<FleetDiscovery>,
+    /// Reloads and worker changes.
+    pub control: Arc<Control>,
 }
 
-/// Builds the server for `config`; `opt` carries Pingora's own flags (upgrade, daemon).
-pub fn build(config: &Config, opt: Option<Opt>) -> (Server, Handles) {
+/// Where the configuration came from, so that it can be read again on reload.
+#[derive(Clone, Debug, Default)]
+pub struct Source {
+    /// The config file, if any.
+    pub file: Option<PathBuf>,
+    /// Flags laid over the file.
+    pub flags: Settings,
+}
+
+/// Builds the server for `config` read from `source`; `opt` carries Pingora's own flags
+/// (upgrade).
+pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Handles) {
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
     server.bootstrap();
     let fleet = Arc::new(Fleet::new(config.timeouts.clone()));
-    let discovery = Arc::new(FleetDiscovery::new(Arc::clone(&fleet), config.workers.clone()));
-    let state = Arc::new(State::new(config, Arc::clone(&fleet), selector(config)));
-    let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
+    let discovery = Arc::new(FleetDiscovery::new(
+        Arc::clone(&fleet),
+        config.workers.clone(),
+    ));
+    let stats = Arc::new(Stats::new());
+    let state = Arc::new(State::new(
+        config,
+        Arc::clone(&fleet),
+        selector(config),
+        stats,
+    ));
+    let mut proxy =
+        pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
     proxy.add_tcp(&config.listen);
+    let health = background_service("health", health(config, &fleet, &discovery));
+    let control = Arc::new(Control::new(
+        config.clone(),
+        source.file,
+        source.flags,
+        discovery,
+        health.task(),
+        Arc::clone(&state),
+    ));
+    let admin = Admin::new(
+        Arc::clone(&state),
+        Arc::clone(&control),
+        config.admin_token.clone(),
+    );
+    let mut admin = Service::new("admin".to_string(), admin);
+    admin.add_tcp(&config.admin_listen);
     server.add_service(proxy);
-    server.add_service(background_service("health", health(config, &fleet, &discovery)));
-    let upkeep = Upkeep { state: Arc::clone(&state), interval: config.eviction_interval };
+    server.add_service(admin);
+    server.add_service(health);
+    let upkeep = Upkeep {
+        state: Arc::clone(&state),
+        interval: config.eviction_interval,
+    };
     server.add_service(background_service("upkeep", upkeep));
-    (server, Handles { state, discovery })
+    server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
+    (server, Handles { state, control })
 }
 
 fn server_conf(config: &Config) -> ServerConf {
@@ -50,6 +95,7 @@ fn server_conf(config: &Config) -> ServerConf {
         threads: config.threads,
         grace_period_seconds: Some(config.grace_period.as_secs()),
         graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout.as_secs()),
+        upgrade_sock: config.upgrade_socket.clone(),
         ..ServerConf::default()
     };
     conf.upstream_keepalive_pool_size = 1024;
@@ -58,22 +104,31 @@ fn server_conf(config: &Config) -> ServerConf {
 
 fn selector(config: &Config) -> Selector {
     let params = PolicyParams {
-        cache_threshold: config.cache_threshold,
-        balance: config.balance,
+        tunables: SharedTunables::new(config.tunables()),
         tree: TreeConfig {
             max_bytes_per_backend: config.max_tree_size,
             ..TreeConfig::default()
         },
     };
-    Selector::new(config.policy.build(&params), config.balance, config.session_ttl)
+    Selector::new(
+        config.policy.build(&params),
+        params.tunables,
+        config.session_ttl,
+    )
 }
 
-fn health(config: &Config, fleet: &Arc<Fleet>, discovery: &Arc<FleetDiscovery>) -> LoadBalancer<RoundRobin> {
+fn health(
+    config: &Config,
+    fleet: &Arc<Fleet>,
+    discovery: &Arc<FleetDiscovery>,
+) -> LoadBalancer<RoundRobin> {
     let mut backends = Backends::new(Box::new(Discover(Arc::clone(discovery))));
     backends.set_health_check(Box::new(ReadyCheck::new(&config.health, Arc::clone(fleet))));
     let mut lb = LoadBalancer::from_backends(backends);
     lb.health_check_frequency = Some(config.health.interval);
-    lb.update_frequency = Some(DISCOVERY_INTERVAL);
+    // Discovery runs once at start; after that only `Control` updates, so that updates
+    // never overlap (it re-resolves names every 30 s).
+    lb.update_frequency = None;
     lb.parallel_health_check = true;
     lb
 }
@@ -100,7 +155,8 @@ impl BackgroundService for Upkeep {
             let due = last.elapsed() >= self.interval || self.state.selector.needs_upkeep();
             if due || snapshot.generation != generation {
                 let live = |id| snapshot.backends.iter().any(|b| b.id == id);
-                self.state.selector.maintain(&live);
+                let evicted = self.state.selector.maintain(&live);
+                self.state.stats.evicted_bytes.inc_by(evicted as u64);
                 (last, generation) = (Instant::now(), snapshot.generation);
             }
         }
@@ -134,10 +190,14 @@ impl pingora_core::server::ShutdownSignalWatch for StopSignal {
 impl Running {
     /// Starts the router for `config` (listening on `config.listen`) on a thread of its own.
     pub fn start(config: &Config) -> Running {
-        let (server, handles) = build(config, None);
+        let (server, handles) = build(config, Source::default(), None);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let signal = Box::new(StopSignal(parking_lot::Mutex::new(Some(stopped))));
-        let run = move || server.run(pingora_core::server::RunArgs { shutdown_signal: signal });
+        let run = move || {
+            server.run(pingora_core::server::RunArgs {
+                shutdown_signal: signal,
+            })
+        };
         let thread = std::thread::spawn(run);
         Running {
             url: format!("http://{}", config.listen),

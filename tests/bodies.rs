@@ -32,9 +32,13 @@ async fn routed_bytes_arrive_identical(body: Bytes, chunked: bool) {
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
     let request = client().post(format!("{}/v1/chat/completions", router.url));
     let request = if chunked {
-        let pieces: Vec<Result<Bytes, std::io::Error>> =
-            body.chunks(7919).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
-        request.body(reqwest::Body::wrap_stream(futures_util::stream::iter(pieces)))
+        let pieces: Vec<Result<Bytes, std::io::Error>> = body
+            .chunks(7919)
+            .map(|c| Ok(Bytes::copy_from_slice(c)))
+            .collect();
+        request.body(reqwest::Body::wrap_stream(futures_util::stream::iter(
+            pieces,
+        )))
     } else {
         request.body(body.clone())
     };
@@ -43,8 +47,17 @@ async fn routed_bytes_arrive_identical(body: Bytes, chunked: bool) {
     let received = single_received(&ups);
     assert_eq!(received.len(), body.len());
     assert_eq!(xxh3_128(&received), xxh3_128(&body));
-    let framing = &ups.iter().flat_map(|u| u.received()).next().unwrap().headers;
-    assert_eq!(framing.contains_key("transfer-encoding"), chunked, "{framing:?}");
+    let framing = &ups
+        .iter()
+        .flat_map(|u| u.received())
+        .next()
+        .unwrap()
+        .headers;
+    assert_eq!(
+        framing.contains_key("transfer-encoding"),
+        chunked,
+        "{framing:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,7 +94,10 @@ async fn expect_continue_is_answered_then_body_relayed() {
     assert!(String::from_utf8_lossy(&interim).starts_with("HTTP/1.1 100 Continue"));
     stream.write_all(&body).await.unwrap();
     let mut rest = vec![0u8; 512];
-    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut rest)).await.unwrap().unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(String::from_utf8_lossy(&rest[..n]).contains("200 OK"));
     let received = up.received();
     assert_eq!(xxh3_128(&received[0].body), xxh3_128(&body));

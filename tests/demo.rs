@@ -16,6 +16,7 @@ async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
         max_requests: Some(150),
         send_session_header: false,
         kv_blocks: 26_250,
+        max_tree_size: None,
         concurrency: 64,
         out_dir: dir,
     };
@@ -28,11 +29,23 @@ async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
     }
     eprintln!("hit rate: round_robin {rr:.3}, cache_aware {ca:.3}");
     assert!(ca > 0.9, "cache_aware hit rate {ca:.3}");
-    assert!(ca > rr + 0.05, "cache_aware {ca:.3} not clearly above round_robin {rr:.3}");
+    assert!(
+        ca > rr + 0.05,
+        "cache_aware {ca:.3} not clearly above round_robin {rr:.3}"
+    );
     // Prefill work is what the hit rate saves: round robin must recompute at least twice
     // as many prompt tokens.
-    assert!(1.0 - rr > 2.0 * (1.0 - ca), "uncached: rr {:.3} vs ca {:.3}", 1.0 - rr, 1.0 - ca);
+    assert!(
+        1.0 - rr > 2.0 * (1.0 - ca),
+        "uncached: rr {:.3} vs ca {:.3}",
+        1.0 - rr,
+        1.0 - ca
+    );
     let svg = chart::svg(&results, args.speedup);
-    assert!(svg.starts_with("<svg") && svg.contains("cache_aware") && svg.trim_end().ends_with("</svg>"));
+    assert!(
+        svg.starts_with("<svg")
+            && svg.contains("cache_aware")
+            && svg.trim_end().ends_with("</svg>")
+    );
     assert!(chart::table(&results, args.speedup).contains("round_robin"));
 }

@@ -12,7 +12,10 @@ fn small_limit(up: &Upstream) -> TestRouter {
 async fn raw_status_and_body(url: &str, request: &str) -> (u16, serde_json::Value) {
     let response = raw(url, request.as_bytes()).await;
     let body = response.split("\r\n\r\n").nth(1).unwrap_or_default();
-    (status_of(&response), serde_json::from_str(body).unwrap_or_default())
+    (
+        status_of(&response),
+        serde_json::from_str(body).unwrap_or_default(),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,7 +30,12 @@ async fn bad_bodies_get_400() {
         ("/v1/responses", r#"{"input": 5}"#),
     ];
     for (path, body) in cases {
-        let resp = client().post(format!("{}{path}", router.url)).body(body).send().await.unwrap();
+        let resp = client()
+            .post(format!("{}{path}", router.url))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 400, "{path} {body}");
         assert_eq!(resp.headers()["content-type"], "application/json");
         assert_error(&resp.json().await.unwrap(), "invalid_body");
@@ -40,7 +48,8 @@ async fn bad_bodies_get_400() {
 async fn too_large_gets_413_before_or_while_reading() {
     let up = Upstream::start("a").await;
     let router = small_limit(&up);
-    let declared = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n";
+    let declared =
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n";
     let (status, body) = raw_status_and_body(&router.url, declared).await;
     assert_eq!(status, 413);
     assert_error(&body, "body_too_large");
@@ -67,7 +76,12 @@ async fn ambiguous_framing_gets_400() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_backend_gets_503() {
     let router = TestRouter::start(settings(&[]), 0);
-    let (status, body) = post(&router.url, "/v1/chat/completions", &chat(&[("user", "hi".into())])).await;
+    let (status, body) = post(
+        &router.url,
+        "/v1/chat/completions",
+        &chat(&[("user", "hi".into())]),
+    )
+    .await;
     assert_eq!(status, 503);
     assert_error(&body, "no_healthy_backend");
 }
@@ -77,7 +91,12 @@ async fn upstream_failure_gets_502_and_releases_load() {
     let up = Upstream::start("a").await;
     up.set_reply(Reply::Hangup);
     let router = TestRouter::start(settings(&[&up]), 1);
-    let (status, body) = post(&router.url, "/v1/chat/completions", &chat(&[("user", "hi".into())])).await;
+    let (status, body) = post(
+        &router.url,
+        "/v1/chat/completions",
+        &chat(&[("user", "hi".into())]),
+    )
+    .await;
     assert_eq!(status, 502);
     assert_error(&body, "upstream_failed");
     router.wait_until("in-flight is zero", |r| r.inflight() == 0);
@@ -88,7 +107,12 @@ async fn upstream_statuses_pass_through() {
     let up = Upstream::start("a").await;
     up.set_reply(Reply::Status(429));
     let router = TestRouter::start(settings(&[&up]), 1);
-    let (status, _) = post(&router.url, "/v1/chat/completions", &chat(&[("user", "hi".into())])).await;
+    let (status, _) = post(
+        &router.url,
+        "/v1/chat/completions",
+        &chat(&[("user", "hi".into())]),
+    )
+    .await;
     assert_eq!(status, 429);
     router.wait_until("in-flight is zero", |r| r.inflight() == 0);
 }

@@ -4,7 +4,13 @@
 use crate::support::*;
 
 fn chat_n(i: usize) -> serde_json::Value {
-    chat(&[("user", format!("request number {i} with its own text {}", "x".repeat(i * 37)))])
+    chat(&[(
+        "user",
+        format!(
+            "request number {i} with its own text {}",
+            "x".repeat(i * 37)
+        ),
+    )])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -13,20 +19,35 @@ async fn unhealthy_backend_gets_nothing_until_it_recovers() {
     b.set_healthy(false);
     let router = TestRouter::start(settings(&[&a, &b]), 1);
     for i in 0..10 {
-        assert_eq!(post(&router.url, "/v1/chat/completions", &chat_n(i)).await.0, 200);
+        assert_eq!(
+            post(&router.url, "/v1/chat/completions", &chat_n(i))
+                .await
+                .0,
+            200
+        );
     }
     assert_eq!((a.count(), b.count()), (10, 0));
     b.set_healthy(true);
     router.wait_until("b passes its check", |r| r.ready_backends() == 2);
     for i in 10..20 {
-        assert_eq!(post(&router.url, "/v1/chat/completions", &chat_n(i)).await.0, 200);
+        assert_eq!(
+            post(&router.url, "/v1/chat/completions", &chat_n(i))
+                .await
+                .0,
+            200
+        );
     }
     assert!(b.count() > 0, "recovered backend got no traffic");
     a.set_healthy(false);
     router.wait_until("a is out", |r| r.ready_backends() == 1);
     let before = a.count();
     for i in 20..30 {
-        assert_eq!(post(&router.url, "/v1/chat/completions", &chat_n(i)).await.0, 200);
+        assert_eq!(
+            post(&router.url, "/v1/chat/completions", &chat_n(i))
+                .await
+                .0,
+            200
+        );
     }
     assert_eq!(a.count(), before, "unhealthy backend got requests");
 }

@@ -33,7 +33,11 @@ async fn backend_of(router: &TestRouter, body: &Value) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleaved_conversations_follow_their_first_backend() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await];
+    let ups = [
+        Upstream::start("a").await,
+        Upstream::start("b").await,
+        Upstream::start("c").await,
+    ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
     let mut first: HashMap<usize, String> = HashMap::new();
     for turn in 0..5 {
@@ -44,13 +48,20 @@ async fn interleaved_conversations_follow_their_first_backend() {
         }
     }
     let spread: HashSet<&String> = first.values().collect();
-    assert!(spread.len() >= 2, "all conversations on one backend: {first:?}");
+    assert!(
+        spread.len() >= 2,
+        "all conversations on one backend: {first:?}"
+    );
     assert_eq!(ups.iter().map(Upstream::count).sum::<usize>(), 30);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_header_keeps_unrelated_texts_together() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await];
+    let ups = [
+        Upstream::start("a").await,
+        Upstream::start("b").await,
+        Upstream::start("c").await,
+    ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
     for session in ["s1", "s2", "s3", "s4"] {
         let mut seen = HashSet::new();
@@ -72,7 +83,11 @@ async fn session_header_keeps_unrelated_texts_together() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_session_id_keeps_a_session_without_displacing_the_text() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await, Upstream::start("c").await];
+    let ups = [
+        Upstream::start("a").await,
+        Upstream::start("b").await,
+        Upstream::start("c").await,
+    ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
     let mut seen = HashSet::new();
     for i in 0..5 {
@@ -87,7 +102,10 @@ async fn body_session_id_keeps_a_session_without_displacing_the_text() {
     messages.push(("assistant", text("reply", 200)));
     messages.push(("user", text("follow-up", 200)));
     let follow = backend_of(&router, &chat(&messages)).await;
-    assert!(seen.contains(&follow), "follow-up went to {follow}, session to {seen:?}");
+    assert!(
+        seen.contains(&follow),
+        "follow-up went to {follow}, session to {seen:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,10 +113,37 @@ async fn other_paths_go_to_a_healthy_backend() {
     let ups = [Upstream::start("a").await, Upstream::start("b").await];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
     for _ in 0..4 {
-        let resp = client().get(format!("{}/v1/models", router.url)).send().await.unwrap();
+        let resp = client()
+            .get(format!("{}/v1/models", router.url))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(resp.status(), 200);
     }
-    let paths: Vec<String> = ups.iter().flat_map(|u| u.received()).map(|r| r.path).collect();
+    let paths: Vec<String> = ups
+        .iter()
+        .flat_map(|u| u.received())
+        .map(|r| r.path)
+        .collect();
     assert_eq!(paths, vec!["/v1/models"; 4]);
-    assert!(ups.iter().all(|u| u.count() > 0), "least load with rotating ties uses both");
+    assert!(
+        ups.iter().all(|u| u.count() > 0),
+        "least load with rotating ties uses both"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_pooled_and_reused() {
+    let up = Upstream::start("a").await;
+    let router = TestRouter::start(settings(&[&up]), 1);
+    for i in 0..20 {
+        let body = chat(&[("user", text(&format!("pooled-{i}"), 300))]);
+        assert_eq!(backend_of(&router, &body).await, "a");
+    }
+    // One pooled connection for requests, one for health checks; a little slack.
+    assert!(
+        up.connections() <= 4,
+        "{} connections for 20 requests",
+        up.connections()
+    );
 }

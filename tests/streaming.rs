@@ -13,10 +13,19 @@ use crate::support::*;
 async fn sse_events_arrive_before_the_upstream_finishes() {
     let up = Upstream::start("a").await;
     let gate = Arc::new(Notify::new());
-    up.set_reply(Reply::Sse { chunks: 5, gate: Arc::clone(&gate) });
+    up.set_reply(Reply::Sse {
+        chunks: 5,
+        gate: Arc::clone(&gate),
+    });
     let router = TestRouter::start(settings(&[&up]), 1);
-    let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client().post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await.unwrap();
+    let body =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut stream = resp.bytes_stream();
@@ -29,7 +38,10 @@ async fn sse_events_arrive_before_the_upstream_finishes() {
         rest.extend_from_slice(&chunk.unwrap());
     }
     let rest = String::from_utf8_lossy(&rest);
-    assert!(rest.contains("\"chunk\":4") && rest.ends_with("data: [DONE]\n\n"), "{rest}");
+    assert!(
+        rest.contains("\"chunk\":4") && rest.ends_with("data: [DONE]\n\n"),
+        "{rest}"
+    );
     router.wait_until("in-flight is zero", |r| r.inflight() == 0);
 }
 
@@ -39,8 +51,14 @@ async fn a_client_that_leaves_mid_stream_releases_its_load() {
     let gate = Arc::new(Notify::new());
     up.set_reply(Reply::Sse { chunks: 5, gate });
     let router = TestRouter::start(settings(&[&up]), 1);
-    let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client().post(format!("{}/v1/chat/completions", router.url)).json(&body).send().await.unwrap();
+    let body =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     let mut stream = resp.bytes_stream();
     let _ = stream.next().await;
     assert_eq!(router.inflight(), 1);

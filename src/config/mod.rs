@@ -13,7 +13,7 @@ use http::HeaderName;
 pub use settings::Settings;
 pub use worker::Worker;
 
-use crate::policy::{self, PolicyChoice};
+use crate::policy::{self, PolicyChoice, Tunables};
 
 /// A configuration that cannot be used, naming the option at fault.
 #[derive(Debug, thiserror::Error)]
@@ -79,10 +79,16 @@ pub struct Timeouts {
 }
 
 /// The router's whole configuration, checked.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// `host:port` of the data plane. Default `0.0.0.0:8080`.
     pub listen: String,
+    /// `host:port` of the admin listener. Default `127.0.0.1:8081`.
+    pub admin_listen: String,
+    /// Bearer token the admin listener requires, read from `admin_token_file`. Default none.
+    pub admin_token: Option<String>,
+    /// Socket for graceful upgrades. Default `/tmp/prefix-router-upgrade.sock`.
+    pub upgrade_socket: String,
     /// Backends. May be empty (every request then gets 503).
     pub workers: Vec<Worker>,
     /// The routing policy. Default `cache_aware`.
@@ -116,6 +122,46 @@ pub struct Config {
 }
 
 impl Config {
+    /// The policy parameters a reload may change.
+    pub fn tunables(&self) -> Tunables {
+        Tunables {
+            cache_threshold: self.cache_threshold,
+            balance: self.balance,
+        }
+    }
+
+    /// Options that differ from `old` but only take effect after a restart.
+    pub fn restart_only_changes(&self, old: &Config) -> Vec<&'static str> {
+        let checks = [
+            ("host/port", self.listen != old.listen),
+            (
+                "admin_host/admin_port",
+                self.admin_listen != old.admin_listen,
+            ),
+            ("admin_token_file", self.admin_token != old.admin_token),
+            ("upgrade_socket", self.upgrade_socket != old.upgrade_socket),
+            ("policy", self.policy != old.policy),
+            ("max_tree_size", self.max_tree_size != old.max_tree_size),
+            (
+                "eviction_interval",
+                self.eviction_interval != old.eviction_interval,
+            ),
+            ("session_ttl", self.session_ttl != old.session_ttl),
+            ("health_check_*", self.health != old.health),
+            ("threads", self.threads != old.threads),
+            ("grace_period", self.grace_period != old.grace_period),
+            (
+                "shutdown_timeout",
+                self.shutdown_timeout != old.shutdown_timeout,
+            ),
+        ];
+        checks
+            .iter()
+            .filter(|(_, changed)| *changed)
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
     /// Reads `file` (if any), lays `flags` over it, and checks the result.
     pub fn load(file: Option<&Path>, flags: Settings) -> Result<Config, ConfigError> {
         let base = match file {
@@ -131,13 +177,26 @@ impl Config {
         let host = s.host.unwrap_or_else(|| "0.0.0.0".into());
         Ok(Config {
             listen: format!("{host}:{}", s.port.unwrap_or(8080)),
+            admin_listen: format!(
+                "{}:{}",
+                s.admin_host.as_deref().unwrap_or("127.0.0.1"),
+                s.admin_port.unwrap_or(8081)
+            ),
+            admin_token: token(s.admin_token_file.as_deref())?,
+            upgrade_socket: s
+                .upgrade_socket
+                .clone()
+                .unwrap_or_else(|| "/tmp/prefix-router-upgrade.sock".into()),
             workers: worker::parse_all(s.worker_urls.unwrap_or_default())?,
             policy: policy::choose(s.policy.as_deref().unwrap_or("cache_aware"))
                 .map_err(|reason| invalid("policy", reason))?,
             cache_threshold: ratio("cache_threshold", s.cache_threshold.unwrap_or(0.3))?,
             balance: Balance {
                 abs: s.balance_abs_threshold.unwrap_or(64),
-                rel: at_least_one("balance_rel_threshold", s.balance_rel_threshold.unwrap_or(1.5))?,
+                rel: at_least_one(
+                    "balance_rel_threshold",
+                    s.balance_rel_threshold.unwrap_or(1.5),
+                )?,
             },
             eviction_interval: seconds("eviction_interval", s.eviction_interval, 120.0)?,
             max_tree_size: positive("max_tree_size", s.max_tree_size.unwrap_or(4 << 20))?,
@@ -166,8 +225,25 @@ fn read_file(path: &Path) -> Result<Settings, ConfigError> {
     })
 }
 
+fn token(file: Option<&Path>) -> Result<Option<String>, ConfigError> {
+    let Some(file) = file else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+        path: file.display().to_string(),
+        source,
+    })?;
+    match text.trim() {
+        "" => Err(invalid("admin_token_file", "the file is empty".into())),
+        token => Ok(Some(token.to_string())),
+    }
+}
+
 fn health(s: &Settings) -> Result<Health, ConfigError> {
-    let path = s.health_check_path.clone().unwrap_or_else(|| "/health".into());
+    let path = s
+        .health_check_path
+        .clone()
+        .unwrap_or_else(|| "/health".into());
     if !path.starts_with('/') {
         return Err(invalid("health_check_path", "must start with /".into()));
     }
@@ -175,8 +251,14 @@ fn health(s: &Settings) -> Result<Health, ConfigError> {
         interval: seconds("health_check_interval", s.health_check_interval, 5.0)?,
         path,
         timeout: seconds("health_check_timeout", s.health_check_timeout, 2.0)?,
-        successes: positive("health_check_successes", s.health_check_successes.unwrap_or(1))?,
-        failures: positive("health_check_failures", s.health_check_failures.unwrap_or(2))?,
+        successes: positive(
+            "health_check_successes",
+            s.health_check_successes.unwrap_or(1),
+        )?,
+        failures: positive(
+            "health_check_failures",
+            s.health_check_failures.unwrap_or(2),
+        )?,
     })
 }
 
@@ -219,7 +301,10 @@ fn ratio(option: &'static str, value: f64) -> Result<f64, ConfigError> {
 fn at_least_one(option: &'static str, value: f64) -> Result<f64, ConfigError> {
     match value.is_finite() && value >= 1.0 {
         true => Ok(value),
-        false => Err(invalid(option, format!("{value} is not a finite number >= 1"))),
+        false => Err(invalid(
+            option,
+            format!("{value} is not a finite number >= 1"),
+        )),
     }
 }
 
@@ -230,11 +315,18 @@ fn positive(option: &'static str, value: usize) -> Result<usize, ConfigError> {
     }
 }
 
-fn seconds(option: &'static str, value: Option<f64>, default: f64) -> Result<Duration, ConfigError> {
+fn seconds(
+    option: &'static str,
+    value: Option<f64>,
+    default: f64,
+) -> Result<Duration, ConfigError> {
     let secs = value.unwrap_or(default);
     match secs > 0.0 {
         true => seconds_or_zero(option, Some(secs), default),
-        false => Err(invalid(option, format!("{secs} is not a positive number of seconds"))),
+        false => Err(invalid(
+            option,
+            format!("{secs} is not a positive number of seconds"),
+        )),
     }
 }
 

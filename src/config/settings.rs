@@ -15,6 +15,18 @@ pub struct Settings {
     /// Port the data plane listens on [default: 8080]
     #[arg(long)]
     pub port: Option<u16>,
+    /// Address of the admin listener (metrics, stats, reload, workers) [default: 127.0.0.1]
+    #[arg(long)]
+    pub admin_host: Option<String>,
+    /// Port of the admin listener [default: 8081]
+    #[arg(long)]
+    pub admin_port: Option<u16>,
+    /// File holding a bearer token required by every admin request [default: none]
+    #[arg(long)]
+    pub admin_token_file: Option<std::path::PathBuf>,
+    /// Socket the graceful upgrade passes listeners over [default: /tmp/prefix-router-upgrade.sock]
+    #[arg(long)]
+    pub upgrade_socket: Option<String>,
     /// Backend base URLs, e.g. http://10.0.0.5:8000 (space or comma separated)
     #[arg(long, num_args = 1.., value_delimiter = ',')]
     pub worker_urls: Option<Vec<String>>,
@@ -104,6 +116,10 @@ macro_rules! overlay_fields {
 overlay_fields!(
     host,
     port,
+    admin_host,
+    admin_port,
+    admin_token_file,
+    upgrade_socket,
     worker_urls,
     policy,
     cache_threshold,

@@ -22,14 +22,23 @@ impl Worker {
         let uri: http::Uri = trimmed.parse().map_err(|e| format!("`{url}`: {e}"))?;
         match uri.scheme_str() {
             Some("http") => {}
-            Some(other) => return Err(format!("`{url}`: scheme {other} is not supported, use http")),
+            Some(other) => {
+                return Err(format!(
+                    "`{url}`: scheme {other} is not supported, use http"
+                ));
+            }
             None => return Err(format!("`{url}`: missing http:// scheme")),
         }
         if uri.path() != "/" && !uri.path().is_empty() {
             return Err(format!("`{url}`: a worker URL has no path"));
         }
-        let authority = uri.authority().ok_or_else(|| format!("`{url}`: missing host"))?;
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        let authority = uri
+            .authority()
+            .ok_or_else(|| format!("`{url}`: missing host"))?;
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
         if host.is_empty() {
             return Err(format!("`{url}`: missing host"));
         }
@@ -46,7 +55,10 @@ pub fn parse_all(urls: Vec<String>) -> Result<Vec<Worker>, ConfigError> {
     let mut workers: Vec<Worker> = Vec::with_capacity(urls.len());
     for url in &urls {
         let worker = Worker::parse(url).map_err(|reason| invalid("worker_urls", reason))?;
-        if workers.iter().any(|w| (&w.host, w.port) == (&worker.host, worker.port)) {
+        if workers
+            .iter()
+            .any(|w| (&w.host, w.port) == (&worker.host, worker.port))
+        {
             return Err(invalid("worker_urls", format!("`{url}` is listed twice")));
         }
         workers.push(worker);

@@ -13,7 +13,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use crate::config::{Config, Settings};
-use crate::replay::{Report, ReplayArgs, Synthetic, Workload, replay};
+use crate::replay::{ReplayArgs, Report, Synthetic, Workload, replay};
 use crate::server::{Running, free_loopback_addr};
 use crate::sim::{SimConfig, SimHandle, start};
 
@@ -21,7 +21,11 @@ use crate::sim::{SimConfig, SimHandle, start};
 #[derive(clap::Args, Debug, Clone)]
 pub struct DemoArgs {
     /// Policies to compare, in order.
-    #[arg(long, value_delimiter = ',', default_value = "round_robin,consistent_hash,cache_aware,prefill_aware")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,consistent_hash,cache_aware,prefill_aware"
+    )]
     pub policies: Vec<String>,
     /// Simulated backends.
     #[arg(long, default_value_t = 4)]
@@ -47,6 +51,10 @@ pub struct DemoArgs {
     /// KV cache capacity of each simulated backend, in 16-token blocks.
     #[arg(long, default_value_t = SimConfig::default().kv_blocks)]
     pub kv_blocks: usize,
+    /// The router's `max_tree_size`; by default the simulated KV cache in bytes
+    /// (`kv_blocks` x 16 tokens x 4 bytes), as an operator should size it.
+    #[arg(long)]
+    pub max_tree_size: Option<usize>,
     /// Requests in flight at most.
     #[arg(long, default_value_t = 256)]
     pub concurrency: usize,
@@ -72,7 +80,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 /// Replays the workload once per policy on fresh backends; `progress` hears what happens.
-pub async fn compare(args: &DemoArgs, progress: impl Fn(&str)) -> anyhow::Result<Vec<PolicyResult>> {
+pub async fn compare(
+    args: &DemoArgs,
+    progress: impl Fn(&str),
+) -> anyhow::Result<Vec<PolicyResult>> {
     let replay_args = replay_args(args);
     let loading = replay_args.clone();
     let workload = tokio::task::spawn_blocking(move || Workload::load(&loading)).await??;
@@ -80,14 +91,20 @@ pub async fn compare(args: &DemoArgs, progress: impl Fn(&str)) -> anyhow::Result
     progress(&workload.bound_summary());
     if let Some(capacity) = replay_args.bound_capacity {
         let pooled = workload.pooled_bound(capacity);
-        let line = format!("with the fleet's KV ({capacity} tokens) pooled into one LRU cache: {:.2}%\n", pooled * 100.0);
+        let line = format!(
+            "with the fleet's KV ({capacity} tokens) pooled into one LRU cache: {:.2}%\n",
+            pooled * 100.0
+        );
         progress(&line);
     }
     let mut results = Vec::new();
     for policy in &args.policies {
         progress(&format!("running {policy} ..."));
         let report = run_policy(args, policy, &replay_args, &workload).await?;
-        results.push(PolicyResult { policy: policy.clone(), report });
+        results.push(PolicyResult {
+            policy: policy.clone(),
+            report,
+        });
     }
     Ok(results)
 }
@@ -104,7 +121,9 @@ fn replay_args(args: &DemoArgs) -> ReplayArgs {
         send_session_header: args.send_session_header,
         sessions: args.sessions,
         session_rate: args.session_rate,
-        bound_capacity: Some((args.backends * args.kv_blocks * SimConfig::default().block_tokens) as u64),
+        bound_capacity: Some(
+            (args.backends * args.kv_blocks * SimConfig::default().block_tokens) as u64,
+        ),
         ..ReplayArgs::default()
     };
     replay.model = crate::sim::DEFAULT_MODEL.to_string();
@@ -119,11 +138,13 @@ async fn run_policy(
 ) -> anyhow::Result<Report> {
     let sims = start_sims(args).await?;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
-    let config = router_config(policy, &urls, args.kv_blocks)?;
+    let config = router_config(args, policy, &urls)?;
     let backends = urls.len();
     let router = tokio::task::spawn_blocking(move || {
         let running = Running::start(&config);
-        running.wait_ready(backends, Duration::from_secs(30)).then_some(running)
+        running
+            .wait_ready(backends, Duration::from_secs(30))
+            .then_some(running)
     })
     .await?
     .context("the router did not become ready")?;
@@ -152,17 +173,24 @@ async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
     Ok(sims)
 }
 
-fn router_config(policy: &str, urls: &[String], kv_blocks: usize) -> anyhow::Result<Config> {
+fn router_config(args: &DemoArgs, policy: &str, urls: &[String]) -> anyhow::Result<Config> {
     let sim = SimConfig::default();
-    let kv_bytes = kv_blocks * sim.block_tokens * sim.bytes_per_token;
+    let kv_bytes = args.kv_blocks * sim.block_tokens * sim.bytes_per_token;
     let addr = free_loopback_addr()?;
-    let (host, port) = addr.rsplit_once(':').context("loopback address without port")?;
+    let (host, port) = addr
+        .rsplit_once(':')
+        .context("loopback address without port")?;
+    let admin = free_loopback_addr()?;
+    let (_, admin_port) = admin
+        .rsplit_once(':')
+        .context("loopback address without port")?;
     let settings = Settings {
         host: Some(host.to_string()),
         port: Some(port.parse()?),
+        admin_port: Some(admin_port.parse()?),
         worker_urls: Some(urls.to_vec()),
         policy: Some(policy.to_string()),
-        max_tree_size: Some(kv_bytes),
+        max_tree_size: Some(args.max_tree_size.unwrap_or(kv_bytes)),
         health_check_interval: Some(0.5),
         threads: Some(2),
         grace_period: Some(0.0),

@@ -65,7 +65,9 @@ impl FleetDiscovery {
     fn previous_addresses(&self) -> HashMap<String, Vec<SocketAddr>> {
         let mut map: HashMap<String, Vec<SocketAddr>> = HashMap::new();
         for backend in &self.fleet.snapshot().backends {
-            map.entry(backend.worker.url.clone()).or_default().push(backend.addr);
+            map.entry(backend.worker.url.clone())
+                .or_default()
+                .push(backend.addr);
         }
         map
     }

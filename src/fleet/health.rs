@@ -33,7 +33,10 @@ impl ReadyCheck {
         inner.peer_template.options.write_timeout = Some(settings.timeout);
         match settings.path.parse() {
             Ok(uri) => inner.req.set_uri(uri),
-            Err(_) => log::warn!("health check path {} is not a valid URI; using /", settings.path),
+            Err(_) => log::warn!(
+                "health check path {} is not a valid URI; using /",
+                settings.path
+            ),
         }
         ReadyCheck { inner, fleet }
     }
@@ -71,7 +74,10 @@ impl HealthCheck for ReadyCheck {
 
 fn mark_first_pass(backend: &super::Backend) {
     if !backend.is_ready() && backend.is_healthy() {
-        info!("backend {} passed its first health check", backend.worker.url);
+        info!(
+            "backend {} passed its first health check",
+            backend.worker.url
+        );
     }
     backend.mark_checked();
 }

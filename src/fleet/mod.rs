@@ -55,7 +55,7 @@ pub struct Fleet {
     known: Mutex<HashMap<SocketAddr, Arc<Backend>>>,
     next_id: AtomicU32,
     generation: AtomicU64,
-    timeouts: Timeouts,
+    timeouts: Mutex<Timeouts>,
 }
 
 impl Fleet {
@@ -66,7 +66,7 @@ impl Fleet {
             known: Mutex::new(HashMap::new()),
             next_id: AtomicU32::new(0),
             generation: AtomicU64::new(0),
-            timeouts,
+            timeouts: Mutex::new(timeouts),
         }
     }
 
@@ -104,7 +104,11 @@ impl Fleet {
         let mut known = self.known.lock();
         let current = self.current.load();
         let same = current.backends.len() == members.len()
-            && current.backends.iter().zip(members).all(|(b, (w, a))| &b.worker == w && &b.addr == a);
+            && current
+                .backends
+                .iter()
+                .zip(members)
+                .all(|(b, (w, a))| &b.worker == w && &b.addr == a);
         if same {
             return false;
         }
@@ -138,9 +142,14 @@ impl Fleet {
         }
     }
 
+    /// Timeouts for backends added from now on.
+    pub fn set_timeouts(&self, timeouts: Timeouts) {
+        *self.timeouts.lock() = timeouts;
+    }
+
     fn peer(&self, addr: SocketAddr) -> HttpPeer {
         let mut peer = HttpPeer::new(addr, false, String::new());
-        let t = &self.timeouts;
+        let t = &*self.timeouts.lock();
         peer.options.connection_timeout = Some(t.connect);
         peer.options.total_connection_timeout = Some(t.connect);
         peer.options.read_timeout = Some(t.upstream_read);

@@ -4,26 +4,30 @@
 
 use std::time::Duration;
 
-use super::{Candidate, Decision, Outcome, Policy, Request, Sessions, overloaded};
+use super::{Candidate, Decision, Outcome, Policy, Request, Sessions, SharedTunables, overloaded};
 use crate::BackendId;
-use crate::config::Balance;
 use crate::tree::TreeStats;
 
 /// The policy with session affinity: what the proxy asks to choose a backend.
 pub struct Selector {
     policy: Box<dyn Policy>,
     sessions: Sessions,
-    balance: Balance,
+    tunables: SharedTunables,
 }
 
 impl Selector {
     /// `policy` with sessions that expire after `session_ttl` idle.
-    pub fn new(policy: Box<dyn Policy>, balance: Balance, session_ttl: Duration) -> Self {
+    pub fn new(policy: Box<dyn Policy>, tunables: SharedTunables, session_ttl: Duration) -> Self {
         Selector {
             policy,
             sessions: Sessions::new(session_ttl, super::sessions::MAX_SESSIONS),
-            balance,
+            tunables,
         }
+    }
+
+    /// The reloadable parameters this selector and its policy read.
+    pub fn tunables(&self) -> &SharedTunables {
+        &self.tunables
     }
 
     /// Picks one of `candidates` (never empty) for `request`.
@@ -42,18 +46,27 @@ impl Selector {
         let key = request.session?;
         let backend = self.sessions.get(key)?;
         let index = candidates.iter().position(|c| c.id == backend)?;
-        if overloaded(candidates[index].load, candidates, &self.balance) {
+        if overloaded(
+            candidates[index].load,
+            candidates,
+            &self.tunables.get().balance,
+        ) {
             return None;
         }
         let matched = self.policy.record(request, backend);
         self.sessions.set(key, backend);
-        Some(Decision { index, outcome: Outcome::Session, matched })
+        Some(Decision {
+            index,
+            outcome: Outcome::Session,
+            matched,
+        })
     }
 
-    /// Periodic upkeep: expire sessions, evict the tree, forget dead backends.
-    pub fn maintain(&self, live: &dyn Fn(BackendId) -> bool) {
+    /// Periodic upkeep: expire sessions, evict the tree, forget dead backends. Returns the
+    /// bytes of remembered text evicted.
+    pub fn maintain(&self, live: &dyn Fn(BackendId) -> bool) -> usize {
         self.sessions.sweep(live);
-        self.policy.maintain(live);
+        self.policy.maintain(live)
     }
 
     /// Whether upkeep is due early.
@@ -75,20 +88,24 @@ impl Selector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::choose;
     use crate::policy::testing::*;
-    use crate::policy::{PolicyParams, choose};
-    use crate::tree::TreeConfig;
 
     fn selector(name: &str) -> Selector {
-        let balance = Balance { abs: 4, rel: 1.5 };
-        let params = PolicyParams { cache_threshold: 0.3, balance, tree: TreeConfig::default() };
+        let params = params(0.3, 4);
         let policy = choose(name).unwrap().build(&params);
-        Selector::new(policy, balance, Duration::from_secs(60))
+        Selector::new(policy, params.tunables, Duration::from_secs(60))
     }
 
     #[test]
     fn a_session_stays_even_when_texts_share_nothing() {
-        for name in ["cache_aware", "round_robin", "random", "least_load", "power_of_two"] {
+        for name in [
+            "cache_aware",
+            "round_robin",
+            "random",
+            "least_load",
+            "power_of_two",
+        ] {
             let s = selector(name);
             let (a, b) = (text("first text"), text("entirely different"));
             let first = s.select(&request(&a, Some("s1")), &candidates(&[0, 0, 0]));
@@ -117,7 +134,11 @@ mod tests {
         let t = text("x");
         let all = candidates(&[0, 0]);
         let first = s.select(&request(&t, Some("s")), &all);
-        let rest: Vec<Candidate> = all.iter().copied().filter(|c| c.id != all[first.index].id).collect();
+        let rest: Vec<Candidate> = all
+            .iter()
+            .copied()
+            .filter(|c| c.id != all[first.index].id)
+            .collect();
         let next = s.select(&request(&t, Some("s")), &rest);
         assert_eq!(next.outcome, Outcome::Balanced);
     }

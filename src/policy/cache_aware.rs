@@ -4,36 +4,51 @@
 //! loaded); else the least loaded. The text is then recorded under the chosen backend.
 
 use super::prefix::{PrefixPolicy, Rule};
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, SharedTunables};
 use super::{imbalanced, least_loaded, pick_best};
-use crate::config::Balance;
 use crate::tree::Matches;
 
 /// The peers' threshold rule.
 pub struct Threshold {
-    threshold: f64,
-    balance: Balance,
+    tunables: SharedTunables,
 }
 
 pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
-    let rule = Threshold { threshold: params.cache_threshold, balance: params.balance };
+    let rule = Threshold {
+        tunables: params.tunables.clone(),
+    };
     Box::new(PrefixPolicy::new(params, rule))
 }
 
 impl Rule for Threshold {
     fn decide(&self, matches: &Matches, candidates: &[Candidate]) -> Decision {
         let matched = |i: usize| matches.matched(candidates[i].id);
-        if imbalanced(candidates, &self.balance) {
+        let tunables = self.tunables.get();
+        if imbalanced(candidates, &tunables.balance) {
             let index = least_loaded(candidates);
-            return Decision { index, outcome: Outcome::Imbalance, matched: matched(index) };
+            return Decision {
+                index,
+                outcome: Outcome::Imbalance,
+                matched: matched(index),
+            };
         }
-        let best = pick_best(candidates.len(), |i| (matched(i), std::cmp::Reverse(candidates[i].load)));
+        let best = pick_best(candidates.len(), |i| {
+            (matched(i), std::cmp::Reverse(candidates[i].load))
+        });
         let ratio = matched(best) as f64 / matches.total().max(1) as f64;
-        if matched(best) > 0 && ratio >= self.threshold {
-            return Decision { index: best, outcome: Outcome::PrefixHit, matched: matched(best) };
+        if matched(best) > 0 && ratio >= tunables.cache_threshold {
+            return Decision {
+                index: best,
+                outcome: Outcome::PrefixHit,
+                matched: matched(best),
+            };
         }
         let index = least_loaded(candidates);
-        Decision { index, outcome: Outcome::PrefixMiss, matched: matched(index) }
+        Decision {
+            index,
+            outcome: Outcome::PrefixMiss,
+            matched: matched(index),
+        }
     }
 }
 
@@ -41,11 +56,9 @@ impl Rule for Threshold {
 mod tests {
     use super::*;
     use crate::policy::testing::*;
-    use crate::tree::TreeConfig;
 
     fn policy(threshold: f64) -> Box<dyn Policy> {
-        let balance = Balance { abs: 4, rel: 1.5 };
-        build(&PolicyParams { cache_threshold: threshold, balance, tree: TreeConfig::default() })
+        build(&params(threshold, 4))
     }
 
     #[test]
@@ -101,6 +114,9 @@ mod tests {
         let first = text("shared prefix");
         let d = p.choose(&request(&first, None), &candidates(&[0, 0]));
         let longer = text("shared prefix and more");
-        assert_eq!(p.record(&request(&longer, None), crate::BackendId(d.index as u32)), first.len());
+        assert_eq!(
+            p.record(&request(&longer, None), crate::BackendId(d.index as u32)),
+            first.len()
+        );
     }
 }

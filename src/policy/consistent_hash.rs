@@ -58,10 +58,17 @@ mod tests {
         let t = text("x");
         let all = candidates(&[0, 0, 0, 0]);
         for session in ["a", "b", "c", "d", "e", "f"] {
-            let chosen = ConsistentHash.choose(&request(&t, Some(session)), &all).index;
-            let others: Vec<Candidate> =
-                all.iter().copied().filter(|c| c.id != all[(chosen + 1) % 4].id).collect();
-            let again = ConsistentHash.choose(&request(&t, Some(session)), &others).index;
+            let chosen = ConsistentHash
+                .choose(&request(&t, Some(session)), &all)
+                .index;
+            let others: Vec<Candidate> = all
+                .iter()
+                .copied()
+                .filter(|c| c.id != all[(chosen + 1) % 4].id)
+                .collect();
+            let again = ConsistentHash
+                .choose(&request(&t, Some(session)), &others)
+                .index;
             assert_eq!(others[again].id, all[chosen].id);
         }
     }
@@ -72,7 +79,9 @@ mod tests {
         let c = candidates(&[0, 0, 0, 0]);
         let mut seen = [0; 4];
         for i in 0..400 {
-            seen[ConsistentHash.choose(&request(&t, Some(&i.to_string())), &c).index] += 1;
+            seen[ConsistentHash
+                .choose(&request(&t, Some(&i.to_string())), &c)
+                .index] += 1;
         }
         assert!(seen.iter().all(|&n| n > 50), "{seen:?}");
     }

@@ -23,7 +23,12 @@ mod tests {
     #[test]
     fn picks_least_loaded_and_spreads_ties() {
         let t = text("x");
-        assert_eq!(LeastLoad.choose(&request(&t, None), &candidates(&[3, 1, 2])).index, 1);
+        assert_eq!(
+            LeastLoad
+                .choose(&request(&t, None), &candidates(&[3, 1, 2]))
+                .index,
+            1
+        );
         let tied = candidates(&[0, 0, 5]);
         let mut seen = [0; 3];
         for _ in 0..200 {

@@ -14,6 +14,9 @@ mod round_robin;
 mod sessions;
 
 use std::fmt;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 pub use affinity::Selector;
@@ -41,7 +44,12 @@ pub struct Candidate {
 impl Candidate {
     /// A candidate.
     pub fn new(id: BackendId, load: usize, pending: usize, hash: u64) -> Self {
-        Candidate { id, load, pending, hash }
+        Candidate {
+            id,
+            load,
+            pending,
+            hash,
+        }
     }
 }
 
@@ -119,8 +127,11 @@ pub trait Policy: Send + Sync {
         0
     }
 
-    /// Periodic upkeep (eviction); `live` tells which backends still exist.
-    fn maintain(&self, _live: &dyn Fn(BackendId) -> bool) {}
+    /// Periodic upkeep (eviction); `live` tells which backends still exist. Returns the
+    /// bytes of remembered text evicted.
+    fn maintain(&self, _live: &dyn Fn(BackendId) -> bool) -> usize {
+        0
+    }
 
     /// Whether upkeep is due before its interval (memory over budget).
     fn needs_upkeep(&self) -> bool {
@@ -133,13 +144,41 @@ pub trait Policy: Send + Sync {
     }
 }
 
-/// What policies are built from.
-#[derive(Clone, Debug)]
-pub struct PolicyParams {
-    /// Minimum match ratio to follow a prefix match.
+/// Policy parameters a reload may change while requests are being routed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tunables {
+    /// Minimum match ratio for `cache_aware` to follow a prefix match.
     pub cache_threshold: f64,
     /// Imbalance bounds.
     pub balance: Balance,
+}
+
+/// [`Tunables`] shared by the policy and the session layer, replaced atomically.
+#[derive(Clone, Debug)]
+pub struct SharedTunables(Arc<ArcSwap<Tunables>>);
+
+impl SharedTunables {
+    /// Shared `tunables`.
+    pub fn new(tunables: Tunables) -> Self {
+        SharedTunables(Arc::new(ArcSwap::from_pointee(tunables)))
+    }
+
+    /// The current values.
+    pub fn get(&self) -> Tunables {
+        **self.0.load()
+    }
+
+    /// Replaces the values; requests routed from now on see them.
+    pub fn set(&self, tunables: Tunables) {
+        self.0.store(Arc::new(tunables));
+    }
+}
+
+/// What policies are built from.
+#[derive(Clone, Debug)]
+pub struct PolicyParams {
+    /// Reloadable parameters.
+    pub tunables: SharedTunables,
     /// Prefix-tree settings.
     pub tree: TreeConfig,
 }
@@ -173,27 +212,59 @@ impl PartialEq for PolicyChoice {
 
 /// Every policy, by name. Adding a policy: a file and one line here.
 const POLICIES: &[PolicyChoice] = &[
-    PolicyChoice { name: "cache_aware", build: cache_aware::build },
-    PolicyChoice { name: "round_robin", build: round_robin::build },
-    PolicyChoice { name: "random", build: random::build },
-    PolicyChoice { name: "least_load", build: least_load::build },
-    PolicyChoice { name: "power_of_two", build: power_of_two::build },
-    PolicyChoice { name: "consistent_hash", build: consistent_hash::build },
-    PolicyChoice { name: "prefill_aware", build: prefill_aware::build },
+    PolicyChoice {
+        name: "cache_aware",
+        build: cache_aware::build,
+    },
+    PolicyChoice {
+        name: "round_robin",
+        build: round_robin::build,
+    },
+    PolicyChoice {
+        name: "random",
+        build: random::build,
+    },
+    PolicyChoice {
+        name: "least_load",
+        build: least_load::build,
+    },
+    PolicyChoice {
+        name: "power_of_two",
+        build: power_of_two::build,
+    },
+    PolicyChoice {
+        name: "consistent_hash",
+        build: consistent_hash::build,
+    },
+    PolicyChoice {
+        name: "prefill_aware",
+        build: prefill_aware::build,
+    },
 ];
 
 /// The policy called `name`, or an error listing the names.
 pub fn choose(name: &str) -> Result<PolicyChoice, String> {
-    POLICIES.iter().find(|p| p.name == name).copied().ok_or_else(|| {
-        let names: Vec<&str> = POLICIES.iter().map(|p| p.name).collect();
-        format!("unknown policy `{name}`, expected one of: {}", names.join(", "))
-    })
+    POLICIES
+        .iter()
+        .find(|p| p.name == name)
+        .copied()
+        .ok_or_else(|| {
+            let names: Vec<&str> = POLICIES.iter().map(|p| p.name).collect();
+            format!(
+                "unknown policy `{name}`, expected one of: {}",
+                names.join(", ")
+            )
+        })
 }
 
 /// Index of a least-loaded candidate; equally loaded ones take turns.
 pub fn least_loaded(candidates: &[Candidate]) -> usize {
     static TURN: AtomicUsize = AtomicUsize::new(0);
-    pick_best_turn(candidates.len(), |i| std::cmp::Reverse(candidates[i].load), &TURN)
+    pick_best_turn(
+        candidates.len(),
+        |i| std::cmp::Reverse(candidates[i].load),
+        &TURN,
+    )
 }
 
 /// Index maximizing `score`; tied indexes take turns.

@@ -15,7 +15,11 @@ impl Policy for PowerOfTwo {
         let a = fastrand::usize(..n);
         // A second candidate distinct from the first when there is one.
         let b = (a + 1 + fastrand::usize(..n.max(2) - 1)) % n;
-        let index = if candidates[b].load < candidates[a].load { b } else { a };
+        let index = if candidates[b].load < candidates[a].load {
+            b
+        } else {
+            a
+        };
         Decision::new(index, Outcome::Balanced)
     }
 }
@@ -32,6 +36,11 @@ mod tests {
         for _ in 0..50 {
             assert_eq!(PowerOfTwo.choose(&request(&t, None), &c).index, 0);
         }
-        assert_eq!(PowerOfTwo.choose(&request(&t, None), &candidates(&[4])).index, 0);
+        assert_eq!(
+            PowerOfTwo
+                .choose(&request(&t, None), &candidates(&[4]))
+                .index,
+            0
+        );
     }
 }

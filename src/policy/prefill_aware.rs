@@ -29,7 +29,11 @@ impl Rule for LeastPrefill {
             best if matched(index) == best => Outcome::PrefixHit,
             _ => Outcome::Imbalance,
         };
-        Decision { index, outcome, matched: matched(index) }
+        Decision {
+            index,
+            outcome,
+            matched: matched(index),
+        }
     }
 }
 
@@ -37,13 +41,10 @@ impl Rule for LeastPrefill {
 mod tests {
     use super::*;
     use crate::BackendId;
-    use crate::config::Balance;
     use crate::policy::testing::*;
-    use crate::tree::TreeConfig;
 
     fn policy() -> Box<dyn Policy> {
-        let balance = Balance { abs: 64, rel: 1.5 };
-        build(&PolicyParams { cache_threshold: 0.3, balance, tree: TreeConfig::default() })
+        build(&params(0.3, 64))
     }
 
     fn with_pending(pending: &[usize]) -> Vec<Candidate> {
@@ -58,7 +59,9 @@ mod tests {
         let prompt = "a shared system prompt that is long enough to matter. ".repeat(20);
         let first = text(Box::leak(prompt.clone().into_boxed_str()));
         let d1 = p.choose(&request(&first, None), &with_pending(&[0, 0, 0]));
-        let next = text(Box::leak(format!("{prompt} and a new question").into_boxed_str()));
+        let next = text(Box::leak(
+            format!("{prompt} and a new question").into_boxed_str(),
+        ));
         let d2 = p.choose(&request(&next, None), &with_pending(&[0, 0, 0]));
         assert_eq!((d2.index, d2.outcome), (d1.index, Outcome::PrefixHit));
         // Its queue now costs more than recomputing the whole text elsewhere.

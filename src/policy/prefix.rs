@@ -21,28 +21,34 @@ pub struct PrefixPolicy<R> {
 impl<R: Rule> PrefixPolicy<R> {
     /// A policy with an empty tree of `params.tree`'s settings.
     pub fn new(params: &PolicyParams, rule: R) -> Self {
-        PrefixPolicy { trees: PrefixTrees::new(params.tree.clone()), rule }
+        PrefixPolicy {
+            trees: PrefixTrees::new(params.tree.clone()),
+            rule,
+        }
     }
 }
 
 impl<R: Rule> Policy for PrefixPolicy<R> {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
         let mut decision = Decision::new(0, super::Outcome::PrefixMiss);
-        self.trees.route(request.model, request.text.parts(), |matches| {
-            decision = self.rule.decide(matches, candidates);
-            candidates.get(decision.index).map(|c| c.id)
-        });
+        self.trees
+            .route(request.model, request.text.parts(), |matches| {
+                decision = self.rule.decide(matches, candidates);
+                candidates.get(decision.index).map(|c| c.id)
+            });
         decision
     }
 
     fn record(&self, request: &Request, backend: BackendId) -> usize {
-        let routed = self.trees.route(request.model, request.text.parts(), |_| Some(backend));
+        let routed = self
+            .trees
+            .route(request.model, request.text.parts(), |_| Some(backend));
         routed.map_or(0, |r| r.matched)
     }
 
-    fn maintain(&self, live: &dyn Fn(BackendId) -> bool) {
+    fn maintain(&self, live: &dyn Fn(BackendId) -> bool) -> usize {
         self.trees.retain_backends(live);
-        self.trees.evict();
+        self.trees.evict().bytes_removed
     }
 
     fn needs_upkeep(&self) -> bool {

@@ -31,7 +31,9 @@ mod tests {
         let policy = RoundRobin::default();
         let t = text("x");
         let c = candidates(&[5, 0, 9]);
-        let picks: Vec<usize> = (0..6).map(|_| policy.choose(&request(&t, None), &c).index).collect();
+        let picks: Vec<usize> = (0..6)
+            .map(|_| policy.choose(&request(&t, None), &c).index)
+            .collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
     }
 }

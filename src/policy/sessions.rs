@@ -55,13 +55,21 @@ impl Sessions {
         if shard.len() >= self.per_shard && !shard.contains_key(&key) {
             return;
         }
-        shard.insert(key, Entry { backend, seen: Instant::now() });
+        shard.insert(
+            key,
+            Entry {
+                backend,
+                seen: Instant::now(),
+            },
+        );
     }
 
     /// Drops expired sessions and those of backends for which `live` is false.
     pub fn sweep(&self, live: &dyn Fn(BackendId) -> bool) {
         for shard in &self.shards {
-            shard.lock().retain(|_, e| e.seen.elapsed() < self.ttl && live(e.backend));
+            shard
+                .lock()
+                .retain(|_, e| e.seen.elapsed() < self.ttl && live(e.backend));
         }
     }
 

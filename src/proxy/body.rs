@@ -25,8 +25,13 @@ pub fn declared_length(req: &RequestHeader) -> Result<Option<usize>, RouterError
     if req.headers.contains_key(TRANSFER_ENCODING) {
         return Err(malformed("both Content-Length and Transfer-Encoding"));
     }
-    let text = first.to_str().map_err(|_| malformed("invalid Content-Length"))?;
-    let length = text.trim().parse().map_err(|_| malformed("invalid Content-Length"))?;
+    let text = first
+        .to_str()
+        .map_err(|_| malformed("invalid Content-Length"))?;
+    let length = text
+        .trim()
+        .parse()
+        .map_err(|_| malformed("invalid Content-Length"))?;
     Ok(Some(length))
 }
 
@@ -38,7 +43,11 @@ fn expects_continue(req: &RequestHeader) -> bool {
 }
 
 /// Reads the whole body, at most `limit` bytes, allowing `timeout` between reads.
-pub async fn read(session: &mut Session, limit: usize, timeout: Duration) -> Result<Bytes, RouterError> {
+pub async fn read(
+    session: &mut Session,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, RouterError> {
     let declared = declared_length(session.req_header())?;
     if declared.is_some_and(|n| n > limit) {
         return Err(RouterError::BodyTooLarge { limit });
@@ -47,13 +56,20 @@ pub async fn read(session: &mut Session, limit: usize, timeout: Duration) -> Res
         return Ok(Bytes::new());
     }
     if expects_continue(session.req_header()) {
-        session.write_continue_response().await.map_err(client_error)?;
+        session
+            .write_continue_response()
+            .await
+            .map_err(client_error)?;
     }
     session.set_read_timeout(Some(timeout));
     gather(session, declared, limit).await
 }
 
-async fn gather(session: &mut Session, declared: Option<usize>, limit: usize) -> Result<Bytes, RouterError> {
+async fn gather(
+    session: &mut Session,
+    declared: Option<usize>,
+    limit: usize,
+) -> Result<Bytes, RouterError> {
     let Some(first) = session.read_request_body().await.map_err(client_error)? else {
         return Ok(Bytes::new());
     };
@@ -103,7 +119,10 @@ mod tests {
 
     #[test]
     fn framing_checks() {
-        assert_eq!(declared_length(&header(&[("content-length", "12")])).unwrap(), Some(12));
+        assert_eq!(
+            declared_length(&header(&[("content-length", "12")])).unwrap(),
+            Some(12)
+        );
         assert_eq!(declared_length(&header(&[])).unwrap(), None);
         let two = header(&[("content-length", "1"), ("content-length", "1")]);
         assert!(declared_length(&two).is_err());

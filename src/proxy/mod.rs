@@ -6,6 +6,9 @@
 mod body;
 mod headers;
 mod relay;
+mod state;
+
+pub use state::{Limits, State};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,47 +17,16 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::Method;
 use log::{debug, warn};
-use pingora_core::connectors::http::Connector;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::config::{Config, Timeouts};
 use crate::error::RouterError;
-use crate::fleet::Fleet;
-use crate::policy::{Decision, Outcome, Request, Selector, least_loaded};
-use crate::request::{self, Endpoint, SessionHeaders, SessionKey};
+use crate::policy::{Candidate, Decision, Outcome, Request, least_loaded};
+use crate::request::{self, Endpoint, SessionKey};
 use relay::{Exchange, Placement};
-
-/// Everything requests share.
-pub struct State {
-    /// Backends.
-    pub fleet: Arc<Fleet>,
-    /// Policy with session affinity.
-    pub selector: Selector,
-    connector: Connector,
-    timeouts: Timeouts,
-    retries: usize,
-    max_body_bytes: usize,
-    session_headers: SessionHeaders,
-}
-
-impl State {
-    /// State for `config` over `fleet`.
-    pub fn new(config: &Config, fleet: Arc<Fleet>, selector: Selector) -> Self {
-        State {
-            fleet,
-            selector,
-            connector: Connector::new(None),
-            timeouts: config.timeouts.clone(),
-            retries: config.retries,
-            max_body_bytes: config.max_body_bytes,
-            session_headers: SessionHeaders::new(config.session_headers.clone()),
-        }
-    }
-}
 
 /// The proxy service.
 pub struct Router {
@@ -71,6 +43,7 @@ impl Router {
 /// Per-request state.
 pub struct Ctx {
     started: Instant,
+    route: &'static str,
     text_len: usize,
     placement: Option<Placement>,
     failure: Option<RouterError>,
@@ -83,6 +56,7 @@ impl ProxyHttp for Router {
     fn new_ctx(&self) -> Ctx {
         Ctx {
             started: Instant::now(),
+            route: "other",
             text_len: 0,
             placement: None,
             failure: None,
@@ -103,7 +77,10 @@ impl ProxyHttp for Router {
     }
 
     async fn upstream_peer(&self, _: &mut Session, _: &mut Ctx) -> Result<Box<HttpPeer>> {
-        Error::e_explain(ErrorType::InternalError, "requests are relayed in request_filter")
+        Error::e_explain(
+            ErrorType::InternalError,
+            "requests are relayed in request_filter",
+        )
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
@@ -122,23 +99,54 @@ impl ProxyHttp for Router {
     }
 
     async fn logging(&self, session: &mut Session, _: Option<&Error>, ctx: &mut Ctx) {
-        log_request(session, ctx);
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let backend = ctx
+            .placement
+            .as_ref()
+            .map_or("-", |p| p.backend.worker.url.as_str());
+        let status_label = if status == 0 {
+            "none".to_string()
+        } else {
+            status.to_string()
+        };
+        let labels = [ctx.route, status_label.as_str(), backend];
+        self.state.stats.requests.with_label_values(&labels).inc();
+        log_request(session, ctx, status);
     }
 }
+
+/// Paths served only by the admin listener; the data plane answers 404 to them.
+const ADMIN_PATHS: [&str; 7] = [
+    "/metrics",
+    "/stats",
+    "/workers",
+    "/list_workers",
+    "/add_worker",
+    "/remove_worker",
+    "/reload",
+];
 
 impl Router {
     async fn serve(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), RouterError> {
         let state = &*self.state;
+        let limits = state.limits();
         let head = session.req_header();
+        let path = head.uri.path();
+        if ADMIN_PATHS.contains(&path) {
+            return Err(RouterError::NotFound(path.to_string()));
+        }
         let endpoint = (head.method == Method::POST)
-            .then(|| Endpoint::from_path(head.uri.path()))
+            .then(|| Endpoint::from_path(path))
             .flatten();
-        let body = body::read(session, state.max_body_bytes, state.timeouts.client_read).await?;
+        ctx.route = endpoint.map_or("other", Endpoint::label);
+        let timeout = limits.timeouts.client_read;
+        let body = body::read(session, limits.max_body_bytes, timeout).await?;
+        state.stats.body_bytes.observe(body.len() as f64);
         match endpoint {
-            Some(endpoint) => self.routed(session, ctx, endpoint, &body).await,
+            Some(endpoint) => self.routed(session, ctx, &limits, endpoint, &body).await,
             None => {
                 let any = |c: &[_]| Decision::new(least_loaded(c), Outcome::Balanced);
-                self.relay(session, ctx, &body, any).await
+                self.relay(session, ctx, &limits, &body, any).await
             }
         }
     }
@@ -147,12 +155,13 @@ impl Router {
         &self,
         session: &mut Session,
         ctx: &mut Ctx,
+        limits: &Limits,
         endpoint: Endpoint,
         body: &Bytes,
     ) -> Result<(), RouterError> {
         let parsed = request::parse(endpoint, body)?;
         let headers = &session.req_header().headers;
-        let key = SessionKey::find(headers, &self.state.session_headers, parsed.session);
+        let key = SessionKey::find(headers, &limits.session_headers, parsed.session);
         ctx.text_len = parsed.text.len();
         let request = Request {
             model: parsed.model,
@@ -160,28 +169,47 @@ impl Router {
             session: key,
         };
         let choose = |c: &[_]| self.state.selector.select(&request, c);
-        self.relay(session, ctx, body, choose).await
+        self.relay(session, ctx, limits, body, choose).await
     }
 
     async fn relay(
         &self,
         session: &mut Session,
         ctx: &mut Ctx,
+        limits: &Limits,
         body: &Bytes,
-        choose: impl Fn(&[crate::policy::Candidate]) -> Decision,
+        choose: impl Fn(&[Candidate]) -> Decision,
     ) -> Result<(), RouterError> {
         let state = &*self.state;
         let req = headers::upstream_request(session.req_header());
         let exchange = Exchange {
             connector: &state.connector,
             fleet: &state.fleet,
-            timeouts: &state.timeouts,
-            retries: state.retries,
+            stats: &state.stats,
+            timeouts: &limits.timeouts,
+            retries: limits.retries,
             text_len: ctx.text_len,
         };
-        let placed = |p: Placement| ctx.placement = Some(p);
+        let text_len = ctx.text_len;
+        let placed = |p: Placement| {
+            count_decision(state, &p, text_len);
+            ctx.placement = Some(p);
+        };
         exchange.run(session, &req, body, choose, placed).await
     }
+}
+
+fn count_decision(state: &State, placement: &Placement, text_len: usize) {
+    let outcome = placement.decision.outcome.label();
+    let stats = &state.stats;
+    stats
+        .decisions
+        .with_label_values(&[state.policy_name, outcome])
+        .inc();
+    stats
+        .matched_bytes
+        .inc_by(placement.decision.matched as u64);
+    stats.text_bytes.inc_by(text_len as u64);
 }
 
 /// Writes `error` as an OpenAI-style JSON response unless a response has started; returns
@@ -210,12 +238,15 @@ fn error_header(status: u16, body: &Bytes) -> Result<ResponseHeader> {
     Ok(head)
 }
 
-fn log_request(session: &Session, ctx: &Ctx) {
-    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+fn log_request(session: &Session, ctx: &Ctx, status: u16) {
     let elapsed = ctx.started.elapsed();
     let head = session.req_header();
     let (backend, outcome, matched) = match &ctx.placement {
-        Some(p) => (p.backend.worker.url.as_str(), p.decision.outcome.label(), p.decision.matched),
+        Some(p) => (
+            p.backend.worker.url.as_str(),
+            p.decision.outcome.label(),
+            p.decision.matched,
+        ),
         None => ("-", "-", 0),
     };
     let line = format_args!(

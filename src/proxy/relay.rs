@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use pingora_core::connectors::http::Connector;
@@ -21,6 +22,7 @@ use crate::config::Timeouts;
 use crate::error::RouterError;
 use crate::fleet::{Backend, Fleet, LoadGuard};
 use crate::policy::{Candidate, Decision};
+use crate::stats::{Stats, UsageScanner};
 
 /// Where an attempt failed, which decides whether another backend may be tried.
 enum Failure {
@@ -37,6 +39,8 @@ pub struct Exchange<'e> {
     pub connector: &'e Connector,
     /// Backends.
     pub fleet: &'e Fleet,
+    /// Metrics.
+    pub stats: &'e Stats,
     /// Upstream timeouts.
     pub timeouts: &'e Timeouts,
     /// Other backends to try after a retryable failure.
@@ -72,13 +76,19 @@ impl Exchange<'_> {
                 return Err(last_error);
             }
             let decision = choose(&ready.candidates);
-            let backend = ready.backend(decision.index).ok_or(RouterError::NoBackend)?;
+            let backend = ready
+                .backend(decision.index)
+                .ok_or(RouterError::NoBackend)?;
             let load = backend.acquire(self.text_len.saturating_sub(decision.matched));
-            placed(Placement { backend: Arc::clone(load.backend()), decision });
+            placed(Placement {
+                backend: Arc::clone(load.backend()),
+                decision,
+            });
             match self.attempt(session, &load, req, body).await {
                 Ok(()) => return Ok(()),
                 Err(Failure::Retryable(e)) if tried.len() < self.retries => {
                     log::warn!("{}: {e}; trying another backend", load.backend().worker.url);
+                    self.stats.retries.inc();
                     tried.push(load.backend().id);
                     last_error = e;
                 }
@@ -104,25 +114,70 @@ impl Exchange<'_> {
         upstream.set_write_timeout(Some(self.timeouts.upstream_write));
         let mut req = req.clone();
         headers::set_host(&mut req, &backend.authority);
-        send(&mut upstream, req, body).await.map_err(Failure::Retryable)?;
+        let sent = Instant::now();
+        send(&mut upstream, req, body)
+            .await
+            .map_err(Failure::Retryable)?;
         let head = until_client_gone(session, read_final_header(&mut upstream)).await;
         match head.map_err(Failure::Final)? {
             Ok(()) => {}
             Err(e) if reused => return Err(Failure::Retryable(upstream_error(&e))),
             Err(e) => return Err(Failure::Final(upstream_error(&e))),
         }
-        stream_response(session, &mut upstream, load).await.map_err(Failure::Final)?;
+        let mut trace = Trace {
+            sent,
+            first_byte: None,
+            usage: UsageScanner::default(),
+        };
+        let streamed = stream_response(session, &mut upstream, load, &mut trace).await;
+        self.record(backend, &trace);
+        streamed.map_err(Failure::Final)?;
         let idle = Some(self.timeouts.pool_idle);
-        self.connector.release_http_session(upstream, &backend.peer, idle).await;
+        self.connector
+            .release_http_session(upstream, &backend.peer, idle)
+            .await;
         Ok(())
+    }
+
+    fn record(&self, backend: &Backend, trace: &Trace) {
+        let name = backend.worker.url.as_str();
+        if let Some(first) = trace.first_byte {
+            let ttfb = first.duration_since(trace.sent).as_secs_f64();
+            self.stats.ttfb.with_label_values(&[name]).observe(ttfb);
+        }
+        let total = trace.sent.elapsed().as_secs_f64();
+        self.stats
+            .upstream_duration
+            .with_label_values(&[name])
+            .observe(total);
+        if let Some(usage) = trace.usage.usage() {
+            self.stats.usage(name, usage);
+        }
     }
 }
 
-async fn send(upstream: &mut HttpSession, req: RequestHeader, body: &Bytes) -> Result<(), RouterError> {
+/// What is learned of a response on its way through.
+struct Trace {
+    sent: Instant,
+    first_byte: Option<Instant>,
+    usage: UsageScanner,
+}
+
+async fn send(
+    upstream: &mut HttpSession,
+    req: RequestHeader,
+    body: &Bytes,
+) -> Result<(), RouterError> {
     let error = |e: Box<Error>| upstream_error(&e);
-    upstream.write_request_header(Box::new(req)).await.map_err(error)?;
+    upstream
+        .write_request_header(Box::new(req))
+        .await
+        .map_err(error)?;
     if !body.is_empty() {
-        upstream.write_request_body(body.clone(), true).await.map_err(error)?;
+        upstream
+            .write_request_body(body.clone(), true)
+            .await
+            .map_err(error)?;
     }
     upstream.finish_request_body().await.map_err(error)
 }
@@ -131,7 +186,9 @@ async fn send(upstream: &mut HttpSession, req: RequestHeader, body: &Bytes) -> R
 async fn read_final_header(upstream: &mut HttpSession) -> pingora_core::Result<()> {
     loop {
         upstream.read_response_header().await?;
-        let status = upstream.response_header().map_or(200, |h| h.status.as_u16());
+        let status = upstream
+            .response_header()
+            .map_or(200, |h| h.status.as_u16());
         if !(100..200).contains(&status) || status == 101 {
             return Ok(());
         }
@@ -144,23 +201,41 @@ async fn stream_response(
     session: &mut Session,
     upstream: &mut HttpSession,
     load: &LoadGuard,
+    trace: &mut Trace,
 ) -> Result<(), RouterError> {
-    let head = upstream.response_header().ok_or_else(|| aborted("no response header"))?;
+    let head = upstream
+        .response_header()
+        .ok_or_else(|| aborted("no response header"))?;
     let resp = headers::client_response(head);
-    session.write_response_header(resp, false).await.map_err(client_gone)?;
+    session
+        .write_response_header(resp, false)
+        .await
+        .map_err(client_gone)?;
     loop {
         let chunk = until_client_gone(session, upstream.read_response_body()).await?;
         load.answered();
+        trace.first_byte.get_or_insert_with(Instant::now);
         match chunk.map_err(|e| aborted(&e.to_string()))? {
-            Some(bytes) => session.write_response_body(Some(bytes), false).await,
-            None => return session.write_response_body(None, true).await.map_err(client_gone),
+            Some(bytes) => {
+                trace.usage.feed(&bytes);
+                session.write_response_body(Some(bytes), false).await
+            }
+            None => {
+                return session
+                    .write_response_body(None, true)
+                    .await
+                    .map_err(client_gone);
+            }
         }
         .map_err(client_gone)?;
     }
 }
 
 /// Runs `work` unless the client disconnects first.
-async fn until_client_gone<T>(session: &mut Session, work: impl Future<Output = T>) -> Result<T, RouterError> {
+async fn until_client_gone<T>(
+    session: &mut Session,
+    work: impl Future<Output = T>,
+) -> Result<T, RouterError> {
     tokio::pin!(work);
     tokio::select! {
         biased;

@@ -107,7 +107,11 @@ fn leading_hits(plan: &Plan, turn: &Turn, seen: &[bool]) -> (u64, u64) {
 /// what a perfect router could reach if the fleet's KV caches were pooled. Each request
 /// hits its leading cached blocks (capped at `prompt - 1`), then all its blocks become the
 /// most recently used, the earlier ones older, and the least recently used are evicted.
-pub(crate) fn compute_pooled<'a>(plan: &Plan, turns: impl Iterator<Item = &'a Turn>, capacity: u64) -> f64 {
+pub(crate) fn compute_pooled<'a>(
+    plan: &Plan,
+    turns: impl Iterator<Item = &'a Turn>,
+    capacity: u64,
+) -> f64 {
     let mut cache = Lru::default();
     let (mut hit, mut total) = (0u64, 0u64);
     for turn in turns {
@@ -116,7 +120,11 @@ pub(crate) fn compute_pooled<'a>(plan: &Plan, turns: impl Iterator<Item = &'a Tu
         for p in plan.chain(turn) {
             let key = plan.piece_key[p as usize];
             leading &= cache.contains(key);
-            tokens += if leading { u64::from(plan.piece_tokens[p as usize]) } else { 0 };
+            tokens += if leading {
+                u64::from(plan.piece_tokens[p as usize])
+            } else {
+                0
+            };
             cache.touch(key, u64::from(plan.piece_tokens[p as usize]), capacity);
         }
         hit += tokens.min(turn.prompt_tokens.saturating_sub(1));
@@ -147,7 +155,9 @@ impl Lru {
         }
         self.order.insert(self.clock, key);
         while self.tokens > capacity {
-            let Some((_, oldest)) = self.order.pop_first() else { break };
+            let Some((_, oldest)) = self.order.pop_first() else {
+                break;
+            };
             if let Some((_, size)) = self.ticks.remove(&oldest) {
                 self.tokens -= size;
             }

@@ -315,8 +315,14 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         println!("{}", workload.bound_summary());
         if let Some(capacity_tokens) = args.bound_capacity {
             let hit_rate = workload.pooled_bound(capacity_tokens);
-            println!("with one LRU cache of {capacity_tokens} tokens: {:.2}%", hit_rate * 100.0);
-            b.pooled = Some(Pooled { capacity_tokens, hit_rate });
+            println!(
+                "with one LRU cache of {capacity_tokens} tokens: {:.2}%",
+                hit_rate * 100.0
+            );
+            b.pooled = Some(Pooled {
+                capacity_tokens,
+                hit_rate,
+            });
         }
         if let Some(out) = &args.out {
             let json = serde_json::json!({ "workload": workload.describe(), "bound": b });

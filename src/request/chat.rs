@@ -4,10 +4,10 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::ParseError;
 use super::content::{push_call, push_content, push_role, push_tools};
 use super::raw;
 use super::text::RoutingText;
-use super::ParseError;
 
 /// One chat message, as far as routing reads it.
 #[derive(Deserialize)]
@@ -59,7 +59,10 @@ fn push_message<'a>(text: &mut RoutingText<'a>, message: &Message<'a>) -> Result
     push_role(text, role);
     push_content(text, message.content, "messages[].content")?;
     let calls = message.tool_calls.iter().flatten();
-    for function in calls.filter_map(|c| c.function.as_ref()).chain(&message.function_call) {
+    for function in calls
+        .filter_map(|c| c.function.as_ref())
+        .chain(&message.function_call)
+    {
         push_function(text, function)?;
     }
     if role == b"user" {
@@ -68,7 +71,10 @@ fn push_message<'a>(text: &mut RoutingText<'a>, message: &Message<'a>) -> Result
     Ok(())
 }
 
-fn push_function<'a>(text: &mut RoutingText<'a>, function: &Function<'a>) -> Result<(), ParseError> {
+fn push_function<'a>(
+    text: &mut RoutingText<'a>,
+    function: &Function<'a>,
+) -> Result<(), ParseError> {
     let name = raw::opt_string(function.name, "tool_calls[].function.name")?;
     let args = function.arguments.map(|a| match raw::kind(a) {
         raw::Kind::String => raw::string(a, "arguments"),

@@ -14,7 +14,10 @@ const PROMPT: &str = "prompt";
 const PROMPT_SHAPE: &str = "a string, an array of strings or an array of token ids";
 
 /// Appends the prompt of a completions body.
-pub fn build<'a>(text: &mut RoutingText<'a>, prompt: Option<&'a RawValue>) -> Result<(), ParseError> {
+pub fn build<'a>(
+    text: &mut RoutingText<'a>,
+    prompt: Option<&'a RawValue>,
+) -> Result<(), ParseError> {
     let prompt = prompt.ok_or(ParseError::Missing(PROMPT))?;
     match raw::kind(prompt) {
         Kind::String => text.push(raw::string(prompt, PROMPT)?),

@@ -12,11 +12,15 @@ fn text_of(endpoint: Endpoint, body: &Value) -> Vec<u8> {
 }
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle.as_bytes())
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
 }
 
 fn position(haystack: &[u8], needle: &str) -> usize {
-    let found = haystack.windows(needle.len()).position(|w| w == needle.as_bytes());
+    let found = haystack
+        .windows(needle.len())
+        .position(|w| w == needle.as_bytes());
     found.unwrap_or_else(|| panic!("{needle} not in text"))
 }
 
@@ -37,10 +41,22 @@ fn chat_text_has_every_message_in_order_with_tools_first() {
         ]
     });
     let text = text_of(Endpoint::Chat, &body);
-    let order = ["<tools>", "SYS", "U1", "<image:", "read_file(", r#"{\"p\":1}"#, "RESULT", "A2"];
+    let order = [
+        "<tools>",
+        "SYS",
+        "U1",
+        "<image:",
+        "read_file(",
+        r#"{\"p\":1}"#,
+        "RESULT",
+        "A2",
+    ];
     let positions: Vec<usize> = order.iter().map(|n| position(&text, n)).collect();
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
-    assert!(!contains(&text, "data:xyz"), "media bytes must not be routed on");
+    assert!(
+        !contains(&text, "data:xyz"),
+        "media bytes must not be routed on"
+    );
 }
 
 #[test]
@@ -62,7 +78,10 @@ fn model_and_body_session_are_read() {
     let parsed = parse(Endpoint::Chat, body).unwrap();
     assert_eq!(parsed.model, b"llama");
     assert_eq!(parsed.session, Some(&b"s1"[..]));
-    assert!(contains(&parsed.text.to_vec(), "hi"), "session must not displace text");
+    assert!(
+        contains(&parsed.text.to_vec(), "hi"),
+        "session must not displace text"
+    );
 }
 
 #[test]
@@ -117,21 +136,51 @@ fn bad_bodies_are_typed_errors() {
     assert!(matches!(error_of(Chat, b"\xff\xfe"), ParseError::NotUtf8));
     assert!(matches!(error_of(Chat, b"{"), ParseError::Json(_)));
     assert!(matches!(error_of(Chat, b"[]"), ParseError::Json(_)));
-    assert!(matches!(error_of(Chat, b"{}"), ParseError::Missing("messages")));
-    assert!(matches!(error_of(Chat, br#"{"messages":[]}"#), ParseError::Empty(_)));
-    assert!(matches!(error_of(Chat, br#"{"messages":"x"}"#), ParseError::Json(_)));
+    assert!(matches!(
+        error_of(Chat, b"{}"),
+        ParseError::Missing("messages")
+    ));
+    assert!(matches!(
+        error_of(Chat, br#"{"messages":[]}"#),
+        ParseError::Empty(_)
+    ));
+    assert!(matches!(
+        error_of(Chat, br#"{"messages":"x"}"#),
+        ParseError::Json(_)
+    ));
     let no_role = br#"{"messages":[{"content":"x"}]}"#;
     assert!(matches!(error_of(Chat, no_role), ParseError::Missing(_)));
     let bad_content = br#"{"messages":[{"role":"user","content":5}]}"#;
-    assert!(matches!(error_of(Chat, bad_content), ParseError::WrongType { .. }));
+    assert!(matches!(
+        error_of(Chat, bad_content),
+        ParseError::WrongType { .. }
+    ));
     let bad_model = br#"{"model":1,"messages":[{"role":"user","content":"x"}]}"#;
-    assert!(matches!(error_of(Chat, bad_model), ParseError::WrongType { .. }));
-    assert!(matches!(error_of(Completions, b"{}"), ParseError::Missing("prompt")));
-    assert!(matches!(error_of(Completions, br#"{"prompt":""}"#), ParseError::Empty(_)));
+    assert!(matches!(
+        error_of(Chat, bad_model),
+        ParseError::WrongType { .. }
+    ));
+    assert!(matches!(
+        error_of(Completions, b"{}"),
+        ParseError::Missing("prompt")
+    ));
+    assert!(matches!(
+        error_of(Completions, br#"{"prompt":""}"#),
+        ParseError::Empty(_)
+    ));
     let bad_ids = br#"{"prompt":[1,"x"]}"#;
-    assert!(matches!(error_of(Completions, bad_ids), ParseError::WrongType { .. }));
-    assert!(matches!(error_of(Responses, b"{}"), ParseError::Missing("input")));
-    assert!(matches!(error_of(Responses, br#"{"input":[]}"#), ParseError::Empty(_)));
+    assert!(matches!(
+        error_of(Completions, bad_ids),
+        ParseError::WrongType { .. }
+    ));
+    assert!(matches!(
+        error_of(Responses, b"{}"),
+        ParseError::Missing("input")
+    ));
+    assert!(matches!(
+        error_of(Responses, br#"{"input":[]}"#),
+        ParseError::Empty(_)
+    ));
 }
 
 #[test]
@@ -140,12 +189,16 @@ fn deep_nesting_is_refused_without_overflow() {
     body.push_str(&"[".repeat(100_000));
     body.push_str(&"]".repeat(100_000));
     body.push_str("}]}");
-    assert!(matches!(error_of(Endpoint::Chat, body.as_bytes()), ParseError::Json(_)));
+    assert!(matches!(
+        error_of(Endpoint::Chat, body.as_bytes()),
+        ParseError::Json(_)
+    ));
 }
 
 #[test]
 fn unknown_fields_are_ignored() {
-    let body = br#"{"messages":[{"role":"user","content":"x","weird":{"a":[1]}}],"temperature":0.2}"#;
+    let body =
+        br#"{"messages":[{"role":"user","content":"x","weird":{"a":[1]}}],"temperature":0.2}"#;
     assert!(parse(Endpoint::Chat, body).is_ok());
 }
 
@@ -184,10 +237,16 @@ fn any_text() -> impl Strategy<Value = String> {
 }
 
 fn any_message() -> impl Strategy<Value = Value> {
-    let plain = (prop::sample::select(vec!["system", "user", "assistant", "tool"]), any_text())
+    let plain = (
+        prop::sample::select(vec!["system", "user", "assistant", "tool"]),
+        any_text(),
+    )
         .prop_map(|(role, text)| json!({"role": role, "content": text}));
     let parts = prop::collection::vec(any_text(), 1..3).prop_map(|texts| {
-        let parts: Vec<Value> = texts.iter().map(|t| json!({"type": "text", "text": t})).collect();
+        let parts: Vec<Value> = texts
+            .iter()
+            .map(|t| json!({"type": "text", "text": t}))
+            .collect();
         json!({"role": "user", "content": parts})
     });
     let call = (any_text(), any_text()).prop_map(|(name, args)| {
@@ -200,8 +259,9 @@ fn any_message() -> impl Strategy<Value = Value> {
 fn any_item() -> impl Strategy<Value = Value> {
     let message = (prop::sample::select(vec!["user", "assistant"]), any_text())
         .prop_map(|(role, text)| json!({"role": role, "content": text}));
-    let call = (any_text(), any_text())
-        .prop_map(|(n, a)| json!({"type": "function_call", "call_id": "c", "name": n, "arguments": a}));
+    let call = (any_text(), any_text()).prop_map(
+        |(n, a)| json!({"type": "function_call", "call_id": "c", "name": n, "arguments": a}),
+    );
     let output = any_text()
         .prop_map(|o| json!({"type": "function_call_output", "call_id": "c", "output": o}));
     prop_oneof![message, call, output]
@@ -209,7 +269,10 @@ fn any_item() -> impl Strategy<Value = Value> {
 
 fn assert_extends(texts: &[Vec<u8>]) {
     for pair in texts.windows(2) {
-        assert!(pair[1].starts_with(&pair[0]), "turn text does not extend the previous turn");
+        assert!(
+            pair[1].starts_with(&pair[0]),
+            "turn text does not extend the previous turn"
+        );
     }
 }
 

@@ -15,18 +15,29 @@ pub use upstream::{Reply, Upstream};
 
 /// An HTTP client with a bounded timeout.
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
 }
 
 /// A chat completions body for `messages` given as (role, content) pairs.
 pub fn chat(messages: &[(&str, String)]) -> Value {
-    let messages: Vec<Value> = messages.iter().map(|(r, c)| json!({"role": r, "content": c})).collect();
+    let messages: Vec<Value> = messages
+        .iter()
+        .map(|(r, c)| json!({"role": r, "content": c}))
+        .collect();
     json!({"model": "test-model", "messages": messages, "max_tokens": 8})
 }
 
 /// POSTs `body` as JSON to `path`; returns the status and the response body.
 pub async fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
-    let resp = client().post(format!("{url}{path}")).json(body).send().await.unwrap();
+    let resp = client()
+        .post(format!("{url}{path}"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     let status = resp.status().as_u16();
     let text = resp.bytes().await.unwrap();
     (status, serde_json::from_slice(&text).unwrap_or(Value::Null))
@@ -44,12 +55,20 @@ pub async fn raw(url: &str, request: &[u8]) -> String {
 
 /// The status code of a raw HTTP response.
 pub fn status_of(response: &str) -> u16 {
-    response.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+    response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Asserts an OpenAI-style error body with `code`.
 pub fn assert_error(body: &Value, code: &str) {
     assert_eq!(body["error"]["code"], code, "body: {body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
     assert!(body["error"]["type"].as_str().is_some());
 }

@@ -13,6 +13,7 @@ use super::upstream::Upstream;
 /// A running router.
 pub struct TestRouter {
     pub url: String,
+    pub admin_url: String,
     running: Running,
 }
 
@@ -37,10 +38,24 @@ impl TestRouter {
         let (host, port) = addr.rsplit_once(':').unwrap();
         settings.host = Some(host.to_string());
         settings.port = Some(port.parse().unwrap());
+        let admin = free_loopback_addr().unwrap();
+        settings.admin_port = Some(admin.rsplit_once(':').unwrap().1.parse().unwrap());
         let config = Config::from_settings(settings).expect("valid test config");
         let running = Running::start(&config);
-        assert!(running.wait_ready(ready, Duration::from_secs(20)), "router not ready");
-        TestRouter { url: running.url.clone(), running }
+        assert!(
+            running.wait_ready(ready, Duration::from_secs(20)),
+            "router not ready"
+        );
+        TestRouter {
+            url: running.url.clone(),
+            admin_url: format!("http://{}", config.admin_listen),
+            running,
+        }
+    }
+
+    /// Reloads and worker changes.
+    pub fn control(&self) -> &Arc<prefix_router::control::Control> {
+        &self.running.handles.control
     }
 
     /// Shared request state (fleet, selector).
@@ -55,7 +70,13 @@ impl TestRouter {
 
     /// Requests in flight over all backends.
     pub fn inflight(&self) -> usize {
-        self.state().fleet.snapshot().backends.iter().map(|b| b.load()).sum()
+        self.state()
+            .fleet
+            .snapshot()
+            .backends
+            .iter()
+            .map(|b| b.load())
+            .sum()
     }
 
     /// Waits (bounded) until `check` holds.

@@ -45,6 +45,7 @@ pub enum Reply {
 
 struct Shared {
     name: String,
+    connections: std::sync::atomic::AtomicUsize,
     received: Mutex<Vec<Received>>,
     healthy: AtomicBool,
     reply: Mutex<Reply>,
@@ -64,6 +65,7 @@ impl Upstream {
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             name: name.to_string(),
+            connections: Default::default(),
             received: Mutex::new(Vec::new()),
             healthy: AtomicBool::new(true),
             reply: Mutex::new(Reply::Json),
@@ -98,6 +100,11 @@ impl Upstream {
         self.shared.received.lock().len()
     }
 
+    /// TCP connections accepted so far (health checks included).
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(SeqCst)
+    }
+
     /// Makes `/health` pass or fail.
     pub fn set_healthy(&self, healthy: bool) {
         self.shared.healthy.store(healthy, SeqCst);
@@ -122,6 +129,7 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::R
             _ = stopped.changed() => return,
         };
         let Ok((stream, _)) = accepted else { continue };
+        shared.connections.fetch_add(1, SeqCst);
         let shared = Arc::clone(&shared);
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
@@ -138,13 +146,24 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::R
 
 type Body = BoxBody<Bytes, Infallible>;
 
-async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Response<Body>, std::io::Error> {
+async fn handle(
+    shared: Arc<Shared>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, std::io::Error> {
     if req.uri().path() == "/health" {
-        let status = if shared.healthy.load(SeqCst) { 200 } else { 503 };
+        let status = if shared.healthy.load(SeqCst) {
+            200
+        } else {
+            503
+        };
         return Ok(status_only(status));
     }
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let len = body.len();
     shared.received.lock().push(Received {
         method: parts.method.to_string(),
@@ -192,9 +211,12 @@ fn sse(chunks: usize, gate: Arc<Notify>) -> Response<Body> {
                 gate.notified().await;
             }
         }
-        let _ = tx.send(Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")))).await;
+        let _ = tx
+            .send(Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n"))))
+            .await;
     });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+    let stream =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
     Response::builder()
         .header("content-type", "text/event-stream")
         .body(BodyExt::boxed(StreamBody::new(stream)))

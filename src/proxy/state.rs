@@ -1,0 +1,77 @@
+//! What every request shares: the fleet, the selector, the stats, the upstream connection
+//! pool, and the limits a reload may change (swapped as one snapshot).
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use pingora_core::connectors::http::Connector;
+
+use crate::config::{Config, Timeouts};
+use crate::fleet::Fleet;
+use crate::policy::Selector;
+use crate::request::SessionHeaders;
+use crate::stats::Stats;
+
+/// Per-request limits, replaced as a whole on reload.
+pub struct Limits {
+    /// Upstream and client timeouts.
+    pub timeouts: Timeouts,
+    /// Other backends tried after a failed connection.
+    pub retries: usize,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Session id headers.
+    pub session_headers: SessionHeaders,
+}
+
+impl Limits {
+    fn of(config: &Config) -> Self {
+        Limits {
+            timeouts: config.timeouts.clone(),
+            retries: config.retries,
+            max_body_bytes: config.max_body_bytes,
+            session_headers: SessionHeaders::new(config.session_headers.clone()),
+        }
+    }
+}
+
+/// Everything requests share.
+pub struct State {
+    /// Backends.
+    pub fleet: Arc<Fleet>,
+    /// Policy with session affinity.
+    pub selector: Selector,
+    /// Metrics.
+    pub stats: Arc<Stats>,
+    /// The policy's name, for metrics.
+    pub policy_name: &'static str,
+    /// Pooled upstream connections.
+    pub connector: Connector,
+    limits: ArcSwap<Limits>,
+}
+
+impl State {
+    /// State for `config` over `fleet`.
+    pub fn new(config: &Config, fleet: Arc<Fleet>, selector: Selector, stats: Arc<Stats>) -> Self {
+        State {
+            fleet,
+            selector,
+            stats,
+            policy_name: config.policy.name,
+            connector: Connector::new(None),
+            limits: ArcSwap::from_pointee(Limits::of(config)),
+        }
+    }
+
+    /// The current limits.
+    pub fn limits(&self) -> Arc<Limits> {
+        self.limits.load_full()
+    }
+
+    /// Applies what of `config` can change while serving (workers aside).
+    pub fn apply(&self, config: &Config) {
+        self.limits.store(Arc::new(Limits::of(config)));
+        self.selector.tunables().set(config.tunables());
+        self.fleet.set_timeouts(config.timeouts.clone());
+    }
+}

@@ -1,0 +1,157 @@
+//! Reads `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` from a
+//! response as it streams through, without holding any of it back: a scanner fed chunk by
+//! chunk that remembers the last value of each key (the final SSE chunk carries the usage)
+//! and only a few bytes across chunk boundaries.
+
+/// Keys looked for, with the quote and colon that make them JSON keys.
+const PROMPT: &[u8] = b"\"prompt_tokens\":";
+const CACHED: &[u8] = b"\"cached_tokens\":";
+/// Bytes kept from the end of a chunk: a key and its number can straddle two chunks.
+const CARRY: usize = 40;
+
+/// The token counts a backend reported for one response.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Of which found in the prefix cache.
+    pub cached: u64,
+}
+
+/// Scans response chunks for usage figures.
+#[derive(Default)]
+pub struct UsageScanner {
+    carry: Vec<u8>,
+    prompt: Option<u64>,
+    cached: Option<u64>,
+}
+
+impl UsageScanner {
+    /// Looks at the next chunk of the response body.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        let head = &chunk[..chunk.len().min(CARRY)];
+        self.carry.extend_from_slice(head);
+        let joined = std::mem::take(&mut self.carry);
+        self.scan(&joined);
+        if chunk.len() > head.len() {
+            self.scan(chunk);
+        }
+        let tail_from = chunk.len().saturating_sub(CARRY);
+        self.carry.clear();
+        self.carry.extend_from_slice(&chunk[tail_from..]);
+    }
+
+    /// Keys found twice (in the joined boundary and in the chunk) are harmless: only the
+    /// last value counts.
+    fn scan(&mut self, bytes: &[u8]) {
+        if let Some(v) = last_number_after(bytes, PROMPT) {
+            self.prompt = Some(v);
+        }
+        if let Some(v) = last_number_after(bytes, CACHED) {
+            self.cached = Some(v);
+        }
+    }
+
+    /// The usage seen, if the response reported prompt tokens.
+    pub fn usage(&self) -> Option<Usage> {
+        self.prompt.map(|prompt| Usage {
+            prompt,
+            cached: self.cached.unwrap_or(0),
+        })
+    }
+}
+
+/// The number following the last complete occurrence of `key` in `bytes`.
+fn last_number_after(bytes: &[u8], key: &[u8]) -> Option<u64> {
+    let mut found = None;
+    let mut from = 0;
+    while let Some(at) = find(&bytes[from..], key) {
+        let start = from + at + key.len();
+        if let Some(n) = number_at(&bytes[start..]) {
+            found = Some(n);
+        }
+        from = start;
+    }
+    found
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    let first = needle[0];
+    let mut i = 0;
+    while let Some(pos) = haystack[i..].iter().position(|&b| b == first) {
+        let at = i + pos;
+        if haystack[at..].starts_with(needle) {
+            return Some(at);
+        }
+        i = at + 1;
+    }
+    None
+}
+
+/// A complete unsigned integer at the start of `bytes` (after spaces): one followed by a
+/// non-digit, so a number cut by a chunk boundary is not taken.
+fn number_at(bytes: &[u8]) -> Option<u64> {
+    let digits_from = bytes.iter().position(|b| *b != b' ')?;
+    let rest = &bytes[digits_from..];
+    let len = rest.iter().position(|b| !b.is_ascii_digit())?;
+    std::str::from_utf8(&rest[..len]).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &str = r#"{"id":"x","usage":{"prompt_tokens":1234,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1000}}}"#;
+
+    #[test]
+    fn reads_a_json_response() {
+        let mut s = UsageScanner::default();
+        s.feed(BODY.as_bytes());
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                prompt: 1234,
+                cached: 1000
+            })
+        );
+    }
+
+    #[test]
+    fn reads_across_every_chunk_boundary() {
+        for cut in 0..BODY.len() {
+            let mut s = UsageScanner::default();
+            s.feed(&BODY.as_bytes()[..cut]);
+            s.feed(&BODY.as_bytes()[cut..]);
+            assert_eq!(
+                s.usage(),
+                Some(Usage {
+                    prompt: 1234,
+                    cached: 1000
+                }),
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn last_usage_of_a_stream_wins_and_escaped_text_is_ignored() {
+        let mut s = UsageScanner::default();
+        s.feed(br#"data: {"choices":[{"delta":{"content":"say \"prompt_tokens\":7"}}]}"#);
+        s.feed(b"\n\ndata: {\"usage\":{\"prompt_tokens\":50,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n");
+        s.feed(b"data: [DONE]\n\n");
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                prompt: 50,
+                cached: 32
+            })
+        );
+    }
+
+    #[test]
+    fn no_usage_is_none() {
+        let mut s = UsageScanner::default();
+        s.feed(b"{\"data\":[]}");
+        assert_eq!(s.usage(), None);
+    }
+}
