@@ -7,7 +7,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps demo test run bench
+.PHONY: deps test-deps demo test run bench
 
 deps:
 	@command -v cmake >/dev/null 2>&1 || { \
@@ -16,10 +16,16 @@ deps:
 		|| python3 -m pip install --user cmake; }
 	@command -v cmake >/dev/null 2>&1 || [ -x "$$HOME/.local/bin/cmake" ] || { echo "cmake is missing"; exit 1; }
 
+# The tests also check the systemd unit with systemd-analyze.
+test-deps: deps
+	@command -v systemd-analyze >/dev/null 2>&1 || { \
+		echo "installing systemd (systemd-analyze checks the unit)"; \
+		$(SUDO) apt-get install -y systemd || { $(SUDO) apt-get update && $(SUDO) apt-get install -y systemd; }; }
+
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)
 
-test: deps
+test: test-deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --no-run
 

@@ -47,6 +47,7 @@ pub struct Control {
     balancer: Arc<LoadBalancer<RoundRobin>>,
     state: Arc<State>,
     stats: Arc<Stats>,
+    loaded: std::sync::Mutex<Option<SystemTime>>,
 }
 
 impl Control {
@@ -60,7 +61,7 @@ impl Control {
         state: Arc<State>,
     ) -> Self {
         let stats = Arc::clone(&state.stats);
-        Control {
+        let control = Control {
             file,
             flags,
             current: Mutex::new(config),
@@ -68,10 +69,14 @@ impl Control {
             balancer,
             state,
             stats,
-        }
+            loaded: std::sync::Mutex::new(None),
+        };
+        control.note_loaded();
+        control
     }
 
-    /// Reads the config file again and applies what can change while serving.
+    /// Reads the config file again and applies what can change while serving (nothing, and
+    /// no new generation, when it did not change).
     pub async fn reload(&self) -> Result<(), ControlError> {
         let result = self.reload_file().await;
         let label = if result.is_ok() { "ok" } else { "failed" };
@@ -88,8 +93,12 @@ impl Control {
 
     async fn reload_file(&self) -> Result<(), ControlError> {
         let file = self.file.as_deref().ok_or(ControlError::NoFile)?;
+        self.note_loaded();
         let new = Config::load(Some(file), self.flags.clone())?;
         let mut current = self.current.lock().await;
+        if new == *current {
+            return Ok(());
+        }
         for option in new.restart_only_changes(&current) {
             warn!("`{option}` changed in the config file; it takes effect after a restart");
         }
@@ -169,6 +178,19 @@ impl Control {
         let file = self.file.as_deref()?;
         std::fs::metadata(file).and_then(|m| m.modified()).ok()
     }
+
+    /// Remembers the file's modification time as read.
+    fn note_loaded(&self) {
+        if let Ok(mut loaded) = self.loaded.lock() {
+            *loaded = self.file_mtime();
+        }
+    }
+
+    /// Whether the file changed since it was last read.
+    fn file_changed(&self) -> bool {
+        let now = self.file_mtime();
+        now.is_some() && self.loaded.lock().is_ok_and(|loaded| *loaded != now)
+    }
 }
 
 /// Runs reloads on SIGHUP and on a change of the config file, and resolves worker names
@@ -189,18 +211,14 @@ impl BackgroundService for Triggers {
         };
         let mut poll = tokio::time::interval(FILE_POLL);
         let mut refresh = tokio::time::interval(REFRESH_INTERVAL);
-        let mut mtime = control.file_mtime();
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
                 Some(()) = async { hangup.as_mut()?.recv().await } => {
                     let _ = control.reload().await;
-                    mtime = control.file_mtime();
                 }
                 _ = poll.tick() => {
-                    let now = control.file_mtime();
-                    if now.is_some() && now != mtime {
-                        mtime = now;
+                    if control.file_changed() {
                         let _ = control.reload().await;
                     }
                 }

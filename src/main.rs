@@ -88,6 +88,6 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         file: args.config,
         flags: args.settings,
     };
-    let (server, _handles) = prefix_router::server::build(&config, source, Some(opt));
-    server.run_forever()
+    let (server, handles) = prefix_router::server::build(&config, source, Some(opt));
+    prefix_router::server::run(server, handles.state)
 }

@@ -20,6 +20,7 @@ use crate::admin::Admin;
 use crate::config::{Config, Settings};
 use crate::control::{Control, Triggers};
 use crate::fleet::{Discover, Fleet, FleetDiscovery, ReadyCheck};
+use crate::notify::Readiness;
 use crate::policy::{PolicyParams, Selector, SharedTunables};
 use crate::proxy::{Router, State};
 use crate::stats::Stats;
@@ -87,7 +88,29 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     };
     server.add_service(background_service("upkeep", upkeep));
     server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
+    let listeners = vec![config.listen.clone(), config.admin_listen.clone()];
+    server.add_service(background_service("notify", Readiness { listeners }));
+    watch_phases(&server, Arc::clone(&state));
     (server, Handles { state, control })
+}
+
+/// Once the process starts to stop or to hand its listeners over, responses close their
+/// connections, so that clients move to the new process instead of reusing old connections.
+fn watch_phases(server: &Server, state: Arc<State>) {
+    use pingora_core::server::ExecutionPhase;
+    let mut phases = server.watch_execution_phase();
+    std::thread::spawn(move || {
+        while let Ok(phase) = phases.blocking_recv() {
+            if matches!(
+                phase,
+                ExecutionPhase::GracefulUpgradeTransferringFds
+                    | ExecutionPhase::GracefulTerminate
+                    | ExecutionPhase::ShutdownStarted
+            ) {
+                state.start_draining();
+            }
+        }
+    });
 }
 
 fn server_conf(config: &Config) -> ServerConf {
@@ -163,6 +186,28 @@ impl BackgroundService for Upkeep {
     }
 }
 
+/// Runs `server` until a signal stops it. After SIGTERM (or SIGQUIT, once the listeners
+/// were handed to the new process of a graceful upgrade) the listeners are closed and
+/// requests in flight get up to `grace_period` to finish; the process exits as soon as
+/// none is left rather than waiting the whole period.
+pub fn run(server: Server, state: Arc<State>) -> ! {
+    let mut phases = server.watch_execution_phase();
+    std::thread::spawn(move || {
+        use pingora_core::server::ExecutionPhase;
+        while let Ok(phase) = phases.blocking_recv() {
+            if matches!(phase, ExecutionPhase::ShutdownGracePeriod) {
+                break;
+            }
+        }
+        while state.active() > 0 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        log::info!("no request in flight; exiting before the end of the grace period");
+        std::process::exit(0)
+    });
+    server.run_forever()
+}
+
 /// A router running in this process on its own threads, stopped when dropped. For the
 /// demo and tests; the command line runs the server on the main thread instead.
 pub struct Running {
@@ -190,7 +235,12 @@ impl pingora_core::server::ShutdownSignalWatch for StopSignal {
 impl Running {
     /// Starts the router for `config` (listening on `config.listen`) on a thread of its own.
     pub fn start(config: &Config) -> Running {
-        let (server, handles) = build(config, Source::default(), None);
+        Running::start_from(config, Source::default())
+    }
+
+    /// Like [`Running::start`], for a `config` read from `source` (so that it can reload).
+    pub fn start_from(config: &Config, source: Source) -> Running {
+        let (server, handles) = build(config, source, None);
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let signal = Box::new(StopSignal(parking_lot::Mutex::new(Some(stopped))));
         let run = move || {

@@ -7,6 +7,7 @@ mod bodies;
 mod demo;
 mod errors;
 mod health;
+mod ops;
 mod replay;
 mod routing;
 mod sim;

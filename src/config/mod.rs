@@ -115,9 +115,10 @@ pub struct Config {
     pub timeouts: Timeouts,
     /// Data plane worker threads. Default: the number of CPUs.
     pub threads: usize,
-    /// Time to keep serving after SIGTERM. Default 1 s.
+    /// Longest drain of in-flight requests after SIGTERM or an upgrade; the process exits
+    /// as soon as none is left. Default 60 s.
     pub grace_period: Duration,
-    /// Time in-flight requests get at shutdown. Default 30 s.
+    /// Time runtimes get to stop after the drain. Default 5 s.
     pub shutdown_timeout: Duration,
 }
 
@@ -207,8 +208,8 @@ impl Config {
             retries: s.retries.unwrap_or(2),
             timeouts,
             threads: positive("threads", s.threads.unwrap_or_else(cpus))?,
-            grace_period: seconds_or_zero("grace_period", s.grace_period, 1.0)?,
-            shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout, 30.0)?,
+            grace_period: seconds_or_zero("grace_period", s.grace_period, 60.0)?,
+            shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout, 5.0)?,
         })
     }
 }

@@ -93,10 +93,10 @@ pub struct Settings {
     /// Worker threads of the data plane [default: number of CPUs]
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Seconds to keep serving after SIGTERM before draining [default: 1]
+    /// Longest drain of in-flight requests after SIGTERM or an upgrade, seconds; exits as soon as none is left [default: 60]
     #[arg(long)]
     pub grace_period: Option<f64>,
-    /// Seconds in-flight requests get to finish when shutting down [default: 30]
+    /// Seconds runtimes get to stop after the drain [default: 5]
     #[arg(long)]
     pub shutdown_timeout: Option<f64>,
 }

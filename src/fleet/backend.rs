@@ -69,6 +69,11 @@ impl Backend {
         self.checked.load(Relaxed) && self.healthy.load(Relaxed)
     }
 
+    /// Whether its first health check is still to come.
+    pub fn awaiting_first_check(&self) -> bool {
+        !self.checked.load(Relaxed) && self.healthy.load(Relaxed)
+    }
+
     /// Whether the last health verdict is healthy (ignoring whether it was checked yet).
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Relaxed)

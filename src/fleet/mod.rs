@@ -93,6 +93,15 @@ impl Fleet {
         }
     }
 
+    /// Whether some backend has not had its first health check yet (a fresh start, or a
+    /// backend just added) and has not failed one either.
+    pub fn awaiting_first_check(&self) -> bool {
+        self.snapshot()
+            .backends
+            .iter()
+            .any(|b| b.awaiting_first_check())
+    }
+
     /// The backend at `addr` in the current snapshot.
     pub fn find(&self, addr: &SocketAddr) -> Option<Arc<Backend>> {
         self.known.lock().get(addr).cloned()

@@ -8,7 +8,7 @@ mod headers;
 mod relay;
 mod state;
 
-pub use state::{Limits, State};
+pub use state::{Active, Limits, State};
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +42,7 @@ impl Router {
 
 /// Per-request state.
 pub struct Ctx {
+    _active: Active,
     started: Instant,
     route: &'static str,
     text_len: usize,
@@ -55,6 +56,7 @@ impl ProxyHttp for Router {
 
     fn new_ctx(&self) -> Ctx {
         Ctx {
+            _active: self.state.begin(),
             started: Instant::now(),
             route: "other",
             text_len: 0,
@@ -189,6 +191,7 @@ impl Router {
             timeouts: &limits.timeouts,
             retries: limits.retries,
             text_len: ctx.text_len,
+            closing: state.draining(),
         };
         let text_len = ctx.text_len;
         let placed = |p: Placement| {

@@ -6,7 +6,10 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// Longest wait for backends' first health checks before answering 503.
+const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 
 use bytes::Bytes;
 use pingora_core::connectors::http::Connector;
@@ -47,6 +50,8 @@ pub struct Exchange<'e> {
     pub retries: usize,
     /// Length of the request's routing text (0 for unrouted paths), bytes.
     pub text_len: usize,
+    /// Whether the response should close the client connection (shutdown or upgrade).
+    pub closing: bool,
 }
 
 /// The backend a request went to, and why.
@@ -70,9 +75,19 @@ impl Exchange<'_> {
     ) -> Result<(), RouterError> {
         let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
         let mut last_error = RouterError::NoBackend;
+        let started = Instant::now();
         loop {
             let ready = self.fleet.ready(&tried);
             if ready.candidates.is_empty() {
+                // Right after a start or an upgrade no backend was checked yet: wait for the
+                // first checks rather than refuse the request.
+                if tried.is_empty()
+                    && self.fleet.awaiting_first_check()
+                    && started.elapsed() < FIRST_CHECK_WAIT
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
                 return Err(last_error);
             }
             let decision = choose(&ready.candidates);
@@ -129,6 +144,9 @@ impl Exchange<'_> {
             first_byte: None,
             usage: UsageScanner::default(),
         };
+        if self.closing {
+            session.set_keepalive(None);
+        }
         let streamed = stream_response(session, &mut upstream, load, &mut trace).await;
         self.record(backend, &trace);
         streamed.map_err(Failure::Final)?;

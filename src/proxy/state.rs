@@ -2,6 +2,7 @@
 //! pool, and the limits a reload may change (swapped as one snapshot).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
 use pingora_core::connectors::http::Connector;
@@ -48,6 +49,17 @@ pub struct State {
     /// Pooled upstream connections.
     pub connector: Connector,
     limits: ArcSwap<Limits>,
+    active: AtomicUsize,
+    draining: AtomicBool,
+}
+
+/// One request being served (from its header to its log line); dropping it ends it.
+pub struct Active(Arc<State>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Relaxed);
+    }
 }
 
 impl State {
@@ -60,7 +72,31 @@ impl State {
             policy_name: config.policy.name,
             connector: Connector::new(None),
             limits: ArcSwap::from_pointee(Limits::of(config)),
+            active: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    /// Counts a request as being served until the returned guard drops.
+    pub fn begin(self: &Arc<Self>) -> Active {
+        self.active.fetch_add(1, Relaxed);
+        Active(Arc::clone(self))
+    }
+
+    /// From now on, responses close their connections: the process is about to stop or to
+    /// hand its listeners to a new one, and clients should not reuse connections to it.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Relaxed);
+    }
+
+    /// Whether responses close their connections.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Relaxed)
+    }
+
+    /// Requests being served, in any phase.
+    pub fn active(&self) -> usize {
+        self.active.load(Relaxed)
     }
 
     /// The current limits.

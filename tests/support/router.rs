@@ -1,12 +1,13 @@
 //! The real router, started in-process on a loopback port from the OS, with the real Pingora
 //! server, health checks and policies. Stopped (fast shutdown) when dropped.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prefix_router::config::{Config, Settings};
 use prefix_router::proxy::State;
-use prefix_router::server::{Running, free_loopback_addr};
+use prefix_router::server::{Running, Source, free_loopback_addr};
 
 use super::upstream::Upstream;
 
@@ -33,15 +34,26 @@ pub fn settings(upstreams: &[&Upstream]) -> Settings {
 impl TestRouter {
     /// Starts a router with `settings` (host and port are chosen here) and waits until it
     /// accepts connections and `ready` backends passed their health check.
-    pub fn start(mut settings: Settings, ready: usize) -> TestRouter {
+    pub fn start(settings: Settings, ready: usize) -> TestRouter {
+        Self::start_from(settings, None, ready)
+    }
+
+    /// Like [`TestRouter::start`], with `settings` as flags laid over config `file`.
+    pub fn start_from(mut settings: Settings, file: Option<PathBuf>, ready: usize) -> TestRouter {
         let addr = free_loopback_addr().unwrap();
         let (host, port) = addr.rsplit_once(':').unwrap();
         settings.host = Some(host.to_string());
         settings.port = Some(port.parse().unwrap());
         let admin = free_loopback_addr().unwrap();
         settings.admin_port = Some(admin.rsplit_once(':').unwrap().1.parse().unwrap());
-        let config = Config::from_settings(settings).expect("valid test config");
-        let running = Running::start(&config);
+        let config = Config::load(file.as_deref(), settings.clone()).expect("valid test config");
+        let running = Running::start_from(
+            &config,
+            Source {
+                file,
+                flags: settings,
+            },
+        );
         assert!(
             running.wait_ready(ready, Duration::from_secs(20)),
             "router not ready"
@@ -51,6 +63,17 @@ impl TestRouter {
             admin_url: format!("http://{}", config.admin_listen),
             running,
         }
+    }
+
+    /// The router's metrics, parsed by a Prometheus text-format parser.
+    pub async fn metrics(&self) -> prometheus_parse::Scrape {
+        let text = reqwest::get(format!("{}/metrics", self.admin_url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
     }
 
     /// Reloads and worker changes.

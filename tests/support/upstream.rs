@@ -26,6 +26,8 @@ pub struct Received {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// When it arrived.
+    pub at: std::time::Instant,
 }
 
 /// How the backend answers non-health requests.
@@ -170,6 +172,7 @@ async fn handle(
         path: parts.uri.path().to_string(),
         headers: parts.headers,
         body,
+        at: std::time::Instant::now(),
     });
     let reply = shared.reply.lock().clone();
     Ok(match reply {
