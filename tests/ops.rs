@@ -74,8 +74,7 @@ async fn usage_of(url: &str, body: &Json, stream: bool) -> (u64, u64) {
             .lines()
             .filter_map(|l| l.strip_prefix("data: "))
             .filter_map(|d| serde_json::from_str::<Json>(d).ok())
-            .filter(|chunk| !chunk["usage"].is_null())
-            .next_back()
+            .rfind(|chunk| !chunk["usage"].is_null())
             .unwrap(),
     };
     let usage = &last["usage"];
