@@ -8,6 +8,7 @@ pub mod control;
 pub mod demo;
 pub mod error;
 pub mod fleet;
+pub mod lifecycle;
 pub mod notify;
 pub mod policy;
 pub mod proxy;

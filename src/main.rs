@@ -89,5 +89,5 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         flags: args.settings,
     };
     let (server, handles) = prefix_router::server::build(&config, source, Some(opt));
-    prefix_router::server::run(server, handles.state)
+    prefix_router::lifecycle::run(server, handles.state)
 }

@@ -186,28 +186,6 @@ impl BackgroundService for Upkeep {
     }
 }
 
-/// Runs `server` until a signal stops it. After SIGTERM (or SIGQUIT, once the listeners
-/// were handed to the new process of a graceful upgrade) the listeners are closed and
-/// requests in flight get up to `grace_period` to finish; the process exits as soon as
-/// none is left rather than waiting the whole period.
-pub fn run(server: Server, state: Arc<State>) -> ! {
-    let mut phases = server.watch_execution_phase();
-    std::thread::spawn(move || {
-        use pingora_core::server::ExecutionPhase;
-        while let Ok(phase) = phases.blocking_recv() {
-            if matches!(phase, ExecutionPhase::ShutdownGracePeriod) {
-                break;
-            }
-        }
-        while state.active() > 0 {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        log::info!("no request in flight; exiting before the end of the grace period");
-        std::process::exit(0)
-    });
-    server.run_forever()
-}
-
 /// A router running in this process on its own threads, stopped when dropped. For the
 /// demo and tests; the command line runs the server on the main thread instead.
 pub struct Running {

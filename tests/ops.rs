@@ -593,51 +593,90 @@ async fn wait_serving(url: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn graceful_upgrade_under_load_loses_no_request() {
+/// How an upgrade is started.
+#[derive(Clone, Copy, PartialEq)]
+enum Trigger {
+    /// Start the new binary with `--upgrade`, then SIGQUIT the old one.
+    Quit,
+    /// SIGUSR2 the old one, which starts the new one itself (the systemd way).
+    Usr2,
+}
+
+/// A datagram socket standing in for systemd's notify socket.
+fn notify_socket(dir: &std::path::Path) -> (PathBuf, std::os::unix::net::UnixDatagram) {
+    let path = dir.join("notify.sock");
+    let _ = std::fs::remove_file(&path);
+    let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    (path, socket)
+}
+
+/// The MAINPID of the next READY=1 message.
+fn next_ready_pid(socket: &std::os::unix::net::UnixDatagram) -> u32 {
+    let mut buf = [0u8; 256];
+    loop {
+        let n = socket.recv(&mut buf).expect("no READY=1 within 30 s");
+        let message = String::from_utf8_lossy(&buf[..n]).to_string();
+        if message.contains("READY=1") {
+            let pid = message.split("MAINPID=").nth(1).unwrap().trim();
+            return pid.parse().unwrap();
+        }
+    }
+}
+
+async fn upgrade_under_load(trigger: Trigger) {
     let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    let dir = temp_dir("upgrade");
+    let dir = temp_dir(if trigger == Trigger::Quit { "upgrade-quit" } else { "upgrade-usr2" });
     let (config, url, upgrade) = router_config(&dir, &[&a, &b]);
-    let args = [
-        "--config",
-        config.to_str().unwrap(),
-        "--upgrade-socket",
-        &upgrade,
-    ];
-    let old = Child(std::process::Command::new(BIN).args(args).spawn().unwrap());
+    let (notify_path, notify) = notify_socket(&dir);
+    let args = ["--config", config.to_str().unwrap(), "--upgrade-socket", &upgrade];
+    let spawn = |extra: &[&str]| {
+        let mut command = std::process::Command::new(BIN);
+        command.args(args).args(extra).env("NOTIFY_SOCKET", &notify_path);
+        Child(command.spawn().unwrap())
+    };
+    let mut old = spawn(&[]);
+    assert_eq!(next_ready_pid(&notify), old.0.id());
     wait_serving(&url).await;
     let seq = Arc::new(AtomicU64::new(0));
     let traffic = tokio::spawn(load(url.clone(), 4_000, 16, Arc::clone(&seq)));
     while seq.load(SeqCst) < 500 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let new = Child(
-        std::process::Command::new(BIN)
-            .args(args)
-            .arg("--upgrade")
-            .spawn()
-            .unwrap(),
-    );
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    signal(old.0.id(), "QUIT");
+    let started = match trigger {
+        Trigger::Quit => {
+            let new = spawn(&["--upgrade"]);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            signal(old.0.id(), "QUIT");
+            Some(new)
+        }
+        Trigger::Usr2 => {
+            signal(old.0.id(), "USR2");
+            None
+        }
+    };
+    let new_pid = tokio::task::spawn_blocking(move || next_ready_pid(&notify)).await.unwrap();
+    assert_ne!(new_pid, old.0.id(), "the new process reports itself as the main one");
     let failed = traffic.await.unwrap();
     assert_eq!(failed, 0, "requests failed across the upgrade");
     assert_eq!(a.count() + b.count(), 4_000 + 1);
-    let mut old = old;
     let deadline = Instant::now() + Duration::from_secs(30);
     while old.0.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the old process did not exit after draining"
-        );
+        assert!(Instant::now() < deadline, "the old process did not exit after draining");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (status, _) = post(
-        &url,
-        "/v1/chat/completions",
-        &chat(&[("user", "after".into())]),
-    )
-    .await;
+    let (status, _) = post(&url, "/v1/chat/completions", &chat(&[("user", "after".into())])).await;
     assert_eq!(status, 200, "the new process does not serve");
-    drop(new);
+    signal(new_pid, "KILL");
+    drop(started);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_upgrade_under_load_loses_no_request() {
+    upgrade_under_load(Trigger::Quit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_started_upgrade_on_sigusr2_loses_no_request() {
+    upgrade_under_load(Trigger::Usr2).await;
 }
