@@ -78,7 +78,11 @@ impl ShutdownSignalWatch for Signals {
 fn start_successor() -> std::io::Result<u32> {
     let mut args: Vec<OsString> = std::env::args_os().collect();
     let program = PathBuf::from(args.remove(0));
-    let program = if program.is_absolute() { program } else { std::env::current_exe()? };
+    let program = if program.is_absolute() {
+        program
+    } else {
+        std::env::current_exe()?
+    };
     if !args.iter().any(|a| a == "--upgrade") {
         args.push("--upgrade".into());
     }

@@ -607,7 +607,9 @@ fn notify_socket(dir: &std::path::Path) -> (PathBuf, std::os::unix::net::UnixDat
     let path = dir.join("notify.sock");
     let _ = std::fs::remove_file(&path);
     let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
-    socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
     (path, socket)
 }
 
@@ -626,13 +628,25 @@ fn next_ready_pid(socket: &std::os::unix::net::UnixDatagram) -> u32 {
 
 async fn upgrade_under_load(trigger: Trigger) {
     let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    let dir = temp_dir(if trigger == Trigger::Quit { "upgrade-quit" } else { "upgrade-usr2" });
+    let dir = temp_dir(if trigger == Trigger::Quit {
+        "upgrade-quit"
+    } else {
+        "upgrade-usr2"
+    });
     let (config, url, upgrade) = router_config(&dir, &[&a, &b]);
     let (notify_path, notify) = notify_socket(&dir);
-    let args = ["--config", config.to_str().unwrap(), "--upgrade-socket", &upgrade];
+    let args = [
+        "--config",
+        config.to_str().unwrap(),
+        "--upgrade-socket",
+        &upgrade,
+    ];
     let spawn = |extra: &[&str]| {
         let mut command = std::process::Command::new(BIN);
-        command.args(args).args(extra).env("NOTIFY_SOCKET", &notify_path);
+        command
+            .args(args)
+            .args(extra)
+            .env("NOTIFY_SOCKET", &notify_path);
         Child(command.spawn().unwrap())
     };
     let mut old = spawn(&[]);
@@ -655,17 +669,31 @@ async fn upgrade_under_load(trigger: Trigger) {
             None
         }
     };
-    let new_pid = tokio::task::spawn_blocking(move || next_ready_pid(&notify)).await.unwrap();
-    assert_ne!(new_pid, old.0.id(), "the new process reports itself as the main one");
+    let new_pid = tokio::task::spawn_blocking(move || next_ready_pid(&notify))
+        .await
+        .unwrap();
+    assert_ne!(
+        new_pid,
+        old.0.id(),
+        "the new process reports itself as the main one"
+    );
     let failed = traffic.await.unwrap();
     assert_eq!(failed, 0, "requests failed across the upgrade");
     assert_eq!(a.count() + b.count(), 4_000 + 1);
     let deadline = Instant::now() + Duration::from_secs(30);
     while old.0.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the old process did not exit after draining");
+        assert!(
+            Instant::now() < deadline,
+            "the old process did not exit after draining"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let (status, _) = post(&url, "/v1/chat/completions", &chat(&[("user", "after".into())])).await;
+    let (status, _) = post(
+        &url,
+        "/v1/chat/completions",
+        &chat(&[("user", "after".into())]),
+    )
+    .await;
     assert_eq!(status, 200, "the new process does not serve");
     signal(new_pid, "KILL");
     drop(started);

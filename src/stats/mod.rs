@@ -131,8 +131,8 @@ impl Stats {
         stats
     }
 
-    fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 18] {
+        [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
             Box::new(self.matched_bytes.clone()),
@@ -151,13 +151,28 @@ impl Stats {
             Box::new(self.tree_bytes.clone()),
             Box::new(self.tree_nodes.clone()),
             Box::new(self.sessions.clone()),
-        ];
-        for collector in collectors {
+        ]
+    }
+
+    fn register_all(&self) {
+        for collector in self.collectors() {
             // Names are fixed and distinct, so registering cannot collide.
             if let Err(e) = self.registry.register(collector) {
                 log::error!("metric registration failed: {e}");
             }
         }
+    }
+
+    /// The names of every metric.
+    pub fn names(&self) -> Vec<String> {
+        let collectors = self.collectors();
+        let descs = collectors.iter().flat_map(|c| {
+            c.desc()
+                .into_iter()
+                .map(|d| d.fq_name.clone())
+                .collect::<Vec<_>>()
+        });
+        descs.collect()
     }
 
     /// Records what a backend reported it had cached for one response.
@@ -209,4 +224,47 @@ fn gauge_vec(short: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 
 fn histogram_vec(short: &str, help: &str) -> HistogramVec {
     HistogramVec::new(seconds(short, help), &["backend"]).unwrap_or_else(|_| unreachable_metric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grafana_dashboard_uses_only_exported_metrics() {
+        let names = Stats::new().names();
+        let dashboard = include_str!("../../conf/grafana-dashboard.json");
+        let used: Vec<&str> = dashboard
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("prefix_router_"))
+            .collect();
+        assert!(used.len() > 10);
+        for name in used {
+            let base = name.strip_suffix("_bucket").unwrap_or(name);
+            assert!(names.iter().any(|n| n == base), "{name} is not exported");
+        }
+    }
+
+    #[test]
+    fn renders_prometheus_text() {
+        let stats = Stats::new();
+        stats
+            .requests
+            .with_label_values(&["chat", "200", "http://b:1"])
+            .inc();
+        stats.usage(
+            "http://b:1",
+            Usage {
+                prompt: 10,
+                cached: 4,
+            },
+        );
+        let text = String::from_utf8(stats.render()).unwrap();
+        assert!(text.contains(
+            "prefix_router_requests_total{backend=\"http://b:1\",route=\"chat\",status=\"200\"} 1"
+        ));
+        assert!(
+            text.contains("prefix_router_backend_cached_tokens_total{backend=\"http://b:1\"} 4")
+        );
+    }
 }
