@@ -1,85 +1,118 @@
-//! `/v1/chat/completions` bodies: tools first, then every message in order (role marker,
-//! content, assistant tool calls), as a chat template would render them.
-
-use serde::Deserialize;
-use serde_json::value::RawValue;
+//! `/v1/chat/completions` messages: every message in order (role marker, content, assistant
+//! tool calls and legacy function call), as a chat template renders them.
 
 use super::ParseError;
-use super::content::{push_call, push_content, push_role, push_tools};
-use super::raw;
-use super::text::RoutingText;
+use super::content::{arguments, push_call, push_content, string};
+use super::json::{Json, Kind};
+use super::text::{Mark, RoutingText};
 
-/// One chat message, as far as routing reads it.
-#[derive(Deserialize)]
-pub struct Message<'a> {
-    #[serde(borrow)]
-    role: Option<&'a RawValue>,
-    #[serde(borrow)]
-    content: Option<&'a RawValue>,
-    #[serde(borrow)]
-    tool_calls: Option<Vec<ToolCall<'a>>>,
-    #[serde(borrow)]
-    function_call: Option<Function<'a>>,
-}
-
-#[derive(Deserialize)]
-struct ToolCall<'a> {
-    #[serde(borrow)]
-    function: Option<Function<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Function<'a> {
-    #[serde(borrow)]
-    name: Option<&'a RawValue>,
-    #[serde(borrow)]
-    arguments: Option<&'a RawValue>,
-}
-
-/// Appends tools and every message of a chat body.
-pub fn build<'a>(
+/// Appends every message of a `messages` array; returns how many there were.
+pub fn push_messages<'a>(
+    j: &mut Json<'a>,
     text: &mut RoutingText<'a>,
-    tools: Option<&'a RawValue>,
-    messages: Option<&[Message<'a>]>,
-) -> Result<(), ParseError> {
-    let messages = messages.ok_or(ParseError::Missing("messages"))?;
-    if messages.is_empty() {
-        return Err(ParseError::Empty("messages"));
+) -> Result<usize, ParseError> {
+    if j.kind() != Kind::Array {
+        return Err(ParseError::WrongType {
+            field: "messages",
+            expected: "an array",
+        });
     }
-    push_tools(text, tools);
-    for message in messages {
-        push_message(text, message)?;
-    }
-    Ok(())
+    let mut count = 0;
+    j.array(|j| {
+        count += 1;
+        push_message(j, text)
+    })?;
+    Ok(count)
 }
 
-fn push_message<'a>(text: &mut RoutingText<'a>, message: &Message<'a>) -> Result<(), ParseError> {
-    let role_raw = message.role.ok_or(ParseError::Missing("messages[].role"))?;
-    let role = raw::string(role_raw, "messages[].role")?;
-    push_role(text, role);
-    push_content(text, message.content, "messages[].content")?;
-    let calls = message.tool_calls.iter().flatten();
-    for function in calls
-        .filter_map(|c| c.function.as_ref())
-        .chain(&message.function_call)
-    {
-        push_function(text, function)?;
+fn push_message<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+    if j.kind() != Kind::Object {
+        return Err(ParseError::WrongType {
+            field: "messages[]",
+            expected: "an object",
+        });
     }
+    let mut role = Role::new(text);
+    j.object(|j, key| match key {
+        b"role" => role.set(text, string(j, "messages[].role")?),
+        b"content" => push_content(j, text, "messages[].content"),
+        b"tool_calls" => push_tool_calls(j, text),
+        b"function_call" => push_function(j, text),
+        _ => j.skip(),
+    })?;
+    let role = role
+        .finish(text)
+        .ok_or(ParseError::Missing("messages[].role"))?;
     if role == b"user" {
         text.mark_anchor();
     }
     Ok(())
 }
 
-fn push_function<'a>(
-    text: &mut RoutingText<'a>,
-    function: &Function<'a>,
-) -> Result<(), ParseError> {
-    let name = raw::opt_string(function.name, "tool_calls[].function.name")?;
-    let args = function.arguments.map(|a| match raw::kind(a) {
-        raw::Kind::String => raw::string(a, "arguments"),
-        _ => Ok(a.get().as_bytes()),
-    });
-    push_call(text, name, args.transpose()?);
+/// A message's role marker goes before its content. It is written as soon as the role is
+/// read, which is first in nearly every body; a role that comes after the content is
+/// inserted in front of it at the end.
+struct Role<'a> {
+    start: Mark,
+    role: Option<&'a [u8]>,
+    written: bool,
+}
+
+impl<'a> Role<'a> {
+    fn new(text: &RoutingText<'a>) -> Self {
+        Role {
+            start: text.mark(),
+            role: None,
+            written: false,
+        }
+    }
+
+    fn set(&mut self, text: &mut RoutingText<'a>, role: &'a [u8]) -> Result<(), ParseError> {
+        if self.role.replace(role).is_some() {
+            return Err(ParseError::Duplicate("messages[].role"));
+        }
+        if text.mark() == self.start {
+            text.insert(self.start, &[b"\n<|", role, b"|>\n"]);
+            self.written = true;
+        }
+        Ok(())
+    }
+
+    fn finish(self, text: &mut RoutingText<'a>) -> Option<&'a [u8]> {
+        let role = self.role?;
+        if !self.written {
+            text.insert(self.start, &[b"\n<|", role, b"|>\n"]);
+        }
+        Some(role)
+    }
+}
+
+fn push_tool_calls<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+    match j.kind() {
+        Kind::Null => j.null(),
+        Kind::Array => j.array(|j| {
+            j.object(|j, key| match key {
+                b"function" => push_function(j, text),
+                _ => j.skip(),
+            })
+        }),
+        _ => Err(ParseError::WrongType {
+            field: "tool_calls",
+            expected: "an array",
+        }),
+    }
+}
+
+fn push_function<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+    if j.kind() == Kind::Null {
+        return j.null();
+    }
+    let (mut name, mut args) = (None, None);
+    j.object(|j, key| match key {
+        b"name" => Ok(name = Some(string(j, "function.name")?)),
+        b"arguments" => Ok(args = Some(arguments(j)?)),
+        _ => j.skip(),
+    })?;
+    push_call(text, name, args);
     Ok(())
 }

@@ -1,27 +1,25 @@
-//! `/v1/completions` bodies: the `prompt`, as a string, an array of strings, an array of
-//! token ids, or an array of such arrays. Token ids are routed on as their digits, with the
-//! closing bracket left off so that a longer prompt extends a shorter one.
-
-use serde::Deserialize;
-use serde::de::{SeqAccess, Visitor};
-use serde_json::value::RawValue;
+//! `/v1/completions` prompts: a string, an array of strings, an array of token ids, or an
+//! array of such arrays. Token ids are routed on as their digits, with the closing bracket
+//! left off so that a longer prompt extends a shorter one.
 
 use super::ParseError;
-use super::raw::{self, Kind};
+use super::json::{Json, Kind};
 use super::text::RoutingText;
 
 const PROMPT: &str = "prompt";
-const PROMPT_SHAPE: &str = "a string, an array of strings or an array of token ids";
 
-/// Appends the prompt of a completions body.
-pub fn build<'a>(
-    text: &mut RoutingText<'a>,
-    prompt: Option<&'a RawValue>,
-) -> Result<(), ParseError> {
-    let prompt = prompt.ok_or(ParseError::Missing(PROMPT))?;
-    match raw::kind(prompt) {
-        Kind::String => text.push(raw::string(prompt, PROMPT)?),
-        Kind::Array => push_array(text, prompt)?,
+fn wrong_shape() -> ParseError {
+    ParseError::WrongType {
+        field: PROMPT,
+        expected: "a string, an array of strings or an array of token ids",
+    }
+}
+
+/// Appends a prompt.
+pub fn push_prompt<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+    match j.kind() {
+        Kind::String => text.push(j.string()?),
+        Kind::Array => push_array(j, text)?,
         _ => return Err(wrong_shape()),
     }
     if text.is_empty() {
@@ -31,60 +29,46 @@ pub fn build<'a>(
     Ok(())
 }
 
-fn push_array<'a>(text: &mut RoutingText<'a>, prompt: &'a RawValue) -> Result<(), ParseError> {
-    let bytes = prompt.get().as_bytes();
-    let first = bytes[1..].iter().find(|b| !b.is_ascii_whitespace());
-    match first {
-        Some(b'"') | Some(b'[') => {
-            let items: Vec<&'a RawValue> = serde_json::from_str(prompt.get())?;
-            items.iter().try_for_each(|item| push_item(text, item))
+fn push_array<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+    let raw = j.raw()?;
+    let (mut ids, mut prompts) = (0, 0);
+    Json::new(raw).array(|item| {
+        match item.kind() {
+            Kind::String => text.push(item.string()?),
+            Kind::Array => text.push(open(check_token_ids(item)?)),
+            _ => {
+                ids += 1;
+                return token_id(item);
+            }
         }
-        Some(b']') | None => Ok(()),
-        Some(_) => push_token_ids(text, prompt),
+        prompts += 1;
+        text.push(b"\n<|prompt|>\n");
+        Ok(())
+    })?;
+    match (ids, prompts) {
+        (0, _) => Ok(()),
+        (_, 0) => Ok(text.push(open(raw))),
+        _ => Err(wrong_shape()),
     }
 }
 
-fn push_item<'a>(text: &mut RoutingText<'a>, item: &'a RawValue) -> Result<(), ParseError> {
-    match raw::kind(item) {
-        Kind::String => text.push(raw::string(item, PROMPT)?),
-        Kind::Array => push_token_ids(text, item)?,
-        _ => return Err(wrong_shape()),
-    }
-    text.push(b"\n<|prompt|>\n");
-    Ok(())
+/// An array's bytes without its closing bracket, so that an array extended at its end
+/// starts with the bytes of the shorter one (`[1,2` is a prefix of `[1,2,3`).
+fn open(array: &[u8]) -> &[u8] {
+    &array[..array.len().saturating_sub(1)]
 }
 
-fn push_token_ids<'a>(text: &mut RoutingText<'a>, ids: &'a RawValue) -> Result<(), ParseError> {
-    serde_json::from_str::<TokenIds>(ids.get()).map_err(|_| wrong_shape())?;
-    text.push(raw::open_array(ids));
-    Ok(())
+/// Reads an array of token ids; returns its bytes.
+fn check_token_ids<'a>(j: &mut Json<'a>) -> Result<&'a [u8], ParseError> {
+    let raw = j.raw()?;
+    Json::new(raw).array(token_id).map_err(|_| wrong_shape())?;
+    Ok(raw)
 }
 
-fn wrong_shape() -> ParseError {
-    ParseError::WrongType {
-        field: PROMPT,
-        expected: PROMPT_SHAPE,
-    }
-}
-
-/// Checks that an array holds only non-negative integers, without allocating.
-struct TokenIds;
-
-impl<'de> Deserialize<'de> for TokenIds {
-    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
-        de.deserialize_seq(TokenIds)
-    }
-}
-
-impl<'de> Visitor<'de> for TokenIds {
-    type Value = TokenIds;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("an array of token ids")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TokenIds, A::Error> {
-        while seq.next_element::<u32>()?.is_some() {}
-        Ok(TokenIds)
-    }
+fn token_id(j: &mut Json<'_>) -> Result<(), ParseError> {
+    let digits = j.number().map_err(|_| wrong_shape())?;
+    let value = std::str::from_utf8(digits)
+        .ok()
+        .and_then(|d| d.parse::<u32>().ok());
+    value.map(drop).ok_or_else(wrong_shape)
 }

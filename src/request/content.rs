@@ -2,52 +2,13 @@
 //! typed parts of which text is routed on and media (images, audio, files) become short
 //! digests of their data. Also the markers that frame roles, tools and tool calls.
 
-use std::borrow::Cow;
-
-use serde::Deserialize;
-use serde_json::value::RawValue;
-
 use super::ParseError;
-use super::raw::{self, Kind};
-use super::text::RoutingText;
+use super::json::{Json, Kind};
+use super::text::{Mark, RoutingText};
 
-/// One element of a content array, in either API's vocabulary.
-#[derive(Deserialize)]
-struct ContentPart<'a> {
-    #[serde(borrow, rename = "type")]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    text: Option<&'a RawValue>,
-    #[serde(borrow)]
-    refusal: Option<&'a RawValue>,
-    #[serde(borrow)]
-    image_url: Option<&'a RawValue>,
-    #[serde(borrow)]
-    input_audio: Option<&'a RawValue>,
-    #[serde(borrow)]
-    file: Option<&'a RawValue>,
-    #[serde(borrow)]
-    file_data: Option<&'a RawValue>,
-    #[serde(borrow)]
-    file_id: Option<&'a RawValue>,
-    #[serde(borrow)]
-    video_url: Option<&'a RawValue>,
-}
-
-/// Appends the role marker that opens a message.
-pub fn push_role<'a>(text: &mut RoutingText<'a>, role: &'a [u8]) {
-    text.push(b"\n<|");
-    text.push(role);
-    text.push(b"|>\n");
-}
-
-/// Appends tool definitions first, as chat templates render them.
-pub fn push_tools<'a>(text: &mut RoutingText<'a>, tools: Option<&'a RawValue>) {
-    if let Some(tools) = tools {
-        text.push(b"<tools>");
-        text.push(tools.get().as_bytes());
-        text.push(b"</tools>");
-    }
+/// Inserts the role marker that opens a message at `at`.
+pub fn insert_role<'a>(text: &mut RoutingText<'a>, at: Mark, role: &'a [u8]) {
+    text.insert(at, &[b"\n<|", role, b"|>\n"]);
 }
 
 /// Appends one function call: its name and its arguments as sent.
@@ -59,18 +20,35 @@ pub fn push_call<'a>(text: &mut RoutingText<'a>, name: Option<&'a [u8]>, args: O
     text.push(b")");
 }
 
+/// A string field, or `WrongType` naming it.
+pub fn string<'a>(j: &mut Json<'a>, field: &'static str) -> Result<&'a [u8], ParseError> {
+    match j.kind() {
+        Kind::String => j.string(),
+        _ => Err(ParseError::WrongType {
+            field,
+            expected: "a string",
+        }),
+    }
+}
+
+/// Function arguments: a string's escaped bytes, or any other value as it stands.
+pub fn arguments<'a>(j: &mut Json<'a>) -> Result<&'a [u8], ParseError> {
+    match j.kind() {
+        Kind::String => j.string(),
+        _ => j.raw(),
+    }
+}
+
 /// Appends a content value: a string, an array of parts, or null (nothing).
 pub fn push_content<'a>(
+    j: &mut Json<'a>,
     text: &mut RoutingText<'a>,
-    content: Option<&'a RawValue>,
     field: &'static str,
 ) -> Result<(), ParseError> {
-    let Some(content) = content else {
-        return Ok(());
-    };
-    match raw::kind(content) {
-        Kind::String => text.push(raw::string(content, field)?),
-        Kind::Array => push_parts(text, content)?,
+    match j.kind() {
+        Kind::String => text.push(j.string()?),
+        Kind::Array => j.array(|j| push_part(j, text))?,
+        Kind::Null => j.null()?,
         _ => {
             return Err(ParseError::WrongType {
                 field,
@@ -81,31 +59,35 @@ pub fn push_content<'a>(
     Ok(())
 }
 
-fn push_parts<'a>(text: &mut RoutingText<'a>, content: &'a RawValue) -> Result<(), ParseError> {
-    let parts: Vec<ContentPart<'a>> = serde_json::from_str(content.get())?;
-    for part in &parts {
-        push_part(text, part)?;
-    }
-    Ok(())
-}
+/// Tags of media parts, by the key that carries their data.
+const MEDIA: [(&[u8], &[u8]); 7] = [
+    (b"image_url", b"<image:"),
+    (b"input_audio", b"<audio:"),
+    (b"video_url", b"<video:"),
+    (b"file", b"<file:"),
+    (b"file_data", b"<file:"),
+    (b"file_id", b"<file:"),
+    (b"file_url", b"<file:"),
+];
 
-fn push_part<'a>(text: &mut RoutingText<'a>, part: &ContentPart<'a>) -> Result<(), ParseError> {
-    if let Some(body) = part.text.or(part.refusal) {
-        text.push(raw::string(body, "content[].text")?);
-        return Ok(());
-    }
-    let media = [
-        (b"<image:".as_slice(), part.image_url),
-        (b"<audio:", part.input_audio),
-        (b"<video:", part.video_url),
-        (b"<file:", part.file.or(part.file_data).or(part.file_id)),
-    ];
-    match media.iter().find_map(|(tag, data)| data.map(|d| (*tag, d))) {
-        Some((tag, data)) => text.push_digest(tag, data.get().as_bytes()),
-        None => {
-            let kind = part.kind.as_deref().unwrap_or("unknown");
-            text.push_digest(b"<part:", kind.as_bytes());
+/// One element of a content array, in either API's vocabulary.
+fn push_part<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+    let (mut body, mut media, mut kind) = (None, None, None);
+    j.object(|j, key| {
+        match key {
+            b"text" | b"refusal" => body = Some(string(j, "content[].text")?),
+            b"type" => kind = Some(string(j, "content[].type")?),
+            _ => match MEDIA.iter().find(|(k, _)| *k == key) {
+                Some((_, tag)) => media = Some((*tag, j.raw()?)),
+                None => j.skip()?,
+            },
         }
+        Ok(())
+    })?;
+    match (body, media) {
+        (Some(body), _) => text.push(body),
+        (None, Some((tag, data))) => text.push_digest(tag, data),
+        (None, None) => text.push_digest(b"<part:", kind.unwrap_or(b"unknown")),
     }
     Ok(())
 }

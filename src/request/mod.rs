@@ -8,13 +8,12 @@
 mod chat;
 mod completions;
 mod content;
-mod raw;
+mod json;
 mod responses;
 mod session;
 mod text;
 
-use serde::Deserialize;
-use serde_json::value::RawValue;
+use json::{Json, Kind};
 
 pub use session::{SessionHeaders, SessionKey};
 pub use text::{Part, RoutingText};
@@ -57,9 +56,12 @@ pub enum ParseError {
     /// The body is not UTF-8, so it cannot be JSON.
     #[error("request body is not valid UTF-8")]
     NotUtf8,
-    /// The body is not JSON, or not JSON of the expected shape.
-    #[error("invalid request body: {0}")]
-    Json(#[from] serde_json::Error),
+    /// The body is not JSON.
+    #[error("invalid JSON at byte {at}: expected {expected}")]
+    Syntax { at: usize, expected: &'static str },
+    /// A field the router reads appears twice.
+    #[error("`{0}` appears more than once")]
+    Duplicate(&'static str),
     /// A field has the wrong JSON type.
     #[error("`{field}` must be {expected}")]
     WrongType {
@@ -72,6 +74,12 @@ pub enum ParseError {
     /// A required list or text is empty.
     #[error("`{0}` must not be empty")]
     Empty(&'static str),
+    /// Arrays and objects nest deeper than the limit.
+    #[error("invalid request body: nested deeper than {max} levels")]
+    TooDeep { max: usize },
+    /// A `\u` escape is malformed or an unpaired surrogate.
+    #[error("invalid request body: {0}")]
+    BadEscape(&'static str),
 }
 
 /// What routing needs from a body, borrowed from it.
@@ -85,59 +93,165 @@ pub struct Parsed<'a> {
     pub session: Option<&'a [u8]>,
 }
 
-/// The fields any routed body may carry, read in one pass.
-#[derive(Deserialize)]
-struct Body<'a> {
-    #[serde(borrow)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow)]
-    tools: Option<&'a RawValue>,
-    #[serde(borrow)]
-    session_params: Option<SessionParams<'a>>,
-    #[serde(borrow)]
-    messages: Option<Vec<chat::Message<'a>>>,
-    #[serde(borrow)]
-    prompt: Option<&'a RawValue>,
-    #[serde(borrow)]
-    instructions: Option<&'a RawValue>,
-    #[serde(borrow)]
-    input: Option<&'a RawValue>,
+/// Top-level fields, in whatever order the body has them.
+#[derive(Default)]
+struct Fields<'a> {
+    model: Option<&'a [u8]>,
+    tools: Option<&'a [u8]>,
+    instructions: Option<&'a [u8]>,
+    session: Option<&'a [u8]>,
+    /// Whether `messages`, `prompt` or `input` was read.
+    conversation: bool,
 }
 
-#[derive(Deserialize)]
-struct SessionParams<'a> {
-    #[serde(borrow)]
-    session_id: Option<&'a RawValue>,
-}
-
-/// Parses a routed body of `endpoint`.
+/// Parses a routed body of `endpoint` in one pass.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed<'_>, ParseError> {
-    let body = std::str::from_utf8(body).map_err(|_| ParseError::NotUtf8)?;
-    let fields: Body = serde_json::from_str(body)?;
-    if let Some(tools) = fields.tools {
-        raw::require_array(tools, "tools")?;
-    }
-    let mut text = RoutingText::with_capacity(parts_hint(&fields));
-    match endpoint {
-        Endpoint::Chat => chat::build(&mut text, fields.tools, fields.messages.as_deref())?,
-        Endpoint::Completions => completions::build(&mut text, fields.prompt)?,
-        Endpoint::Responses => {
-            responses::build(&mut text, fields.tools, fields.instructions, fields.input)?
-        }
-    }
-    let session = match fields.session_params.and_then(|p| p.session_id) {
-        Some(id) => Some(raw::id(id, "session_params.session_id")?),
-        None => None,
-    };
-    Ok(Parsed {
-        model: raw::opt_string(fields.model, "model")?.unwrap_or_default(),
-        text,
-        session,
-    })
+    std::str::from_utf8(body).map_err(|_| ParseError::NotUtf8)?;
+    let mut j = Json::new(body);
+    let mut fields = Fields::default();
+    let mut text = RoutingText::with_capacity(64);
+    let front = text.reserve(5);
+    j.object(|j, key| fields.read(endpoint, j, key, &mut text))?;
+    j.end()?;
+    fields.finish(endpoint, front, text)
 }
 
-fn parts_hint(fields: &Body) -> usize {
-    8 + fields.messages.as_ref().map_or(8, |m| m.len() * 6)
+impl<'a> Fields<'a> {
+    fn read(
+        &mut self,
+        endpoint: Endpoint,
+        j: &mut Json<'a>,
+        key: &[u8],
+        text: &mut RoutingText<'a>,
+    ) -> Result<(), ParseError> {
+        match (key, endpoint) {
+            (b"model", _) => once(&mut self.model, "model", content::string(j, "model"))?,
+            (b"tools", Endpoint::Chat | Endpoint::Responses) => {
+                once(&mut self.tools, "tools", tools(j))?
+            }
+            (b"session_params", _) => once(&mut self.session, "session_params", session_id(j))?,
+            (b"instructions", Endpoint::Responses) => once(
+                &mut self.instructions,
+                "instructions",
+                content::string(j, "instructions"),
+            )?,
+            (b"messages", Endpoint::Chat) => self.conversation(text, "messages", |text| {
+                match chat::push_messages(j, text)? {
+                    0 => Err(ParseError::Empty("messages")),
+                    _ => Ok(()),
+                }
+            })?,
+            (b"prompt", Endpoint::Completions) => {
+                self.conversation(text, "prompt", |text| completions::push_prompt(j, text))?
+            }
+            (b"input", Endpoint::Responses) => {
+                self.conversation(text, "input", |text| responses::push_input(j, text))?
+            }
+            _ => j.skip()?,
+        }
+        Ok(())
+    }
+
+    fn conversation(
+        &mut self,
+        text: &mut RoutingText<'a>,
+        field: &'static str,
+        read: impl FnOnce(&mut RoutingText<'a>) -> Result<(), ParseError>,
+    ) -> Result<(), ParseError> {
+        if std::mem::replace(&mut self.conversation, true) {
+            return Err(ParseError::Duplicate(field));
+        }
+        read(text)
+    }
+
+    /// Tools, then instructions, go in front of the conversation, in `front`.
+    fn finish(
+        self,
+        endpoint: Endpoint,
+        front: text::Reserved,
+        mut text: RoutingText<'a>,
+    ) -> Result<Parsed<'a>, ParseError> {
+        if !self.conversation {
+            return Err(ParseError::Missing(match endpoint {
+                Endpoint::Chat => "messages",
+                Endpoint::Completions => "prompt",
+                Endpoint::Responses => "input",
+            }));
+        }
+        let (tools, instructions) = (self.tools.unwrap_or_default(), self.instructions);
+        let open = if tools.is_empty() {
+            &b""[..]
+        } else {
+            b"<tools>"
+        };
+        let close = if tools.is_empty() {
+            &b""[..]
+        } else {
+            b"</tools>"
+        };
+        let marker = if instructions.is_some() {
+            &b"\n<|instructions|>\n"[..]
+        } else {
+            b""
+        };
+        text.fill(
+            front,
+            &[open, tools, close, marker, instructions.unwrap_or_default()],
+        );
+        Ok(Parsed {
+            model: self.model.unwrap_or_default(),
+            text,
+            session: self.session.filter(|id| !id.is_empty()),
+        })
+    }
+}
+
+/// Sets `slot` from `value`, refusing a second occurrence of `field`.
+fn once<'a>(
+    slot: &mut Option<&'a [u8]>,
+    field: &'static str,
+    value: Result<&'a [u8], ParseError>,
+) -> Result<(), ParseError> {
+    if slot.replace(value?).is_some() {
+        return Err(ParseError::Duplicate(field));
+    }
+    Ok(())
+}
+
+fn tools<'a>(j: &mut Json<'a>) -> Result<&'a [u8], ParseError> {
+    match j.kind() {
+        Kind::Array => j.raw(),
+        _ => Err(ParseError::WrongType {
+            field: "tools",
+            expected: "an array",
+        }),
+    }
+}
+
+/// `session_params.session_id`: a string's escaped bytes or a number's digits; empty when
+/// absent.
+fn session_id<'a>(j: &mut Json<'a>) -> Result<&'a [u8], ParseError> {
+    const FIELD: &str = "session_params.session_id";
+    let mut id: &[u8] = b"";
+    if j.kind() != Kind::Object {
+        return Err(ParseError::WrongType {
+            field: "session_params",
+            expected: "an object",
+        });
+    }
+    j.object(|j, key| {
+        id = match (key, j.kind()) {
+            (b"session_id", Kind::String) => j.string()?,
+            (b"session_id", Kind::Null) => j.null().map(|()| &b""[..])?,
+            (b"session_id", _) => j.number().map_err(|_| ParseError::WrongType {
+                field: FIELD,
+                expected: "a string or a number",
+            })?,
+            _ => return j.skip(),
+        };
+        Ok(())
+    })?;
+    Ok(id)
 }
 
 #[cfg(test)]

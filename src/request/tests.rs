@@ -134,8 +134,17 @@ fn error_of(endpoint: Endpoint, body: &[u8]) -> ParseError {
 fn bad_bodies_are_typed_errors() {
     use Endpoint::*;
     assert!(matches!(error_of(Chat, b"\xff\xfe"), ParseError::NotUtf8));
-    assert!(matches!(error_of(Chat, b"{"), ParseError::Json(_)));
-    assert!(matches!(error_of(Chat, b"[]"), ParseError::Json(_)));
+    assert!(matches!(error_of(Chat, b"{"), ParseError::Syntax { .. }));
+    assert!(matches!(error_of(Chat, b"[]"), ParseError::Syntax { .. }));
+    assert!(matches!(
+        error_of(Chat, b"{\"messages\":[{\"role\":\"user\"}]} x"),
+        ParseError::Syntax { .. }
+    ));
+    let twice = br#"{"model":"a","model":"b","messages":[{"role":"user","content":"x"}]}"#;
+    assert!(matches!(
+        error_of(Chat, twice),
+        ParseError::Duplicate("model")
+    ));
     assert!(matches!(
         error_of(Chat, b"{}"),
         ParseError::Missing("messages")
@@ -146,7 +155,7 @@ fn bad_bodies_are_typed_errors() {
     ));
     assert!(matches!(
         error_of(Chat, br#"{"messages":"x"}"#),
-        ParseError::Json(_)
+        ParseError::WrongType { .. }
     ));
     let no_role = br#"{"messages":[{"content":"x"}]}"#;
     assert!(matches!(error_of(Chat, no_role), ParseError::Missing(_)));
@@ -185,14 +194,21 @@ fn bad_bodies_are_typed_errors() {
 
 #[test]
 fn deep_nesting_is_refused_without_overflow() {
-    let mut body = String::from(r#"{"messages":[{"role":"user","content":"#);
-    body.push_str(&"[".repeat(100_000));
-    body.push_str(&"]".repeat(100_000));
-    body.push_str("}]}");
-    assert!(matches!(
-        error_of(Endpoint::Chat, body.as_bytes()),
-        ParseError::Json(_)
-    ));
+    for prefix in [
+        r#"{"messages":[{"role":"user","content":"#,
+        r#"{"messages":[{"role":"user","content":"x"}],"extra":"#,
+    ] {
+        let mut body = String::from(prefix);
+        body.push_str(&"[".repeat(100_000));
+        body.push_str(&"]".repeat(100_000));
+        body.push_str("}]}");
+        let error = error_of(Endpoint::Chat, body.as_bytes());
+        let refused = matches!(
+            error,
+            ParseError::TooDeep { .. } | ParseError::Syntax { .. }
+        );
+        assert!(refused, "{error}");
+    }
 }
 
 #[test]

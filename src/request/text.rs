@@ -28,6 +28,21 @@ impl AsRef<[u8]> for Part<'_> {
     }
 }
 
+/// A position in a routing text, to insert parts at later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mark {
+    parts: usize,
+    len: usize,
+}
+
+/// Empty parts kept for [`RoutingText::fill`].
+#[derive(Clone, Copy, Debug)]
+pub struct Reserved {
+    at: usize,
+    slots: usize,
+    len: usize,
+}
+
 /// The text a request is routed on, as borrowed parts.
 #[derive(Debug, Default)]
 pub struct RoutingText<'a> {
@@ -70,6 +85,61 @@ impl<'a> RoutingText<'a> {
             buf,
             len: len as u8,
         });
+    }
+
+    /// The current end, to insert before later.
+    pub fn mark(&self) -> Mark {
+        Mark {
+            parts: self.parts.len(),
+            len: self.len,
+        }
+    }
+
+    /// Inserts `pieces` at `mark` (a role marker once the role is known, tools once the
+    /// whole body was read); empty pieces are skipped.
+    pub fn insert(&mut self, mark: Mark, pieces: &[&'a [u8]]) {
+        let added: usize = pieces.iter().map(|p| p.len()).sum();
+        if mark.parts == self.parts.len() {
+            pieces.iter().for_each(|p| self.push(p));
+            return;
+        }
+        let parts = pieces
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| Part::Borrowed(p));
+        self.parts.splice(mark.parts..mark.parts, parts);
+        self.len += added;
+        if let Some(anchor) = self.anchor.as_mut().filter(|a| **a > mark.len) {
+            *anchor += added;
+        }
+    }
+
+    /// Reserves `slots` empty parts at the current end, to [`fill`](Self::fill) later
+    /// without moving what comes after (tools, which a body may list after its messages).
+    pub fn reserve(&mut self, slots: usize) -> Reserved {
+        let at = self.parts.len();
+        self.parts
+            .extend(std::iter::repeat_n(Part::Borrowed(&[]), slots));
+        Reserved {
+            at,
+            slots,
+            len: self.len,
+        }
+    }
+
+    /// Fills reserved parts with `pieces` (at most as many as were reserved).
+    pub fn fill(&mut self, reserved: Reserved, pieces: &[&'a [u8]]) {
+        let added: usize = pieces.iter().take(reserved.slots).map(|p| p.len()).sum();
+        for (slot, piece) in self.parts[reserved.at..reserved.at + reserved.slots]
+            .iter_mut()
+            .zip(pieces)
+        {
+            *slot = Part::Borrowed(piece);
+        }
+        self.len += added;
+        if let Some(anchor) = self.anchor.as_mut().filter(|a| **a > reserved.len) {
+            *anchor += added;
+        }
     }
 
     /// Marks the current end as the conversation's anchor (the end of its first user
@@ -172,6 +242,19 @@ mod tests {
         text.push(b" world");
         text.mark_anchor();
         assert_eq!(text.anchor_len(), 5);
+    }
+
+    #[test]
+    fn insert_keeps_order_length_and_anchor() {
+        let mut text = RoutingText::default();
+        let start = text.mark();
+        text.push(b"user text");
+        text.mark_anchor();
+        text.push(b" more");
+        text.insert(start, &[b"<", b"", b"role>"]);
+        assert_eq!(text.to_vec(), b"<role>user text more");
+        assert_eq!(text.len(), 20);
+        assert_eq!(text.anchor_len(), 15);
     }
 
     #[test]

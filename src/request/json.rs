@@ -1,0 +1,352 @@
+//! A minimal pull reader of JSON over borrowed bytes, built for one pass over large request
+//! bodies: strings (most of a body) are crossed with a vectorized search for `"` and `\`,
+//! and come back as the escaped bytes between their quotes, never copied or unescaped.
+//! It checks structure, escapes (including unpaired surrogates), control characters in
+//! strings, number and literal syntax, and nesting depth; UTF-8 is checked once for the
+//! whole body by the caller. It is not a general JSON library: it reads what routing needs.
+
+use super::ParseError;
+
+/// Deepest nesting of arrays and objects accepted.
+pub const MAX_DEPTH: usize = 128;
+
+/// What the next value is, from its first byte.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    String,
+    Array,
+    Object,
+    Null,
+    Other,
+}
+
+/// A cursor over a JSON text.
+pub struct Json<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    depth: usize,
+    /// Bit `d` is set when the container at depth `d + 1` is an object.
+    objects: u128,
+}
+
+impl<'a> Json<'a> {
+    /// A reader at the start of `bytes`.
+    pub fn new(bytes: &'a [u8]) -> Self {
+        Json {
+            bytes,
+            at: 0,
+            depth: 0,
+            objects: 0,
+        }
+    }
+
+    fn error(&self, expected: &'static str) -> ParseError {
+        ParseError::Syntax {
+            at: self.at,
+            expected,
+        }
+    }
+
+    fn peek_byte(&mut self) -> Option<u8> {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.bytes.get(self.at) {
+            self.at += 1;
+        }
+        self.bytes.get(self.at).copied()
+    }
+
+    fn eat(&mut self, byte: u8, expected: &'static str) -> Result<(), ParseError> {
+        if self.peek_byte() != Some(byte) {
+            return Err(self.error(expected));
+        }
+        self.at += 1;
+        Ok(())
+    }
+
+    /// The kind of the next value.
+    pub fn kind(&mut self) -> Kind {
+        match self.peek_byte() {
+            Some(b'"') => Kind::String,
+            Some(b'[') => Kind::Array,
+            Some(b'{') => Kind::Object,
+            Some(b'n') => Kind::Null,
+            _ => Kind::Other,
+        }
+    }
+
+    /// Only white space is left.
+    pub fn end(&mut self) -> Result<(), ParseError> {
+        match self.peek_byte() {
+            None => Ok(()),
+            Some(_) => Err(self.error("the end of the body")),
+        }
+    }
+
+    /// Reads a string: the escaped bytes between its quotes.
+    pub fn string(&mut self) -> Result<&'a [u8], ParseError> {
+        self.eat(b'"', "a string")?;
+        let start = self.at;
+        loop {
+            let found =
+                special(&self.bytes[self.at..]).ok_or_else(|| self.error("the end of a string"))?;
+            self.at += found;
+            match self.bytes[self.at] {
+                b'"' => {
+                    self.at += 1;
+                    return Ok(&self.bytes[start..self.at - 1]);
+                }
+                b'\\' => self.at = escape_end(self.bytes, self.at + 1)?,
+                _ => return Err(self.error("no control character in a string")),
+            }
+        }
+    }
+
+    /// Reads `null`.
+    pub fn null(&mut self) -> Result<(), ParseError> {
+        self.peek_byte();
+        self.literal(b"null")
+    }
+
+    fn literal(&mut self, word: &'static [u8]) -> Result<(), ParseError> {
+        if !self.bytes[self.at..].starts_with(word) {
+            return Err(self.error("true, false or null"));
+        }
+        self.at += word.len();
+        Ok(())
+    }
+
+    /// Reads a number (its syntax is checked, its value is not).
+    pub fn number(&mut self) -> Result<&'a [u8], ParseError> {
+        self.peek_byte();
+        let start = self.at;
+        let digits = |j: &mut Self| {
+            let from = j.at;
+            while j.bytes.get(j.at).is_some_and(u8::is_ascii_digit) {
+                j.at += 1;
+            }
+            j.at > from
+        };
+        self.at += usize::from(self.bytes.get(self.at) == Some(&b'-'));
+        let leading_zero = self.bytes.get(self.at) == Some(&b'0');
+        let mut ok = digits(self)
+            && (!leading_zero || self.at - start - usize::from(self.bytes[start] == b'-') == 1);
+        if ok && self.bytes.get(self.at) == Some(&b'.') {
+            self.at += 1;
+            ok = digits(self);
+        }
+        if ok && matches!(self.bytes.get(self.at), Some(b'e' | b'E')) {
+            self.at += 1;
+            self.at += usize::from(matches!(self.bytes.get(self.at), Some(b'+' | b'-')));
+            ok = digits(self);
+        }
+        match ok {
+            true => Ok(&self.bytes[start..self.at]),
+            false => Err(self.error("a number")),
+        }
+    }
+
+    fn push(&mut self, object: bool) -> Result<(), ParseError> {
+        if self.depth >= MAX_DEPTH {
+            return Err(ParseError::TooDeep { max: MAX_DEPTH });
+        }
+        self.objects = (self.objects & !(1 << self.depth)) | (u128::from(object) << self.depth);
+        self.depth += 1;
+        self.at += 1;
+        Ok(())
+    }
+
+    fn in_object(&self) -> bool {
+        self.depth > 0 && self.objects & (1 << (self.depth - 1)) != 0
+    }
+
+    /// Reads an object, calling `member` with each key; `member` reads its value.
+    pub fn object(
+        &mut self,
+        mut member: impl FnMut(&mut Self, &'a [u8]) -> Result<(), ParseError>,
+    ) -> Result<(), ParseError> {
+        if self.peek_byte() != Some(b'{') {
+            return Err(self.error("an object"));
+        }
+        self.push(true)?;
+        if self.close_if(b'}') {
+            return Ok(());
+        }
+        loop {
+            let key = self.key()?;
+            member(self, key)?;
+            if self.next_or_close(b'}')? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads an array, calling `element` for each element; `element` reads it.
+    pub fn array(
+        &mut self,
+        mut element: impl FnMut(&mut Self) -> Result<(), ParseError>,
+    ) -> Result<(), ParseError> {
+        if self.peek_byte() != Some(b'[') {
+            return Err(self.error("an array"));
+        }
+        self.push(false)?;
+        if self.close_if(b']') {
+            return Ok(());
+        }
+        loop {
+            element(self)?;
+            if self.next_or_close(b']')? {
+                return Ok(());
+            }
+        }
+    }
+
+    fn key(&mut self) -> Result<&'a [u8], ParseError> {
+        let key = self.string()?;
+        self.eat(b':', "`:`")?;
+        Ok(key)
+    }
+
+    fn close_if(&mut self, closer: u8) -> bool {
+        if self.peek_byte() != Some(closer) {
+            return false;
+        }
+        self.at += 1;
+        self.depth -= 1;
+        true
+    }
+
+    /// After a member or element: `,` (false) or the closing bracket (true).
+    fn next_or_close(&mut self, closer: u8) -> Result<bool, ParseError> {
+        match self.peek_byte() {
+            Some(b',') => {
+                self.at += 1;
+                Ok(false)
+            }
+            _ if self.close_if(closer) => Ok(true),
+            _ => Err(self.error("`,` or a closing bracket")),
+        }
+    }
+
+    /// Skips the next value, whatever it is, without recursion.
+    pub fn skip(&mut self) -> Result<(), ParseError> {
+        let base = self.depth;
+        loop {
+            self.skip_scalar_or_open()?;
+            while self.depth > base {
+                let closer = if self.in_object() { b'}' } else { b']' };
+                if !self.next_or_close(closer)? {
+                    if self.in_object() {
+                        self.key()?;
+                    }
+                    break;
+                }
+            }
+            if self.depth == base {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Skips a scalar, or enters a container (reading the first key of an object); an empty
+    /// container is entered and left.
+    fn skip_scalar_or_open(&mut self) -> Result<(), ParseError> {
+        match self.peek_byte() {
+            Some(b'"') => self.string().map(drop),
+            Some(b'-' | b'0'..=b'9') => self.number().map(drop),
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(open @ (b'[' | b'{')) => {
+                let object = open == b'{';
+                self.push(object)?;
+                let closer = if object { b'}' } else { b']' };
+                if self.close_if(closer) {
+                    return Ok(());
+                }
+                if object {
+                    self.key()?;
+                }
+                self.skip_scalar_or_open()
+            }
+            _ => Err(self.error("a value")),
+        }
+    }
+
+    /// Skips the next value and returns its bytes.
+    pub fn raw(&mut self) -> Result<&'a [u8], ParseError> {
+        self.peek_byte();
+        let start = self.at;
+        self.skip()?;
+        Ok(&self.bytes[start..self.at])
+    }
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Index of the first `"`, `\` or control character (below 0x20) in `bytes`, eight bytes
+/// at a time: strings in agent bodies are code with an escape every few dozen bytes, where
+/// a word-at-a-time scan beats calling a vectorized search between escapes.
+fn special(bytes: &[u8]) -> Option<usize> {
+    let mut chunks = bytes.chunks_exact(8);
+    for (i, chunk) in chunks.by_ref().enumerate() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(word);
+        let quote = zero_byte(word ^ (ONES * u64::from(b'"')));
+        let backslash = zero_byte(word ^ (ONES * u64::from(b'\\')));
+        let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+        let hits = quote | backslash | control;
+        if hits != 0 {
+            return Some(i * 8 + hits.trailing_zeros() as usize / 8);
+        }
+    }
+    let tail = chunks.remainder();
+    let at = tail
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    Some(bytes.len() - tail.len() + at)
+}
+
+/// High bit set in each byte of `word` that is zero (exact for the lowest one, which is
+/// all that is used).
+fn zero_byte(word: u64) -> u64 {
+    word.wrapping_sub(ONES) & !word & HIGHS
+}
+
+/// Index after the escape whose letter is at `at`.
+fn escape_end(bytes: &[u8], at: usize) -> Result<usize, ParseError> {
+    match bytes.get(at) {
+        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => Ok(at + 1),
+        Some(b'u') => unicode_escape_end(bytes, at),
+        _ => Err(ParseError::BadEscape("invalid escape")),
+    }
+}
+
+fn unicode_escape_end(bytes: &[u8], at: usize) -> Result<usize, ParseError> {
+    match hex4(bytes, at + 1)? {
+        0xD800..=0xDBFF => {
+            let low = (bytes.get(at + 5..at + 7) == Some(b"\\u")).then(|| hex4(bytes, at + 7));
+            match low.transpose()? {
+                Some(0xDC00..=0xDFFF) => Ok(at + 11),
+                _ => Err(ParseError::BadEscape("unpaired high surrogate")),
+            }
+        }
+        0xDC00..=0xDFFF => Err(ParseError::BadEscape("unpaired low surrogate")),
+        _ => Ok(at + 5),
+    }
+}
+
+fn hex4(bytes: &[u8], at: usize) -> Result<u32, ParseError> {
+    let digits = bytes
+        .get(at..at + 4)
+        .ok_or(ParseError::BadEscape("truncated \\u escape"))?;
+    digits.iter().try_fold(0u32, |acc, &d| {
+        let value = (d as char)
+            .to_digit(16)
+            .ok_or(ParseError::BadEscape("invalid \\u escape"))?;
+        Ok(acc * 16 + value)
+    })
+}
+
+#[cfg(test)]
+mod tests;
