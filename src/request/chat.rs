@@ -108,10 +108,13 @@ fn push_function<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(),
         return j.null();
     }
     let (mut name, mut args) = (None, None);
-    j.object(|j, key| match key {
-        b"name" => Ok(name = Some(string(j, "function.name")?)),
-        b"arguments" => Ok(args = Some(arguments(j)?)),
-        _ => j.skip(),
+    j.object(|j, key| {
+        match key {
+            b"name" => name = Some(string(j, "function.name")?),
+            b"arguments" => args = Some(arguments(j)?),
+            _ => j.skip()?,
+        }
+        Ok(())
     })?;
     push_call(text, name, args);
     Ok(())

@@ -47,7 +47,10 @@ fn push_array<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), Pa
     })?;
     match (ids, prompts) {
         (0, _) => Ok(()),
-        (_, 0) => Ok(text.push(open(raw))),
+        (_, 0) => {
+            text.push(open(raw));
+            Ok(())
+        }
         _ => Err(wrong_shape()),
     }
 }
