@@ -34,9 +34,12 @@ fn objects_and_arrays_are_walked_in_order() {
 fn raw_is_the_exact_value() {
     let mut j = Json::new(br#"{"t": [ {"a":1} , 2 ] , "u": 3}"#);
     let mut raw = None;
-    j.object(|j, key| match key {
-        b"t" => Ok(raw = Some(j.raw()?)),
-        _ => j.skip(),
+    j.object(|j, key| {
+        match key {
+            b"t" => raw = Some(j.raw()?),
+            _ => j.skip()?,
+        }
+        Ok(())
     })
     .unwrap();
     assert_eq!(raw.unwrap(), br#"[ {"a":1} , 2 ]"#);
