@@ -42,6 +42,15 @@ pub enum RouterError {
 }
 
 impl RouterError {
+    /// Whether the backend is at fault (for passive health): failed connections, timeouts,
+    /// responses cut short.
+    pub fn is_upstream_fault(&self) -> bool {
+        matches!(
+            self,
+            RouterError::Upstream(_) | RouterError::UpstreamTimeout | RouterError::Aborted(_)
+        )
+    }
+
     /// The HTTP status for this error; 0 when no response can be sent any more.
     pub fn status(&self) -> u16 {
         match self {

@@ -68,14 +68,19 @@ pub struct Health {
 pub struct Timeouts {
     /// Time to connect to a backend. Default 5 s.
     pub connect: Duration,
-    /// Silence allowed from a backend, before its first byte and between chunks. Default 600 s.
-    pub upstream_read: Duration,
+    /// Wait for a backend's first response body byte (a non-streamed generation sends
+    /// nothing until it is done). Default 600 s.
+    pub first_byte: Duration,
+    /// Silence allowed from a backend between response chunks. Default 120 s.
+    pub upstream_idle: Duration,
     /// Time one write to a backend may take. Default 60 s.
     pub upstream_write: Duration,
     /// Time an idle pooled connection is kept. Default 60 s.
     pub pool_idle: Duration,
     /// Silence allowed from a client sending its body. Default 60 s.
     pub client_read: Duration,
+    /// Whole time a client may take to send its body (32 MiB at about 110 KB/s). Default 300 s.
+    pub client_body: Duration,
 }
 
 /// The router's whole configuration, checked.
@@ -111,6 +116,9 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Other backends tried after a failed connection. Default 2.
     pub retries: usize,
+    /// Failed exchanges in a row that take a backend out until its next passed health
+    /// check; 0 disables. Default 3.
+    pub passive_failures: usize,
     /// Timeouts.
     pub timeouts: Timeouts,
     /// Data plane worker threads. Default: the number of CPUs.
@@ -206,6 +214,7 @@ impl Config {
             health,
             max_body_bytes: positive("max_body_bytes", s.max_body_bytes.unwrap_or(32 << 20))?,
             retries: s.retries.unwrap_or(2),
+            passive_failures: s.passive_failures.unwrap_or(3),
             timeouts,
             threads: positive("threads", s.threads.unwrap_or_else(cpus))?,
             grace_period: seconds_or_zero("grace_period", s.grace_period, 60.0)?,
@@ -266,10 +275,16 @@ fn health(s: &Settings) -> Result<Health, ConfigError> {
 fn timeouts(s: &Settings) -> Result<Timeouts, ConfigError> {
     Ok(Timeouts {
         connect: seconds("connect_timeout", s.connect_timeout, 5.0)?,
-        upstream_read: seconds("upstream_read_timeout", s.upstream_read_timeout, 600.0)?,
+        first_byte: seconds(
+            "upstream_first_byte_timeout",
+            s.upstream_first_byte_timeout,
+            600.0,
+        )?,
+        upstream_idle: seconds("upstream_idle_timeout", s.upstream_idle_timeout, 120.0)?,
         upstream_write: seconds("upstream_write_timeout", s.upstream_write_timeout, 60.0)?,
         pool_idle: seconds("pool_idle_timeout", s.pool_idle_timeout, 60.0)?,
         client_read: seconds("client_read_timeout", s.client_read_timeout, 60.0)?,
+        client_body: seconds("client_body_timeout", s.client_body_timeout, 300.0)?,
     })
 }
 

@@ -78,9 +78,12 @@ pub struct Settings {
     /// Seconds to establish an upstream connection [default: 5]
     #[arg(long)]
     pub connect_timeout: Option<f64>,
-    /// Seconds an upstream may stay silent: before its first byte and between chunks [default: 600]
+    /// Seconds to wait for a backend's first response body byte [default: 600]
     #[arg(long)]
-    pub upstream_read_timeout: Option<f64>,
+    pub upstream_first_byte_timeout: Option<f64>,
+    /// Seconds a backend may stay silent between response chunks [default: 120]
+    #[arg(long)]
+    pub upstream_idle_timeout: Option<f64>,
     /// Seconds one write to an upstream may take [default: 60]
     #[arg(long)]
     pub upstream_write_timeout: Option<f64>,
@@ -90,6 +93,12 @@ pub struct Settings {
     /// Seconds a client may take between reads of its request body [default: 60]
     #[arg(long)]
     pub client_read_timeout: Option<f64>,
+    /// Seconds a client may take to send its whole request body [default: 300]
+    #[arg(long)]
+    pub client_body_timeout: Option<f64>,
+    /// Failed exchanges in a row that take a backend out until its next passed check; 0 disables [default: 3]
+    #[arg(long)]
+    pub passive_failures: Option<usize>,
     /// Worker threads of the data plane [default: number of CPUs]
     #[arg(long)]
     pub threads: Option<usize>,
@@ -137,10 +146,13 @@ overlay_fields!(
     max_body_bytes,
     retries,
     connect_timeout,
-    upstream_read_timeout,
+    upstream_first_byte_timeout,
+    upstream_idle_timeout,
     upstream_write_timeout,
     pool_idle_timeout,
     client_read_timeout,
+    client_body_timeout,
+    passive_failures,
     threads,
     grace_period,
     shutdown_timeout,

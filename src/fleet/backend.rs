@@ -31,6 +31,8 @@ pub struct Backend {
     pending_prefill: AtomicUsize,
     checked: AtomicBool,
     healthy: AtomicBool,
+    failures: AtomicUsize,
+    passive_out: AtomicBool,
 }
 
 impl Backend {
@@ -51,6 +53,8 @@ impl Backend {
             pending_prefill: AtomicUsize::new(0),
             checked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
+            failures: AtomicUsize::new(0),
+            passive_out: AtomicBool::new(false),
         }
     }
 
@@ -66,7 +70,24 @@ impl Backend {
 
     /// Whether it may get requests: its first check passed and it is healthy.
     pub fn is_ready(&self) -> bool {
-        self.checked.load(Relaxed) && self.healthy.load(Relaxed)
+        self.checked.load(Relaxed) && self.healthy.load(Relaxed) && !self.passive_out.load(Relaxed)
+    }
+
+    /// Records how an exchange ended. `threshold` failures in a row (0: never) take the
+    /// backend out until its next passed health check; returns true when this one did.
+    pub fn record_exchange(&self, ok: bool, threshold: usize) -> bool {
+        if ok {
+            self.failures.store(0, Relaxed);
+            return false;
+        }
+        let failures = self.failures.fetch_add(1, Relaxed) + 1;
+        threshold > 0 && failures >= threshold && !self.passive_out.swap(true, Relaxed)
+    }
+
+    /// A passed health check brings a backend taken out by failed exchanges back.
+    pub fn restore(&self) -> bool {
+        self.failures.store(0, Relaxed);
+        self.passive_out.swap(false, Relaxed)
     }
 
     /// Whether its first health check is still to come.

@@ -80,4 +80,10 @@ fn mark_first_pass(backend: &super::Backend) {
         );
     }
     backend.mark_checked();
+    if backend.restore() {
+        info!(
+            "backend {} is back after passing its health check",
+            backend.worker.url
+        );
+    }
 }

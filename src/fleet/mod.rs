@@ -161,7 +161,7 @@ impl Fleet {
         let t = &*self.timeouts.lock();
         peer.options.connection_timeout = Some(t.connect);
         peer.options.total_connection_timeout = Some(t.connect);
-        peer.options.read_timeout = Some(t.upstream_read);
+        peer.options.read_timeout = Some(t.first_byte);
         peer.options.write_timeout = Some(t.upstream_write);
         peer.options.idle_timeout = Some(t.pool_idle);
         peer
@@ -177,10 +177,12 @@ mod tests {
         let d = Duration::from_secs(1);
         Fleet::new(Timeouts {
             connect: d,
-            upstream_read: d,
+            first_byte: d,
+            upstream_idle: d,
             upstream_write: d,
             pool_idle: d,
             client_read: d,
+            client_body: d,
         })
     }
 

@@ -42,11 +42,13 @@ fn expects_continue(req: &RequestHeader) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-/// Reads the whole body, at most `limit` bytes, allowing `timeout` between reads.
+/// Reads the whole body, at most `limit` bytes, allowing `pause` between reads and `total`
+/// for all of it.
 pub async fn read(
     session: &mut Session,
     limit: usize,
-    timeout: Duration,
+    pause: Duration,
+    total: Duration,
 ) -> Result<Bytes, RouterError> {
     let declared = declared_length(session.req_header())?;
     if declared.is_some_and(|n| n > limit) {
@@ -61,8 +63,11 @@ pub async fn read(
             .await
             .map_err(client_error)?;
     }
-    session.set_read_timeout(Some(timeout));
-    gather(session, declared, limit).await
+    session.set_read_timeout(Some(pause));
+    match tokio::time::timeout(total, gather(session, declared, limit)).await {
+        Ok(body) => body,
+        Err(_) => Err(RouterError::ClientTimeout),
+    }
 }
 
 async fn gather(

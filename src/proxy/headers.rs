@@ -49,6 +49,24 @@ pub fn set_host(req: &mut RequestHeader, authority: &str) {
     }
 }
 
+/// The id of a request: the client's `x-request-id` when it is a short printable token,
+/// else a new random one.
+pub fn request_id(client: &RequestHeader) -> String {
+    let given = client
+        .headers
+        .get(X_REQUEST_ID)
+        .and_then(|v| v.to_str().ok());
+    match given
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        Some(id) => id.to_string(),
+        None => format!("{:032x}", fastrand::u128(..)),
+    }
+}
+
+/// The header that carries a request's id to the backend and back to the client.
+pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
 /// The response to send the client.
 pub fn client_response(upstream: &ResponseHeader) -> Box<ResponseHeader> {
     let mut resp = Box::new(upstream.clone());

@@ -43,6 +43,7 @@ impl Router {
 /// Per-request state.
 pub struct Ctx {
     _active: Active,
+    request_id: String,
     started: Instant,
     route: &'static str,
     text_len: usize,
@@ -57,6 +58,7 @@ impl ProxyHttp for Router {
     fn new_ctx(&self) -> Ctx {
         Ctx {
             _active: self.state.begin(),
+            request_id: String::new(),
             started: Instant::now(),
             route: "other",
             text_len: 0,
@@ -133,6 +135,7 @@ impl Router {
         let state = &*self.state;
         let limits = state.limits();
         let head = session.req_header();
+        ctx.request_id = headers::request_id(head);
         let path = head.uri.path();
         if ADMIN_PATHS.contains(&path) {
             return Err(RouterError::NotFound(path.to_string()));
@@ -141,8 +144,8 @@ impl Router {
             .then(|| Endpoint::from_path(path))
             .flatten();
         ctx.route = endpoint.map_or("other", Endpoint::label);
-        let timeout = limits.timeouts.client_read;
-        let body = body::read(session, limits.max_body_bytes, timeout).await?;
+        let t = &limits.timeouts;
+        let body = body::read(session, limits.max_body_bytes, t.client_read, t.client_body).await?;
         state.stats.body_bytes.observe(body.len() as f64);
         match endpoint {
             Some(endpoint) => self.routed(session, ctx, &limits, endpoint, &body).await,
@@ -192,6 +195,8 @@ impl Router {
             retries: limits.retries,
             text_len: ctx.text_len,
             closing: state.draining(),
+            passive_failures: limits.passive_failures,
+            request_id: &ctx.request_id,
         };
         let text_len = ctx.text_len;
         let placed = |p: Placement| {
@@ -253,7 +258,8 @@ fn log_request(session: &Session, ctx: &Ctx, status: u16) {
         None => ("-", "-", 0),
     };
     let line = format_args!(
-        "{} {} -> {backend} {outcome} matched {matched}/{} bytes, status {status}, {:.1} ms",
+        "[{}] {} {} -> {backend} {outcome} matched {matched}/{} bytes, status {status}, {:.1} ms",
+        ctx.request_id,
         head.method,
         head.uri.path(),
         ctx.text_len,

@@ -52,6 +52,10 @@ pub struct Exchange<'e> {
     pub text_len: usize,
     /// Whether the response should close the client connection (shutdown or upgrade).
     pub closing: bool,
+    /// Failed exchanges in a row that take a backend out (0: never).
+    pub passive_failures: usize,
+    /// The request's id, sent to the backend and back to the client.
+    pub request_id: &'e str,
 }
 
 /// The backend a request went to, and why.
@@ -99,7 +103,9 @@ impl Exchange<'_> {
                 backend: Arc::clone(load.backend()),
                 decision,
             });
-            match self.attempt(session, &load, req, body).await {
+            let result = self.attempt(session, &load, req, body).await;
+            self.note_health(load.backend(), &result);
+            match result {
                 Ok(()) => return Ok(()),
                 Err(Failure::Retryable(e)) if tried.len() < self.retries => {
                     log::warn!("{}: {e}; trying another backend", load.backend().worker.url);
@@ -125,10 +131,12 @@ impl Exchange<'_> {
             .get_http_session(&backend.peer)
             .await
             .map_err(|e| Failure::Retryable(upstream_error(&e)))?;
-        upstream.set_read_timeout(Some(self.timeouts.upstream_read));
+        upstream.set_read_timeout(Some(self.timeouts.first_byte));
         upstream.set_write_timeout(Some(self.timeouts.upstream_write));
         let mut req = req.clone();
         headers::set_host(&mut req, &backend.authority);
+        // The id is a printable token (checked or made by `headers::request_id`).
+        let _ = req.insert_header(headers::X_REQUEST_ID, self.request_id);
         let sent = Instant::now();
         send(&mut upstream, req, body)
             .await
@@ -147,7 +155,9 @@ impl Exchange<'_> {
         if self.closing {
             session.set_keepalive(None);
         }
-        let streamed = stream_response(session, &mut upstream, load, &mut trace).await;
+        let idle = self.timeouts.upstream_idle;
+        let id = self.request_id;
+        let streamed = stream_response(session, &mut upstream, load, &mut trace, idle, id).await;
         self.record(backend, &trace);
         streamed.map_err(Failure::Final)?;
         let idle = Some(self.timeouts.pool_idle);
@@ -155,6 +165,21 @@ impl Exchange<'_> {
             .release_http_session(upstream, &backend.peer, idle)
             .await;
         Ok(())
+    }
+
+    /// Counts transport failures towards passive health (not the client's, not statuses).
+    fn note_health(&self, backend: &Backend, result: &Result<(), Failure>) {
+        let failed = match result {
+            Ok(()) => false,
+            Err(Failure::Retryable(e) | Failure::Final(e)) => e.is_upstream_fault(),
+        };
+        if backend.record_exchange(!failed, self.passive_failures) {
+            log::warn!(
+                "{} failed {} exchanges in a row; out until its next passed health check",
+                backend.worker.url,
+                self.passive_failures
+            );
+        }
     }
 
     fn record(&self, backend: &Backend, trace: &Trace) {
@@ -220,19 +245,25 @@ async fn stream_response(
     upstream: &mut HttpSession,
     load: &LoadGuard,
     trace: &mut Trace,
+    idle: Duration,
+    request_id: &str,
 ) -> Result<(), RouterError> {
     let head = upstream
         .response_header()
         .ok_or_else(|| aborted("no response header"))?;
-    let resp = headers::client_response(head);
+    let mut resp = headers::client_response(head);
+    let _ = resp.insert_header(headers::X_REQUEST_ID, request_id);
     session
         .write_response_header(resp, false)
         .await
         .map_err(client_gone)?;
     loop {
         let chunk = until_client_gone(session, upstream.read_response_body()).await?;
-        load.answered();
-        trace.first_byte.get_or_insert_with(Instant::now);
+        if trace.first_byte.is_none() {
+            load.answered();
+            trace.first_byte = Some(Instant::now());
+            upstream.set_read_timeout(Some(idle));
+        }
         match chunk.map_err(|e| aborted(&e.to_string()))? {
             Some(bytes) => {
                 trace.usage.feed(&bytes);

@@ -19,6 +19,8 @@ pub struct Limits {
     pub timeouts: Timeouts,
     /// Other backends tried after a failed connection.
     pub retries: usize,
+    /// Failed exchanges in a row that take a backend out (0: never).
+    pub passive_failures: usize,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
     /// Session id headers.
@@ -30,6 +32,7 @@ impl Limits {
         Limits {
             timeouts: config.timeouts.clone(),
             retries: config.retries,
+            passive_failures: config.passive_failures,
             max_body_bytes: config.max_body_bytes,
             session_headers: SessionHeaders::new(config.session_headers.clone()),
         }
