@@ -10,22 +10,9 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use prefix_router::config::Settings;
 use prefix_router::sim::{SimConfig, SimHandle};
-use prometheus_parse::{Scrape, Value};
 use serde_json::{Value as Json, json};
 
 use crate::support::*;
-
-/// Sum of the samples of `metric` whose labels include `labels`.
-fn sum(scrape: &Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
-    let matches = |s: &&prometheus_parse::Sample| {
-        s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
-    };
-    let value = |s: &prometheus_parse::Sample| match s.value {
-        Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => v,
-        _ => 0.0,
-    };
-    scrape.samples.iter().filter(matches).map(value).sum()
-}
 
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("prefix-router-{name}-{}", std::process::id()));

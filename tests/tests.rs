@@ -6,6 +6,7 @@ mod support;
 mod bodies;
 mod demo;
 mod errors;
+mod faults;
 mod health;
 mod ops;
 mod replay;

@@ -72,3 +72,17 @@ pub fn assert_error(body: &Value, code: &str) {
     );
     assert!(body["error"]["type"].as_str().is_some());
 }
+
+/// Sum of the samples of `metric` whose labels include `labels`.
+pub fn sum(scrape: &prometheus_parse::Scrape, metric: &str, labels: &[(&str, &str)]) -> f64 {
+    let matches = |s: &&prometheus_parse::Sample| {
+        s.metric == metric && labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v))
+    };
+    let value = |s: &prometheus_parse::Sample| match s.value {
+        prometheus_parse::Value::Counter(v)
+        | prometheus_parse::Value::Gauge(v)
+        | prometheus_parse::Value::Untyped(v) => v,
+        _ => 0.0,
+    };
+    scrape.samples.iter().filter(matches).map(value).sum()
+}

@@ -43,6 +43,12 @@ pub enum Reply {
     Slow(Duration),
     /// Drops the connection without answering.
     Hangup,
+    /// Never answers.
+    Silent,
+    /// A chunked body cut after its first chunk (the connection is dropped).
+    Cut,
+    /// An SSE stream of `chunks` events, one every `every`.
+    Trickle { chunks: usize, every: Duration },
 }
 
 struct Shared {
@@ -63,7 +69,12 @@ pub struct Upstream {
 impl Upstream {
     /// Starts a backend called `name`.
     pub async fn start(name: &str) -> Upstream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(name, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    /// Starts a backend called `name` on `addr` (to bring a killed one back on its port).
+    pub async fn start_on(name: &str, addr: SocketAddr) -> Upstream {
+        let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shared = Arc::new(Shared {
             name: name.to_string(),
@@ -146,7 +157,13 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::R
     }
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+type Body = BoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: Bytes) -> Body {
+    Full::new(bytes)
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
 
 async fn handle(
     shared: Arc<Shared>,
@@ -184,6 +201,9 @@ async fn handle(
         Reply::Status(status) => status_only(status),
         Reply::Sse { chunks, gate } => sse(chunks, gate),
         Reply::Hangup => return Err(std::io::Error::other("hang up")),
+        Reply::Silent => std::future::pending().await,
+        Reply::Cut => cut(),
+        Reply::Trickle { chunks, every } => trickle(chunks, every),
     })
 }
 
@@ -192,36 +212,73 @@ fn json(name: &str, len: usize) -> Response<Body> {
     Response::builder()
         .header("content-type", "application/json")
         .header("x-upstream", name)
-        .body(Full::new(Bytes::from(text)).boxed())
+        .body(full(Bytes::from(text)))
         .unwrap()
 }
 
 fn status_only(status: u16) -> Response<Body> {
-    let mut resp = Response::new(Full::new(Bytes::new()).boxed());
+    let mut resp = Response::new(full(Bytes::new()));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap();
     resp
 }
 
+type Frames = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
+
+/// A streamed response whose frames `produce` sends.
+fn stream<F>(content_type: &str, produce: impl FnOnce(Frames) -> F) -> Response<Body>
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(produce(tx));
+    let frames =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+    Response::builder()
+        .header("content-type", content_type)
+        .body(BodyExt::boxed(StreamBody::new(frames)))
+        .unwrap()
+}
+
+fn event(i: usize) -> Result<Frame<Bytes>, std::io::Error> {
+    Ok(Frame::data(Bytes::from(format!(
+        "data: {{\"chunk\":{i}}}\n\n"
+    ))))
+}
+
+fn done() -> Result<Frame<Bytes>, std::io::Error> {
+    Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")))
+}
+
 fn sse(chunks: usize, gate: Arc<Notify>) -> Response<Body> {
-    let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Infallible>>(chunks + 1);
-    tokio::spawn(async move {
+    stream("text/event-stream", move |tx| async move {
         for i in 0..chunks {
-            let event = format!("data: {{\"chunk\":{i}}}\n\n");
-            if tx.send(Ok(Frame::data(Bytes::from(event)))).await.is_err() {
+            if tx.send(event(i)).await.is_err() {
                 return;
             }
             if i == 0 {
                 gate.notified().await;
             }
         }
-        let _ = tx
-            .send(Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n"))))
-            .await;
-    });
-    let stream =
-        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
-    Response::builder()
-        .header("content-type", "text/event-stream")
-        .body(BodyExt::boxed(StreamBody::new(stream)))
-        .unwrap()
+        let _ = tx.send(done()).await;
+    })
+}
+
+fn trickle(chunks: usize, every: Duration) -> Response<Body> {
+    stream("text/event-stream", move |tx| async move {
+        for i in 0..chunks {
+            if tx.send(event(i)).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+        let _ = tx.send(done()).await;
+    })
+}
+
+fn cut() -> Response<Body> {
+    stream("text/event-stream", |tx| async move {
+        let _ = tx.send(event(0)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = tx.send(Err(std::io::Error::other("backend crashed"))).await;
+    })
 }
