@@ -54,7 +54,11 @@ fn main() -> anyhow::Result<()> {
     } else {
         "info,pingora_core=warn,pingora_proxy=warn"
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        // Pingora's HTTP code prints raw headers (Authorization, API keys) at trace level.
+        .filter_module("pingora_core::protocols", log::LevelFilter::Debug)
+        .filter_module("pingora_proxy", log::LevelFilter::Debug)
+        .init();
     match cli.command {
         Some(Command::Serve(args)) => serve(args),
         Some(Command::Sim(args)) => runtime()?.block_on(prefix_router::sim::run(args)),

@@ -4,6 +4,7 @@
 mod support;
 
 mod bodies;
+mod corpus;
 mod demo;
 mod errors;
 mod faults;
@@ -11,5 +12,6 @@ mod health;
 mod ops;
 mod replay;
 mod routing;
+mod security;
 mod sim;
 mod streaming;

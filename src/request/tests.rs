@@ -333,3 +333,76 @@ proptest! {
         }
     }
 }
+
+// ---- fuzzing: arbitrary JSON where routing reads, and damaged valid bodies ----
+
+fn any_value() -> impl Strategy<Value = Value> {
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        any::<u32>().prop_map(Value::from),
+        "[a-z\"\\\\\n\u{e9}]{0,8}".prop_map(Value::String),
+        prop::sample::select(vec![
+            "user",
+            "assistant",
+            "text",
+            "image_url",
+            "function_call",
+            "message"
+        ])
+        .prop_map(|s| Value::String(s.into())),
+    ];
+    leaf.prop_recursive(4, 48, 5, |inner| {
+        let keys = prop::sample::select(vec![
+            "role",
+            "content",
+            "type",
+            "text",
+            "tool_calls",
+            "function",
+            "name",
+            "arguments",
+            "image_url",
+            "output",
+            "summary",
+            "id",
+            "session_id",
+            "x",
+        ]);
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(keys, inner, 0..5).prop_map(|m| Value::Object(
+                m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+            )),
+        ]
+    })
+}
+
+proptest! {
+    #[test]
+    fn arbitrary_json_where_routing_reads_never_panics(
+        conversation in any_value(),
+        model in any_value(),
+        tools in any_value(),
+        session in any_value(),
+    ) {
+        for (endpoint, key) in [(Endpoint::Chat, "messages"), (Endpoint::Completions, "prompt"), (Endpoint::Responses, "input")] {
+            let body = json!({ key: conversation, "model": model, "tools": tools, "session_params": session, "instructions": model });
+            let bytes = serde_json::to_vec(&body).unwrap();
+            if let Ok(parsed) = parse(endpoint, &bytes) {
+                prop_assert_eq!(parsed.text.to_vec().len(), parsed.text.len());
+            }
+        }
+    }
+
+    #[test]
+    fn damaged_valid_bodies_never_panic(messages in prop::collection::vec(any_message(), 1..5), at in any::<prop::sample::Index>(), byte in any::<u8>()) {
+        let mut bytes = serde_json::to_vec(&json!({"messages": messages})).unwrap();
+        let i = at.index(bytes.len());
+        bytes[i] = byte;
+        let _ = parse(Endpoint::Chat, &bytes);
+        bytes.truncate(i);
+        prop_assert!(parse(Endpoint::Chat, &bytes).is_err());
+    }
+}
