@@ -14,4 +14,5 @@ mod replay;
 mod routing;
 mod security;
 mod sim;
+mod soak;
 mod streaming;
