@@ -54,11 +54,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         "info,pingora_core=warn,pingora_proxy=warn"
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
-        // Pingora's HTTP code prints raw headers (Authorization, API keys) at trace level.
-        .filter_module("pingora_core::protocols", log::LevelFilter::Debug)
-        .filter_module("pingora_proxy", log::LevelFilter::Debug)
-        .init();
+    let logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).build();
+    log::set_max_level(logger.filter());
+    log::set_boxed_logger(Box::new(Redacting(logger)))?;
     match cli.command {
         Some(Command::Serve(args)) => serve(args),
         Some(Command::Sim(args)) => runtime()?.block_on(prefix_router::sim::run(args)),
@@ -73,6 +71,27 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?)
+}
+
+/// Drops Pingora's trace-level HTTP records, which print raw headers (Authorization, API
+/// keys), whatever `RUST_LOG` asks for.
+struct Redacting(env_logger::Logger);
+
+impl log::Log for Redacting {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        let raw_headers = metadata.level() == log::Level::Trace && metadata.target().starts_with("pingora");
+        !raw_headers && self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            self.0.log(record);
+        }
+    }
+
+    fn flush(&self) {
+        self.0.flush();
+    }
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
