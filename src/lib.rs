@@ -1,6 +1,6 @@
 //! prefix-router: a reverse proxy for LLM inference fleets that sends each request to the
 //! backend most likely to hold its prompt prefix in KV cache, without overloading any.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod config;

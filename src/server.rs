@@ -156,8 +156,9 @@ fn health(
     lb
 }
 
-/// Periodic upkeep: prefix-tree eviction and session expiry every `interval`, sooner when
-/// the tree is over budget or the fleet changed (to drop removed backends' entries).
+/// Periodic upkeep: prefix-tree eviction and session expiry every `interval`, at once when
+/// the tree grew by a tenth of its budget, and within a second of a fleet change (to drop
+/// removed backends' entries).
 struct Upkeep {
     state: Arc<State>,
     interval: Duration,
@@ -170,12 +171,13 @@ impl BackgroundService for Upkeep {
         let mut last = Instant::now();
         let mut generation = 0;
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
+            let grown = tokio::select! {
+                _ = tick.tick() => false,
+                _ = self.state.selector.upkeep_requested() => true,
                 _ = shutdown.changed() => return,
-            }
+            };
             let snapshot = self.state.fleet.snapshot();
-            let due = last.elapsed() >= self.interval || self.state.selector.needs_upkeep();
+            let due = grown || last.elapsed() >= self.interval;
             if due || snapshot.generation != generation {
                 let live = |id| snapshot.backends.iter().any(|b| b.id == id);
                 let evicted = self.state.selector.maintain(&live);

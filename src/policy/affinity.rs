@@ -13,6 +13,7 @@ pub struct Selector {
     policy: Box<dyn Policy>,
     sessions: Sessions,
     tunables: SharedTunables,
+    upkeep: tokio::sync::Notify,
 }
 
 impl Selector {
@@ -22,6 +23,7 @@ impl Selector {
             policy,
             sessions: Sessions::new(session_ttl, super::sessions::MAX_SESSIONS),
             tunables,
+            upkeep: tokio::sync::Notify::new(),
         }
     }
 
@@ -32,12 +34,15 @@ impl Selector {
 
     /// Picks one of `candidates` (never empty) for `request`.
     pub fn select(&self, request: &Request, candidates: &[Candidate]) -> Decision {
-        if let Some(decision) = self.by_session(request, candidates) {
-            return decision;
-        }
-        let decision = self.policy.choose(request, candidates);
-        if let Some(key) = request.session {
-            self.sessions.set(key, candidates[decision.index].id);
+        let decision = self.by_session(request, candidates).unwrap_or_else(|| {
+            let decision = self.policy.choose(request, candidates);
+            if let Some(key) = request.session {
+                self.sessions.set(key, candidates[decision.index].id);
+            }
+            decision
+        });
+        if self.policy.needs_upkeep() {
+            self.upkeep.notify_one();
         }
         decision
     }
@@ -69,9 +74,10 @@ impl Selector {
         self.policy.maintain(live)
     }
 
-    /// Whether upkeep is due early.
-    pub fn needs_upkeep(&self) -> bool {
-        self.policy.needs_upkeep()
+    /// Resolves when a decision found upkeep due before its interval (the tree grew by a
+    /// tenth of its budget), so that memory stays bounded however fast text arrives.
+    pub async fn upkeep_requested(&self) {
+        self.upkeep.notified().await
     }
 
     /// Prefix-tree figures, if the policy keeps a tree.

@@ -133,7 +133,8 @@ pub trait Policy: Send + Sync {
         0
     }
 
-    /// Whether upkeep is due before its interval (memory over budget).
+    /// Whether upkeep is due before its interval (enough text recorded since the last
+    /// eviction to put a backend over budget). Asked after every decision: must be cheap.
     fn needs_upkeep(&self) -> bool {
         false
     }

@@ -52,7 +52,7 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
     }
 
     fn needs_upkeep(&self) -> bool {
-        self.trees.over_budget()
+        self.trees.eviction_due()
     }
 
     fn tree_stats(&self) -> Option<TreeStats> {

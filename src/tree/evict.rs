@@ -37,6 +37,7 @@ impl PrefixTrees {
     /// Evict least-recently-used entries of every backend over its byte budget, down to the budget;
     /// drop nodes no backend is on any more; drop empty model trees. Returns what it did.
     pub fn evict(&self) -> EvictReport {
+        self.grown.store(0, std::sync::atomic::Ordering::Relaxed);
         let budget = self.config.max_bytes_per_backend;
         let mut plan: Plan = self
             .usage_totals()
@@ -58,8 +59,12 @@ impl PrefixTrees {
     }
 
     /// Drop every entry of backends for which `keep` is false (backend removed from the fleet),
-    /// prune the nodes left empty and drop empty model trees.
+    /// prune the nodes left empty and drop empty model trees. Walks the trees only when some
+    /// backend in them is to be dropped.
     pub fn retain_backends(&self, keep: impl Fn(BackendId) -> bool) {
+        if self.usage_totals().iter().all(|&(b, _)| keep(b)) {
+            return;
+        }
         let mut report = EvictReport::default();
         self.remove_everywhere(&mut report, |e| !keep(e.backend));
         report.models_removed = self.drop_empty_models();

@@ -27,7 +27,7 @@ mod text;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use smallvec::SmallVec;
@@ -179,6 +179,8 @@ pub struct PrefixTrees {
     models: RwLock<ModelMap>,
     /// Logical clock: one tick per recorded route or insert.
     clock: AtomicU64,
+    /// Budget bytes recorded since the last eviction, summed over backends.
+    grown: AtomicUsize,
 }
 
 impl PrefixTrees {
@@ -188,6 +190,7 @@ impl PrefixTrees {
             config,
             models: RwLock::new(HashMap::new()),
             clock: AtomicU64::new(1),
+            grown: AtomicUsize::new(0),
         }
     }
 
@@ -236,9 +239,11 @@ impl PrefixTrees {
         let backend = choose(&matches)?;
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
         radix.record(&walk, &cur, backend, tick);
+        let matched = matches.matched(backend);
+        self.grown.fetch_add(total.saturating_sub(matched), Ordering::Relaxed);
         Some(Routed {
             backend,
-            matched: matches.matched(backend),
+            matched,
             total,
         })
     }
@@ -258,6 +263,12 @@ impl PrefixTrees {
             radix.walk(&mut Cursor::new(text, total), &mut matches);
         }
         matches
+    }
+
+    /// True when the text recorded since the last eviction could have put a backend 10%
+    /// over its budget: time to call [`Self::evict`]. One atomic load, for the request path.
+    pub fn eviction_due(&self) -> bool {
+        self.grown.load(Ordering::Relaxed) > self.config.max_bytes_per_backend / 10
     }
 
     /// True when any backend is over 110% of its budget. Cheap: reads the

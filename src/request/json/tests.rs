@@ -143,3 +143,10 @@ proptest! {
         prop_assert_eq!(special(&bytes), expected);
     }
 }
+
+proptest! {
+    #[test]
+    fn block_classes_match_the_byte_at_a_time_ones(block in prop::array::uniform16(any::<u8>())) {
+        prop_assert_eq!(classify(&block), portable_classify(&block));
+    }
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Overhead benchmark: what the router costs per request next to nginx as a plain proxy.
+#
+# Starts one nginx worker as the upstream (two ports, each answering a fixed chat
+# completion), nginx as a reference proxy (one worker, proxy_pass, keepalive 64) and the
+# router (cache_aware, both upstream ports as backends), then drives each with wrk for 1 KB
+# chat bodies on 32 connections and 400 KB bodies (40 messages) on 8. Prints req/s, latency
+# p50/p99, CPU microseconds per request of the forwarding process (/proc/PID/stat over the
+# run) and resident memory, with the router's figures as ratios to nginx's.
+#
+# Usage: benches/overhead/run.sh   (or: make overhead)
+# Env: DURATION (seconds per run, default 15), ROUNDS (default 1), THREADS (router data
+# plane threads, default 1, as nginx's one worker), PROFILE (a directory: record each router
+# run with `perf record -g` into PROFILE/router-<KB>.data).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+duration=${DURATION:-15}
+rounds=${ROUNDS:-1}
+threads=${THREADS:-1}
+
+install() {
+  command -v wrk >/dev/null && command -v nginx >/dev/null && return
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq wrk nginx >/dev/null
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+wait_port() {
+  for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
+    sleep 0.1
+  done
+  echo "nothing listens on port $1" >&2; exit 1
+}
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+
+nginx_conf() { # name, server block
+  cat > "$work/$1.conf" <<CONF
+worker_processes 1;
+master_process off;
+daemon off;
+pid $work/$1.pid;
+error_log $work/$1.err warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_max_body_size 64m;
+  client_body_buffer_size 1m;
+  client_body_temp_path $work/$1.body;
+  proxy_temp_path $work/$1.proxy;
+  $2
+}
+CONF
+}
+
+install
+cargo build --release --quiet --manifest-path "$root/Cargo.toml"
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
+
+up1=$(free_port); up2=$(free_port); proxy=$(free_port); router=$(free_port); admin=$(free_port)
+answer='{"id":"cmpl-1","object":"chat.completion","model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":256,"completion_tokens":1,"total_tokens":257}}'
+nginx_conf upstream "server { listen 127.0.0.1:$up1; listen 127.0.0.1:$up2;
+    location / { default_type application/json; return 200 '$answer'; } }"
+nginx_conf proxy "upstream fleet { server 127.0.0.1:$up1; server 127.0.0.1:$up2; keepalive 64; }
+  server { listen 127.0.0.1:$proxy;
+    location / { proxy_pass http://fleet; proxy_http_version 1.1;
+      proxy_set_header Connection \"\"; } }"
+nginx -c "$work/upstream.conf" & wait_port "$up1"
+nginx -c "$work/proxy.conf" & nginx_pid=$!; wait_port "$proxy"
+RUST_LOG=warn "$root/target/release/prefix-router" serve --host 127.0.0.1 --port "$router" \
+  --admin-port "$admin" --threads "$threads" --policy cache_aware \
+  --upgrade-socket "$work/upgrade.sock" \
+  --worker-urls "http://127.0.0.1:$up1,http://127.0.0.1:$up2" & router_pid=$!
+wait_port "$router"; sleep 1
+declare -A idle=([nginx]=$(rss_kb "$nginx_pid") [router]=$(rss_kb "$router_pid"))
+declare -A pid=([nginx]=$nginx_pid [router]=$router_pid)
+declare -A port=([nginx]=$proxy [router]=$router)
+
+run() { # forwarder, body KB, connections -> one result line
+  local name=$1 kb=$2 conns=$3 url="http://127.0.0.1:${port[$1]}"
+  BODY_KB=$kb wrk -t1 -c"$conns" -d2s -s "$here/chat.lua" "$url" >/dev/null
+  local before; before=$(cpu_ticks "${pid[$name]}") perf=""
+  if [ -n "${PROFILE:-}" ] && [ "$name" = router ]; then
+    mkdir -p "$PROFILE"
+    perf record -q -g -F 499 -p "${pid[$name]}" -o "$PROFILE/router-$kb.data" -- sleep "$duration" &
+    perf=$!
+  fi
+  local out; out=$(BODY_KB=$kb wrk -t1 -c"$conns" -d"${duration}s" -s "$here/chat.lua" "$url" | grep '^{')
+  local ticks=$(( $(cpu_ticks "${pid[$name]}") - before ))
+  [ -z "$perf" ] || wait "$perf"
+  echo "$name $kb $conns $ticks $(getconf CLK_TCK) $(rss_kb "${pid[$name]}") ${idle[$name]} $out"
+}
+
+results=$work/results
+for _ in $(seq "$rounds"); do
+  for load in "1 32" "400 8"; do
+    for name in nginx router; do run "$name" $load | tee -a "$results" >&2; done
+  done
+done
+curl -s "http://127.0.0.1:$admin/metrics" | grep -E '^prefix_router_(tree_bytes|requests_total)' >&2 || true
+
+awk -f "$here/report.awk" "$results"
