@@ -5,6 +5,8 @@
 pub mod admin;
 pub mod config;
 pub mod control;
+#[cfg(test)]
+mod copies;
 pub mod demo;
 pub mod error;
 pub mod fleet;

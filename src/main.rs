@@ -54,7 +54,8 @@ fn main() -> anyhow::Result<()> {
     } else {
         "info,pingora_core=warn,pingora_proxy=warn"
     };
-    let logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).build();
+    let logger =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).build();
     log::set_max_level(logger.filter());
     log::set_boxed_logger(Box::new(Redacting(logger)))?;
     match cli.command {
@@ -79,7 +80,8 @@ struct Redacting(env_logger::Logger);
 
 impl log::Log for Redacting {
     fn enabled(&self, metadata: &log::Metadata) -> bool {
-        let raw_headers = metadata.level() == log::Level::Trace && metadata.target().starts_with("pingora");
+        let raw_headers =
+            metadata.level() == log::Level::Trace && metadata.target().starts_with("pingora");
         !raw_headers && self.0.enabled(metadata)
     }
 

@@ -16,21 +16,35 @@ use serde_json::json;
 use crate::support::*;
 
 fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Resident memory of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: 0 kB");
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap_or("VmRSS: 0 kB");
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 async fn start_sims(count: usize) -> Vec<SimHandle> {
     let mut sims = Vec::new();
     for i in 0..count {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let config = SimConfig { time_scale: 200.0, max_num_seqs: 1024, name: format!("soak-{i}"), ..SimConfig::default() };
+        let config = SimConfig {
+            time_scale: 200.0,
+            max_num_seqs: 1024,
+            name: format!("soak-{i}"),
+            ..SimConfig::default()
+        };
         sims.push(prefix_router::sim::start(config, listener).await.unwrap());
     }
     sims
@@ -61,28 +75,61 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
     );
     let admin_url = format!("http://{admin}");
     let mut router = std::process::Command::new(env!("CARGO_BIN_EXE_prefix-router"))
-        .args(["--host", "127.0.0.1", "--port", &port(data.clone()), "--admin-port", &port(admin)])
-        .args(["--worker-urls", &urls.join(","), "--max-tree-size", "1680000"])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port(data.clone()),
+            "--admin-port",
+            &port(admin),
+        ])
+        .args([
+            "--worker-urls",
+            &urls.join(","),
+            "--max-tree-size",
+            "1680000",
+        ])
         .env("RUST_LOG", "warn")
         .spawn()
         .unwrap();
     let url = format!("http://{data}");
-    let big: Vec<String> = (0..4).map(|k| format!("shared document {k}: ").repeat(400_000 / 20)).collect();
+    let big: Vec<String> = (0..4)
+        .map(|k| format!("shared document {k}: ").repeat(400_000 / 20))
+        .collect();
     let big = Arc::new(big);
-    let client = reqwest::Client::builder().pool_max_idle_per_host(conns as usize).timeout(Duration::from_secs(60)).build().unwrap();
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(conns as usize)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    while client.get(format!("{admin_url}/health")).send().await.is_err() {
+    while client
+        .get(format!("{admin_url}/health"))
+        .send()
+        .await
+        .is_err()
+    {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let started = Instant::now();
     let mut workers = Vec::new();
     for conn in 0..conns {
-        let (client, url, big, ok, failed) = (client.clone(), url.clone(), Arc::clone(&big), Arc::clone(&ok), Arc::clone(&failed));
+        let (client, url, big, ok, failed) = (
+            client.clone(),
+            url.clone(),
+            Arc::clone(&big),
+            Arc::clone(&ok),
+            Arc::clone(&failed),
+        );
         workers.push(tokio::spawn(async move {
             let mut i = 0;
             while Instant::now() < deadline {
-                let sent = client.post(format!("{url}/v1/chat/completions")).json(&body(conn, i, &big)).send().await;
+                let sent = client
+                    .post(format!("{url}/v1/chat/completions"))
+                    .json(&body(conn, i, &big))
+                    .send()
+                    .await;
                 let good = match sent {
                     Ok(resp) => resp.status() == 200 && resp.bytes().await.is_ok(),
                     Err(_) => false,
@@ -101,8 +148,14 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
     let elapsed = started.elapsed().as_secs_f64();
     let rss_end = rss_kib(router.id());
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let metrics = reqwest::get(format!("{admin_url}/metrics")).await.unwrap().text().await.unwrap();
-    let scrape = prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string()))).unwrap();
+    let metrics = reqwest::get(format!("{admin_url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let scrape =
+        prometheus_parse::Scrape::parse(metrics.lines().map(|l| Ok(l.to_string()))).unwrap();
     let inflight = sum(&scrape, "prefix_router_inflight_requests", &[]);
     let tree = sum(&scrape, "prefix_router_tree_bytes", &[]);
     let _ = router.kill();
@@ -118,5 +171,8 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
     assert_eq!(failed, 0, "requests failed");
     assert!(ok > conns, "too few requests completed");
     assert_eq!(inflight, 0.0, "requests left in flight");
-    assert!(rss_end as f64 <= rss_at_10 as f64 * 1.10, "RSS grew from {rss_at_10} to {rss_end} KiB");
+    assert!(
+        rss_end as f64 <= rss_at_10 as f64 * 1.10,
+        "RSS grew from {rss_at_10} to {rss_end} KiB"
+    );
 }

@@ -116,8 +116,8 @@ impl<'a> Json<'a> {
         }
         self.at -= carry as usize;
         loop {
-            let found = special(&self.bytes[self.at..])
-                .ok_or_else(|| self.error("the end of a string"))?;
+            let found =
+                special(&self.bytes[self.at..]).ok_or_else(|| self.error("the end of a string"))?;
             self.at += found;
             if self.special_byte()? {
                 return Ok(&self.bytes[start..self.at - 1]);
@@ -377,7 +377,9 @@ fn classify(block: &[u8; 16]) -> Classes {
         let low = _mm_set1_epi8(0x1f);
         let (quote, backslash) = (eq(b'"'), eq(b'\\'));
         let letters = [eq(b'/'), eq(b'b'), eq(b'f'), eq(b'n'), eq(b'r'), eq(b't')];
-        let simple = letters.into_iter().fold(_mm_or_si128(quote, backslash), |a, m| _mm_or_si128(a, m));
+        let simple = letters
+            .into_iter()
+            .fold(_mm_or_si128(quote, backslash), |a, m| _mm_or_si128(a, m));
         Classes {
             quote: bits(quote),
             backslash: bits(backslash),

@@ -228,19 +228,41 @@ impl Radix {
         (nodes, bytes)
     }
 
-    /// Drop free slots at the end of the arena and rebuild the free list.
+    /// Drop free slots at the end of the arena and rebuild the free list; when most slots
+    /// are free, move the live nodes into a dense arena, so that the next eviction's passes
+    /// over the arena cost what the tree holds, not what it once held.
     fn compact(&mut self) {
         while self.nodes.len() > 1 && self.nodes.last().is_some_and(|n| n.parent == FREE) {
             self.nodes.pop();
         }
-        if self.nodes.len() * 2 < self.nodes.capacity() {
-            self.nodes.shrink_to_fit();
+        if self.nodes.len() > 2 * (self.live + 1) {
+            return self.renumber();
         }
         self.free = (1..self.nodes.len())
             .filter(|&i| self.nodes[i].parent == FREE)
             .filter_map(|i| u32::try_from(i).ok())
             .collect();
-        self.free.shrink_to_fit();
+    }
+
+    /// Copy the live nodes, breadth first from the root, into a new arena without free slots.
+    fn renumber(&mut self) {
+        let mut old = std::mem::take(&mut self.nodes);
+        let mut nodes = Vec::with_capacity(self.live + 1);
+        nodes.push(std::mem::take(&mut old[ROOT as usize]));
+        let mut at = 0;
+        while at < nodes.len() {
+            let children = std::mem::take(&mut nodes[at].children);
+            for &(byte, child) in &children {
+                let mut node = std::mem::take(&mut old[child as usize]);
+                node.parent = at as u32;
+                let index = nodes.len() as u32;
+                nodes[at].children.push((byte, index));
+                nodes.push(node);
+            }
+            at += 1;
+        }
+        self.nodes = nodes;
+        self.free = Vec::new();
     }
 }
 

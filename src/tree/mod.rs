@@ -240,7 +240,8 @@ impl PrefixTrees {
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
         radix.record(&walk, &cur, backend, tick);
         let matched = matches.matched(backend);
-        self.grown.fetch_add(total.saturating_sub(matched), Ordering::Relaxed);
+        self.grown
+            .fetch_add(total.saturating_sub(matched), Ordering::Relaxed);
         Some(Routed {
             backend,
             matched,

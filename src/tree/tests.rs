@@ -342,3 +342,26 @@ fn concurrent_routes_keep_the_trees_consistent() {
     });
     ok(&t);
 }
+
+#[test]
+fn evicting_most_of_a_tree_renumbers_what_is_left_densely() {
+    let sys = "system-prompt:";
+    let texts: Vec<String> = (0..200)
+        .map(|i| format!("{sys}{i:04}{}", "x".repeat(96)))
+        .collect();
+    let t = one_shard(texts[0].len() * 10);
+    for text in &texts {
+        t.insert(M, &[text], b(1));
+    }
+    t.evict();
+    ok(&t);
+    // The ten most recent conversations remain whole, in an arena without free slots.
+    for text in &texts[190..] {
+        assert_eq!(matched(&t, &[text], 1), text.len());
+    }
+    assert_eq!(matched(&t, &[&texts[0]], 1), "system-prompt:0".len());
+    let models = t.models.read();
+    let radix = models.values().next().unwrap().shards[0].lock();
+    assert_eq!(radix.nodes.len(), radix.live + 1);
+    assert!(radix.free.is_empty());
+}
