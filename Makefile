@@ -2,12 +2,13 @@
 # Pingora's zlib-ng build needs cmake (from Debian, else from PyPI).
 #   make demo   - simulated vLLM backends + the router, every policy compared (a few minutes)
 #   make test   - the whole test suite, and the benchmarks built
+#   make overhead - the router's cost per request next to nginx's (installs wrk and nginx; ~3 min)
 #   make run    - the router on the defaults of conf/prefix-router.toml (add ARGS="--worker-urls ...")
 
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps demo test run bench
+.PHONY: deps test-deps demo test run bench overhead
 
 deps:
 	@command -v cmake >/dev/null 2>&1 || { \
@@ -34,3 +35,6 @@ run: deps
 
 bench: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench
+
+overhead: deps
+	PATH="$$PATH:$$HOME/.local/bin" benches/overhead/run.sh

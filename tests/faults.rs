@@ -171,6 +171,9 @@ async fn killing_one_of_three_backends_under_load_loses_only_its_requests_in_fli
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let [a, b, c] = ups;
+    c.kill();
+    // Let its connections see the stop before counting what it answered.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let (victim_addr, before_kill) = (c.addr, c.count());
     drop(c);
     // Two health-check intervals later, the router sends it nothing more.
