@@ -26,8 +26,10 @@ test-deps: deps
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)
 
+# The parser's fuzzing property tests run again with 16x the default cases (bounded: ~1 min).
 test: test-deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test
+	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test --lib request::
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --no-run
 
 run: deps
