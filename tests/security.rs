@@ -97,20 +97,8 @@ async fn request_ids_are_made_when_absent_and_kept_when_given() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_never_reach_the_logs() {
     let up = Upstream::start("a").await;
-    let port = |addr: String| addr.rsplit_once(':').unwrap().1.to_string();
-    let (data, admin) = (
-        prefix_router::server::free_loopback_addr().unwrap(),
-        prefix_router::server::free_loopback_addr().unwrap(),
-    );
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_prefix-router"))
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port(data.clone()),
-            "--admin-port",
-            &port(admin),
-        ])
+    let (mut command, url, _) = router_binary();
+    let mut child = command
         .args([
             "--worker-urls",
             &up.url(),
@@ -123,7 +111,6 @@ async fn secrets_never_reach_the_logs() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let url = format!("http://{data}");
     let mut ok = false;
     for _ in 0..200 {
         let sent = client()

@@ -68,21 +68,8 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
     let (secs, conns) = (env_or("SOAK_SECS", 15).max(12), env_or("SOAK_CONNS", 200));
     let sims = start_sims(4).await;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
-    let port = |addr: String| addr.rsplit_once(':').unwrap().1.to_string();
-    let (data, admin) = (
-        prefix_router::server::free_loopback_addr().unwrap(),
-        prefix_router::server::free_loopback_addr().unwrap(),
-    );
-    let admin_url = format!("http://{admin}");
-    let mut router = std::process::Command::new(env!("CARGO_BIN_EXE_prefix-router"))
-        .args([
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port(data.clone()),
-            "--admin-port",
-            &port(admin),
-        ])
+    let (mut command, url, admin_url) = router_binary();
+    let mut router = command
         .args([
             "--worker-urls",
             &urls.join(","),
@@ -92,7 +79,6 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
         .env("RUST_LOG", "warn")
         .spawn()
         .unwrap();
-    let url = format!("http://{data}");
     let big: Vec<String> = (0..4)
         .map(|k| format!("shared document {k}: ").repeat(400_000 / 20))
         .collect();

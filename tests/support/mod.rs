@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-pub use router::{TestRouter, settings};
+pub use router::{TestRouter, router_binary, settings};
 pub use upstream::{Reply, Upstream};
 
 /// An HTTP client with a bounded timeout.

@@ -111,3 +111,15 @@ impl TestRouter {
         }
     }
 }
+
+/// The router binary as a child process on free loopback ports, listeners set: add worker
+/// flags, then spawn. Returns the command, the data plane URL and the admin URL.
+pub fn router_binary() -> (std::process::Command, String, String) {
+    let free = || prefix_router::server::free_loopback_addr().unwrap();
+    let (data, admin) = (free(), free());
+    let port = |addr: &str| addr.rsplit_once(':').unwrap().1.to_string();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_prefix-router"));
+    command.args(["--host", "127.0.0.1", "--port", &port(&data)]);
+    command.args(["--admin-port", &port(&admin)]);
+    (command, format!("http://{data}"), format!("http://{admin}"))
+}
