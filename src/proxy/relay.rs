@@ -12,12 +12,16 @@ use std::time::{Duration, Instant};
 const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 
 use bytes::Bytes;
-use pingora_core::connectors::http::Connector;
+use pingora_core::connectors::TransportConnector;
+use pingora_core::protocols::Stream;
 use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::protocols::http::v1::client::{HttpSession as Http1, http_req_header_to_wire};
+use pingora_core::upstreams::peer::Peer;
 use pingora_core::{Error, ErrorType};
 use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 use smallvec::SmallVec;
+use tokio::io::AsyncWriteExt;
 
 use super::headers;
 use crate::BackendId;
@@ -39,7 +43,7 @@ enum Failure {
 /// What one routed exchange needs besides the client session.
 pub struct Exchange<'e> {
     /// Connection pool.
-    pub connector: &'e Connector,
+    pub connector: &'e TransportConnector,
     /// Backends.
     pub fleet: &'e Fleet,
     /// Metrics.
@@ -126,21 +130,29 @@ impl Exchange<'_> {
         body: &Bytes,
     ) -> Result<(), Failure> {
         let backend = load.backend();
-        let (mut upstream, reused) = self
+        let (mut stream, reused) = self
             .connector
-            .get_http_session(&backend.peer)
+            .get_stream(&backend.peer)
             .await
             .map_err(|e| Failure::Retryable(upstream_error(&e)))?;
-        upstream.set_read_timeout(Some(self.timeouts.first_byte));
-        upstream.set_write_timeout(Some(self.timeouts.upstream_write));
         let mut req = req.clone();
         headers::set_host(&mut req, &backend.authority);
         // The id is a printable token (checked or made by `headers::request_id`).
         let _ = req.insert_header(headers::X_REQUEST_ID, self.request_id);
         let sent = Instant::now();
-        send(&mut upstream, req, body)
-            .await
-            .map_err(Failure::Retryable)?;
+        let written = match one_write(&req, body) {
+            Some(wire) => write_all(&mut stream, &wire, self.timeouts.upstream_write).await,
+            None => Ok(false),
+        };
+        let written = written.map_err(Failure::Retryable)?;
+        let mut upstream = HttpSession::H1(Http1::new_with_options(stream, &backend.peer));
+        upstream.set_read_timeout(Some(self.timeouts.first_byte));
+        upstream.set_write_timeout(Some(self.timeouts.upstream_write));
+        if !written {
+            send(&mut upstream, req, body)
+                .await
+                .map_err(Failure::Retryable)?;
+        }
         let head = until_client_gone(session, read_final_header(&mut upstream)).await;
         match head.map_err(Failure::Final)? {
             Ok(()) => {}
@@ -160,10 +172,13 @@ impl Exchange<'_> {
         let streamed = stream_response(session, &mut upstream, load, &mut trace, idle, id).await;
         self.record(backend, &trace);
         streamed.map_err(Failure::Final)?;
-        let idle = Some(self.timeouts.pool_idle);
-        self.connector
-            .release_http_session(upstream, &backend.peer, idle)
-            .await;
+        if let HttpSession::H1(mut h1) = upstream {
+            h1.respect_keepalive();
+            if let Some(stream) = h1.reuse().await {
+                let (hash, idle) = (backend.peer.reuse_hash(), Some(self.timeouts.pool_idle));
+                self.connector.release_stream(stream, hash, idle);
+            }
+        }
         Ok(())
     }
 
@@ -206,6 +221,44 @@ struct Trace {
     usage: UsageScanner,
 }
 
+/// Bodies up to this size go upstream in the same write as the head (one copy of at most
+/// this many bytes saves a system call and a loopback wakeup per request).
+const ONE_WRITE_BODY: usize = 16 << 10;
+
+/// The whole request as one buffer, when it can go in one write: a small body framed by
+/// Content-Length (or none), and not HEAD (whose response Pingora's reader must know has
+/// no body: those go through [`send`]).
+fn one_write(req: &RequestHeader, body: &Bytes) -> Option<bytes::BytesMut> {
+    let framed = body.is_empty() || req.headers.contains_key(http::header::CONTENT_LENGTH);
+    let plain = !req.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if body.len() > ONE_WRITE_BODY || !framed || !plain || req.method == http::Method::HEAD {
+        return None;
+    }
+    let mut wire = http_req_header_to_wire(req)?;
+    wire.extend_from_slice(body);
+    Some(wire)
+}
+
+/// Writes `wire` and flushes within `timeout`; true once written.
+async fn write_all(
+    stream: &mut Stream,
+    wire: &[u8],
+    timeout: Duration,
+) -> Result<bool, RouterError> {
+    let write = async {
+        stream.write_all(wire).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(timeout, write).await {
+        Ok(Ok(())) => Ok(true),
+        Ok(Err(e)) => Err(RouterError::Upstream(format!("writing the request: {e}"))),
+        Err(_) => Err(RouterError::Upstream(
+            "writing the request timed out".into(),
+        )),
+    }
+}
+
+/// Writes the request through Pingora's HTTP/1 client (large, chunked or HEAD requests).
 async fn send(
     upstream: &mut HttpSession,
     req: RequestHeader,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use arc_swap::ArcSwap;
-use pingora_core::connectors::http::Connector;
+use pingora_core::connectors::TransportConnector;
 
 use crate::config::{Config, Timeouts};
 use crate::fleet::Fleet;
@@ -50,7 +50,7 @@ pub struct State {
     /// The policy's name, for metrics.
     pub policy_name: &'static str,
     /// Pooled upstream connections.
-    pub connector: Connector,
+    pub connector: TransportConnector,
     limits: ArcSwap<Limits>,
     active: AtomicUsize,
     draining: AtomicBool,
@@ -73,7 +73,7 @@ impl State {
             selector,
             stats,
             policy_name: config.policy.name,
-            connector: Connector::new(None),
+            connector: TransportConnector::new(None),
             limits: ArcSwap::from_pointee(Limits::of(config)),
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
