@@ -46,6 +46,12 @@ fn bench_parse(c: &mut Criterion) {
             b.iter(|| parse(Endpoint::Chat, std::hint::black_box(&body)).map(|p| p.text.len()))
         });
     }
+    let (head, rest) = split_body();
+    let body = format!("{head}1{rest}").into_bytes();
+    group.throughput(Throughput::Bytes(body.len() as u64));
+    group.bench_function("400KB_dense_escapes", |b| {
+        b.iter(|| parse(Endpoint::Chat, std::hint::black_box(&body)).map(|p| p.text.len()))
+    });
     group.finish();
 }
 

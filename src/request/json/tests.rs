@@ -150,3 +150,45 @@ proptest! {
         prop_assert_eq!(classify(&block), portable_classify(&block));
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+proptest! {
+    #[test]
+    #[allow(unsafe_code)]
+    fn wide_block_classes_match_the_byte_at_a_time_ones(block in prop::array::uniform32(any::<u8>())) {
+        prop_assume!(std::is_x86_feature_detected!("avx2"));
+        // SAFETY: the CPU has AVX2 (assumed just above).
+        let wide = unsafe { simd::classify_avx2(&block) };
+        let half = |i: usize| portable_classify(block[i..i + 16].try_into().unwrap());
+        let (lo, hi) = (half(0), half(16));
+        prop_assert_eq!(wide.quote, lo.quote | hi.quote << 16);
+        prop_assert_eq!(wide.backslash, lo.backslash | hi.backslash << 16);
+        prop_assert_eq!(wide.control, lo.control | hi.control << 16);
+        prop_assert_eq!(wide.simple, lo.simple | hi.simple << 16);
+    }
+}
+
+/// Where the block scan of `width` bytes leaves a reader at the start of `text`'s contents.
+fn scan_end(text: &[u8], width: usize) -> Result<(bool, usize), ParseError> {
+    let mut j = Json::new(text);
+    j.eat(b'"', "a string")?;
+    let ended = match width {
+        16 => j.scan_blocks::<16>(classify)?,
+        _ => j.string_blocks()?,
+    };
+    Ok((ended, j.at))
+}
+
+proptest! {
+    #[test]
+    fn narrow_and_wide_block_scans_agree(s in "(\\PC|[\"\\\\\n\t\u{1}]){0,90}", junk in "[a-z\"\\\\]{0,3}") {
+        let text = format!("{}{junk}", serde_json::to_string(&s).unwrap());
+        let (narrow, wide) = (scan_end(text.as_bytes(), 16), scan_end(text.as_bytes(), 32));
+        // Both find the closing quote at the same place, or both stop short of the end.
+        match (narrow, wide) {
+            (Ok((true, a)), Ok((true, b))) => prop_assert_eq!(a, b),
+            (Ok((false, _)), Ok(_)) | (Ok(_), Ok((false, _))) => {}
+            (n, w) => prop_assert_eq!(n.is_ok(), w.is_ok()),
+        }
+    }
+}
