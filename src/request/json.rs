@@ -2,8 +2,9 @@
 //! bodies: strings (most of a body) are crossed 16 or 32 bytes at a time with SIMD bit masks,
 //! and come back as the escaped bytes between their quotes, never copied or unescaped.
 //! It checks structure, escapes (including unpaired surrogates), control characters in
-//! strings, number and literal syntax, and nesting depth; UTF-8 is checked once for the
-//! whole body by the caller. It is not a general JSON library: it reads what routing needs.
+//! strings, number and literal syntax, nesting depth, and UTF-8 inside strings (only for
+//! strings the block masks found non-ASCII bytes in; JSON allows them nowhere else). It is
+//! not a general JSON library: it reads what routing needs.
 
 use super::ParseError;
 
@@ -88,22 +89,23 @@ impl<'a> Json<'a> {
     pub fn string(&mut self) -> Result<&'a [u8], ParseError> {
         self.eat(b'"', "a string")?;
         let start = self.at;
-        if self.string_blocks()? {
-            return Ok(&self.bytes[start..self.at - 1]);
-        }
-        loop {
+        let (mut ended, ascii) = self.string_blocks()?;
+        while !ended {
             let found =
                 special(&self.bytes[self.at..]).ok_or_else(|| self.error("the end of a string"))?;
             self.at += found;
-            if self.special_byte()? {
-                return Ok(&self.bytes[start..self.at - 1]);
-            }
+            ended = self.special_byte()?;
         }
+        let string = &self.bytes[start..self.at - 1];
+        if !ascii {
+            std::str::from_utf8(string).map_err(|_| ParseError::NotUtf8)?;
+        }
+        Ok(string)
     }
 
     /// The block scan of [`Self::string`], at the widest vectors the CPU has.
     #[allow(unsafe_code)]
-    fn string_blocks(&mut self) -> Result<bool, ParseError> {
+    fn string_blocks(&mut self) -> Result<(bool, bool), ParseError> {
         #[cfg(target_arch = "x86_64")]
         if std::is_x86_feature_detected!("avx2") {
             // SAFETY: the CPU has AVX2 (checked just above).
@@ -119,18 +121,20 @@ impl<'a> Json<'a> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     #[allow(unsafe_code)]
-    unsafe fn string_blocks_avx2(&mut self) -> Result<bool, ParseError> {
+    unsafe fn string_blocks_avx2(&mut self) -> Result<(bool, bool), ParseError> {
         self.scan_blocks::<32>(|block| simd::classify_avx2(block))
     }
 
-    /// Crosses whole `N`-byte blocks of a string from `at`; true when its closing quote was
-    /// found (`at` is then past it), false when fewer than `N` bytes are left.
+    /// Crosses whole `N`-byte blocks of a string from `at`. Returns whether its closing quote
+    /// was found (`at` is then past it; else fewer than `N` bytes are left), and whether all
+    /// it crossed was ASCII (known from the block masks; else the caller checks UTF-8).
     #[inline(always)]
     fn scan_blocks<const N: usize>(
         &mut self,
         classify: impl Fn(&[u8; N]) -> Classes,
-    ) -> Result<bool, ParseError> {
+    ) -> Result<(bool, bool), ParseError> {
         let width = u32::MAX >> (32 - N);
+        let mut high = 0;
         // 1 when the previous block ended with a backslash that escapes this block's first byte.
         let mut carry = 0;
         while let Some(block) = self.bytes[self.at..].first_chunk::<N>() {
@@ -139,8 +143,9 @@ impl<'a> Json<'a> {
             if c.backslash & ((c.backslash << 1) | carry) != 0 || escaped & !c.simple != 0 {
                 self.at -= carry as usize;
                 carry = 0;
+                high |= c.high;
                 if self.block_by_escapes()? {
-                    return Ok(true);
+                    return Ok((true, false));
                 }
                 continue;
             }
@@ -150,15 +155,16 @@ impl<'a> Json<'a> {
                 self.at += c.control.trailing_zeros() as usize;
                 return Err(self.error("no control character in a string"));
             }
+            high |= c.high & before_end;
             if end != 0 {
                 self.at += end.trailing_zeros() as usize + 1;
-                return Ok(true);
+                return Ok((true, high == 0));
             }
             carry = c.backslash >> (N - 1);
             self.at += N;
         }
         self.at -= carry as usize;
-        Ok(false)
+        Ok((false, false))
     }
 
     /// Crosses the 16 bytes at `at` (and the escape that ends them) one special byte at a
@@ -397,6 +403,8 @@ struct Classes {
     control: u32,
     /// Letters of the escapes that stand alone: `" \ / b f n r t` (not `u`).
     simple: u32,
+    /// Not ASCII (0x80 and above).
+    high: u32,
 }
 
 /// [`Classes`] of `block`: SSE2 compares and move masks, about twenty instructions for 16
@@ -422,6 +430,7 @@ fn classify(block: &[u8; 16]) -> Classes {
             backslash: bits(backslash),
             control: bits(_mm_cmpeq_epi8(_mm_max_epu8(v, low), low)),
             simple: bits(simple),
+            high: bits(v),
         }
     }
 }
@@ -442,6 +451,7 @@ fn portable_classify(block: &[u8; 16]) -> Classes {
         backslash: mask(&|b| b == b'\\'),
         control: mask(&|b| b < 0x20),
         simple: mask(&|b| b"\"\\/bfnrt".contains(&b)),
+        high: mask(&|b| b >= 0x80),
     }
 }
 
@@ -471,6 +481,7 @@ mod simd {
             backslash: bits(backslash),
             control: bits(_mm256_cmpeq_epi8(_mm256_max_epu8(v, low), low)),
             simple: bits(simple),
+            high: bits(v),
         }
     }
 }

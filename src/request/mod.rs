@@ -106,7 +106,15 @@ struct Fields<'a> {
 
 /// Parses a routed body of `endpoint` in one pass.
 pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Parsed<'_>, ParseError> {
-    std::str::from_utf8(body).map_err(|_| ParseError::NotUtf8)?;
+    // UTF-8 is checked inside strings, the only place JSON allows non-ASCII bytes; when the
+    // body is refused for any reason, invalid UTF-8 anywhere in it is the error reported.
+    read(endpoint, body).map_err(|e| match std::str::from_utf8(body) {
+        Ok(_) => e,
+        Err(_) => ParseError::NotUtf8,
+    })
+}
+
+fn read(endpoint: Endpoint, body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     let mut j = Json::new(body);
     let mut fields = Fields::default();
     let mut text = RoutingText::with_capacity(64);

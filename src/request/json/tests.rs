@@ -165,6 +165,7 @@ proptest! {
         prop_assert_eq!(wide.backslash, lo.backslash | hi.backslash << 16);
         prop_assert_eq!(wide.control, lo.control | hi.control << 16);
         prop_assert_eq!(wide.simple, lo.simple | hi.simple << 16);
+        prop_assert_eq!(wide.high, lo.high | hi.high << 16);
     }
 }
 
@@ -172,7 +173,7 @@ proptest! {
 fn scan_end(text: &[u8], width: usize) -> Result<(bool, usize), ParseError> {
     let mut j = Json::new(text);
     j.eat(b'"', "a string")?;
-    let ended = match width {
+    let (ended, _) = match width {
         16 => j.scan_blocks::<16>(classify)?,
         _ => j.string_blocks()?,
     };
@@ -190,5 +191,21 @@ proptest! {
             (Ok((false, _)), Ok(_)) | (Ok(_), Ok((false, _))) => {}
             (n, w) => prop_assert_eq!(n.is_ok(), w.is_ok()),
         }
+    }
+}
+
+proptest! {
+    #[test]
+    fn invalid_utf8_in_a_string_is_found_wherever_it_is(
+        s in "[a-z\"\\\\\n]{0,80}", at in 0usize..100, bad in prop::sample::select(vec![
+            &b"\xff"[..], b"\xc3", b"\xe2\x82", b"\xed\xa0\x80", b"\xc0\xaf"]),
+    ) {
+        let text = serde_json::to_string(&s).unwrap();
+        let inner = &text.as_bytes()[1..text.len() - 1];
+        let at = at.min(inner.len());
+        // Only between whole characters or escapes: put it after an even run of backslashes.
+        let at = (0..=at).rev().find(|&i| inner[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 0).unwrap();
+        let body = [b"{\"model\":\"", &inner[..at], bad, &inner[at..], b"\",\"messages\":[]}"].concat();
+        prop_assert!(matches!(crate::request::parse(crate::request::Endpoint::Chat, &body), Err(ParseError::NotUtf8)));
     }
 }
