@@ -177,13 +177,16 @@ impl BackgroundService for Upkeep {
                 _ = shutdown.changed() => return,
             };
             let snapshot = self.state.fleet.snapshot();
-            let due = grown || last.elapsed() >= self.interval;
-            if due || snapshot.generation != generation {
-                let live = |id| snapshot.backends.iter().any(|b| b.id == id);
-                let evicted = self.state.selector.maintain(&live);
-                self.state.stats.evicted_bytes.inc_by(evicted as u64);
+            let evicted = if last.elapsed() >= self.interval || snapshot.generation != generation {
                 (last, generation) = (Instant::now(), snapshot.generation);
-            }
+                let live = |id| snapshot.backends.iter().any(|b| b.id == id);
+                self.state.selector.maintain(&live)
+            } else if grown {
+                self.state.selector.trim_tree()
+            } else {
+                0
+            };
+            self.state.stats.evicted_bytes.inc_by(evicted as u64);
         }
     }
 }

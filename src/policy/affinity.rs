@@ -74,6 +74,12 @@ impl Selector {
         self.policy.maintain(live)
     }
 
+    /// Evicts the tree down to its budget, and nothing else (sessions are swept by
+    /// [`Self::maintain`]). Returns the bytes of remembered text evicted.
+    pub fn trim_tree(&self) -> usize {
+        self.policy.maintain(&|_| true)
+    }
+
     /// Resolves when a decision found upkeep due before its interval (the tree grew by a
     /// tenth of its budget), so that memory stays bounded however fast text arrives.
     pub async fn upkeep_requested(&self) {

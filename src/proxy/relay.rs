@@ -140,15 +140,17 @@ impl Exchange<'_> {
         // The id is a printable token (checked or made by `headers::request_id`).
         let _ = req.insert_header(headers::X_REQUEST_ID, self.request_id);
         let sent = Instant::now();
-        let written = match one_write(&req, body) {
-            Some(wire) => write_all(&mut stream, &wire, self.timeouts.upstream_write).await,
-            None => Ok(false),
-        };
-        let written = written.map_err(Failure::Retryable)?;
+        let one = one_write(&req, body);
+        if let Some(wire) = &one {
+            let timeout = self.timeouts.upstream_write;
+            write_all(&mut stream, wire, timeout)
+                .await
+                .map_err(Failure::Retryable)?;
+        }
         let mut upstream = HttpSession::H1(Http1::new_with_options(stream, &backend.peer));
         upstream.set_read_timeout(Some(self.timeouts.first_byte));
         upstream.set_write_timeout(Some(self.timeouts.upstream_write));
-        if !written {
+        if one.is_none() {
             send(&mut upstream, req, body)
                 .await
                 .map_err(Failure::Retryable)?;
@@ -239,18 +241,14 @@ fn one_write(req: &RequestHeader, body: &Bytes) -> Option<bytes::BytesMut> {
     Some(wire)
 }
 
-/// Writes `wire` and flushes within `timeout`; true once written.
-async fn write_all(
-    stream: &mut Stream,
-    wire: &[u8],
-    timeout: Duration,
-) -> Result<bool, RouterError> {
+/// Writes `wire` and flushes within `timeout`.
+async fn write_all(stream: &mut Stream, wire: &[u8], timeout: Duration) -> Result<(), RouterError> {
     let write = async {
         stream.write_all(wire).await?;
         stream.flush().await
     };
     match tokio::time::timeout(timeout, write).await {
-        Ok(Ok(())) => Ok(true),
+        Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(RouterError::Upstream(format!("writing the request: {e}"))),
         Err(_) => Err(RouterError::Upstream(
             "writing the request timed out".into(),
