@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use prefix_router::config::Settings;
-use serde_json::json;
 
 use crate::support::*;
 
@@ -39,14 +38,7 @@ async fn a_backend_that_never_answers_gets_504_in_time() {
 
 /// Reads a streamed response to its end; Err when the stream was cut.
 async fn read_stream(url: &str) -> Result<String, String> {
-    let body =
-        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| e.to_string())?;
+    let resp = post_stream(url).await.map_err(|e| e.to_string())?;
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let mut text = Vec::new();

@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::support::*;
@@ -18,14 +17,7 @@ async fn sse_events_arrive_before_the_upstream_finishes() {
         gate: Arc::clone(&gate),
     });
     let router = TestRouter::start(settings(&[&up]), 1);
-    let body =
-        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_stream(&router.url).await.unwrap();
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut stream = resp.bytes_stream();
@@ -51,14 +43,7 @@ async fn a_client_that_leaves_mid_stream_releases_its_load() {
     let gate = Arc::new(Notify::new());
     up.set_reply(Reply::Sse { chunks: 5, gate });
     let router = TestRouter::start(settings(&[&up]), 1);
-    let body =
-        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", router.url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let resp = post_stream(&router.url).await.unwrap();
     let mut stream = resp.bytes_stream();
     let _ = stream.next().await;
     assert_eq!(router.inflight(), 1);

@@ -8,7 +8,8 @@
 //! any more are removed with their subtrees and their slots recycled.
 //!
 //! Shard locks are taken one at a time, never two at once. This module does
-//! not decide when to evict (the caller polls [`PrefixTrees::over_budget`]),
+//! not decide when to evict (the caller asks [`PrefixTrees::eviction_due`] or
+//! [`PrefixTrees::over_budget`]),
 //! and it does not merge single-child chains left behind by removals.
 
 use smallvec::SmallVec;

@@ -43,6 +43,17 @@ pub async fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
     (status, serde_json::from_slice(&text).unwrap_or(Value::Null))
 }
 
+/// POSTs a one-message streaming chat request to `url`; the response as it starts.
+pub async fn post_stream(url: &str) -> reqwest::Result<reqwest::Response> {
+    let body =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+}
+
 /// Sends raw bytes to the router and reads the whole response (until close or timeout).
 pub async fn raw(url: &str, request: &[u8]) -> String {
     let addr = url.trim_start_matches("http://");
