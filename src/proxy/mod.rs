@@ -1,6 +1,6 @@
 //! The Pingora `ProxyHttp` service. It only wires phases together: `request_filter` reads the
 //! body, asks `request` for the routing text and the selector for a backend, and relays the
-//! exchange itself (see [`relay`]); `fail_to_proxy` is the one place errors become HTTP
+//! exchange itself (see `relay.rs`); `fail_to_proxy` is the one place errors become HTTP
 //! responses; `logging` writes one line per request.
 
 mod body;
