@@ -127,6 +127,8 @@ async fn secrets_never_reach_the_logs() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ok, "the router never answered");
+    // The access log line is written after the response is sent: let it land before the kill.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = child.kill();
     let mut logs = String::new();
     child
