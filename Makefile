@@ -8,7 +8,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps demo test run bench overhead
+.PHONY: deps test-deps core-is-pure demo test run bench overhead
 
 deps:
 	@command -v cmake >/dev/null 2>&1 || { \
@@ -27,16 +27,21 @@ demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)
 
 # The parser's fuzzing property tests run again with 16x the default cases (bounded: ~1 min).
-test: test-deps
-	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test
-	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test --lib request::
-	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --no-run
+test: test-deps core-is-pure
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test --workspace
+	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test -p prefix-router-core --lib request::
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace --no-run
+
+# The core crate must build without Pingora, tokio or hyper (README "Layout").
+core-is-pure:
+	@if $(CARGO) tree -p prefix-router-core -e normal,build --prefix none | grep -E '^(pingora|tokio|hyper)'; then \
+		echo "prefix-router-core depends on the crates above; it must stay free of I/O"; exit 1; fi
 
 run: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- --config conf/prefix-router.toml $(ARGS)
 
 bench: deps
-	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace
 
 overhead: deps
 	PATH="$$PATH:$$HOME/.local/bin" benches/overhead/run.sh

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use pingora_core::server::configuration::Opt;
 use prefix_router::config::{Config, Settings};
+use prefix_router::serve;
 
 #[derive(Parser)]
 #[command(
@@ -27,11 +28,11 @@ enum Command {
     /// Run the router (the default when no command is given).
     Serve(ServeArgs),
     /// Run simulated vLLM backends.
-    Sim(prefix_router::sim::SimArgs),
+    Sim(prefix_router_sim::SimArgs),
     /// Replay a trace or a synthetic workload against an OpenAI-compatible URL.
-    Replay(prefix_router::replay::ReplayArgs),
+    Replay(prefix_router_replay::ReplayArgs),
     /// Compare policies on simulated backends, all in this process.
-    Demo(prefix_router::demo::DemoArgs),
+    Demo(prefix_router_demo::DemoArgs),
 }
 
 #[derive(Args)]
@@ -60,9 +61,9 @@ fn main() -> anyhow::Result<()> {
     log::set_boxed_logger(Box::new(Redacting(logger)))?;
     match cli.command {
         Some(Command::Serve(args)) => serve(args),
-        Some(Command::Sim(args)) => runtime()?.block_on(prefix_router::sim::run(args)),
-        Some(Command::Replay(args)) => runtime()?.block_on(prefix_router::replay::run(args)),
-        Some(Command::Demo(args)) => runtime()?.block_on(prefix_router::demo::run(args)),
+        Some(Command::Sim(args)) => runtime()?.block_on(prefix_router_sim::run(args)),
+        Some(Command::Replay(args)) => runtime()?.block_on(prefix_router_replay::run(args)),
+        Some(Command::Demo(args)) => runtime()?.block_on(prefix_router_demo::run(args)),
         None => serve(cli.serve),
     }
 }
@@ -109,10 +110,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         upgrade: args.upgrade,
         ..Opt::default()
     };
-    let source = prefix_router::server::Source {
+    let source = serve::Source {
         file: args.config,
         flags: args.settings,
     };
-    let (server, handles) = prefix_router::server::build(&config, source, Some(opt));
-    prefix_router::lifecycle::run(server, handles.state)
+    let (server, handles) = serve::build(&config, source, Some(opt));
+    serve::lifecycle::run(server, handles.state)
 }

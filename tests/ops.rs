@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use prefix_router::config::Settings;
-use prefix_router::sim::{SimConfig, SimHandle};
+use prefix_router_sim::{SimConfig, SimHandle};
 use serde_json::{Value as Json, json};
 
 use crate::support::*;
@@ -40,7 +40,7 @@ async fn start_sim(name: &str) -> SimHandle {
         name: name.into(),
         ..SimConfig::default()
     };
-    prefix_router::sim::start(config, listener).await.unwrap()
+    prefix_router_sim::start(config, listener).await.unwrap()
 }
 
 /// Sends a chat request, streamed or not, and returns the usage the backend reported.
@@ -507,8 +507,8 @@ fn signal(pid: u32, name: &str) {
 
 fn router_config(dir: &std::path::Path, workers: &[&Upstream]) -> (PathBuf, String, String) {
     let (data, admin) = (
-        prefix_router::server::free_loopback_addr().unwrap(),
-        prefix_router::server::free_loopback_addr().unwrap(),
+        crate::support::free_loopback_addr().unwrap(),
+        crate::support::free_loopback_addr().unwrap(),
     );
     let port = |a: &str| a.rsplit_once(':').unwrap().1.to_string();
     let urls: Vec<String> = workers.iter().map(|u| format!("\"{}\"", u.url())).collect();

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use prefix_router::replay::{ReplayArgs, Synthetic, Workload, replay};
+use prefix_router_replay::{ReplayArgs, Synthetic, Workload, replay};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 

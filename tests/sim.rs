@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use prefix_router::sim::{SimConfig, SimHandle, start, template};
+use prefix_router_sim::{SimConfig, SimHandle, start, template};
 use serde_json::{Value, json};
 
 async fn instance(config: SimConfig) -> SimHandle {

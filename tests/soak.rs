@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::time::{Duration, Instant};
 
-use prefix_router::sim::{SimConfig, SimHandle};
+use prefix_router_sim::{SimConfig, SimHandle};
 use serde_json::json;
 
 use crate::support::*;
@@ -45,7 +45,7 @@ async fn start_sims(count: usize) -> Vec<SimHandle> {
             name: format!("soak-{i}"),
             ..SimConfig::default()
         };
-        sims.push(prefix_router::sim::start(config, listener).await.unwrap());
+        sims.push(prefix_router_sim::start(config, listener).await.unwrap());
     }
     sims
 }

@@ -13,6 +13,12 @@ use tokio::net::TcpStream;
 pub use router::{TestRouter, router_binary, settings};
 pub use upstream::{Reply, Upstream};
 
+/// A loopback `host:port` with a port the OS just handed out (bound, then released).
+pub fn free_loopback_addr() -> std::io::Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
 /// An HTTP client with a bounded timeout.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

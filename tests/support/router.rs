@@ -6,16 +6,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prefix_router::config::{Config, Settings};
-use prefix_router::proxy::State;
-use prefix_router::server::{Running, Source, free_loopback_addr};
+use prefix_router::serve::Source;
+use prefix_router::serve::control::Control;
+use prefix_router::serve::embedded::Embedded;
+use prefix_router::state::State;
 
+use super::free_loopback_addr;
 use super::upstream::Upstream;
 
 /// A running router.
 pub struct TestRouter {
     pub url: String,
     pub admin_url: String,
-    running: Running,
+    running: Embedded,
 }
 
 /// Settings a test starts from: fast health checks, the given backends.
@@ -47,7 +50,7 @@ impl TestRouter {
         let admin = free_loopback_addr().unwrap();
         settings.admin_port = Some(admin.rsplit_once(':').unwrap().1.parse().unwrap());
         let config = Config::load(file.as_deref(), settings.clone()).expect("valid test config");
-        let running = Running::start_from(
+        let running = Embedded::start_from(
             &config,
             Source {
                 file,
@@ -77,7 +80,7 @@ impl TestRouter {
     }
 
     /// Reloads and worker changes.
-    pub fn control(&self) -> &Arc<prefix_router::control::Control> {
+    pub fn control(&self) -> &Arc<Control> {
         &self.running.handles.control
     }
 
@@ -115,7 +118,7 @@ impl TestRouter {
 /// The router binary as a child process on free loopback ports, listeners set: add worker
 /// flags, then spawn. Returns the command, the data plane URL and the admin URL.
 pub fn router_binary() -> (std::process::Command, String, String) {
-    let free = || prefix_router::server::free_loopback_addr().unwrap();
+    let free = || free_loopback_addr().unwrap();
     let (data, admin) = (free(), free());
     let port = |addr: &str| addr.rsplit_once(':').unwrap().1.to_string();
     let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_prefix-router"));

@@ -1,0 +1,18 @@
+//! The router's core: what a request offers routing ([`request`]: routing text, session key,
+//! model), which backend was sent which prefix ([`tree`]), and who decides ([`policy`]: one
+//! trait, a file per policy, session affinity on top).
+//!
+//! Pure and synchronous: no sockets, no async runtime, no clocks but the one a caller passes
+//! in. The router crate runs it behind Pingora; the lab runs it in virtual time. Each part
+//! owns its settings type ([`policy::Balance`], [`tree::TreeConfig`]) with its defaults.
+#![deny(unsafe_code)]
+
+#[cfg(test)]
+mod copies;
+pub mod policy;
+pub mod request;
+pub mod tree;
+
+/// Stable small integer naming one backend for the router's lifetime.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BackendId(pub u32);

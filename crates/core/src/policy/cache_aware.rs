@@ -1,0 +1,124 @@
+//! `cache_aware`, with the peers' semantics (SGLang / vllm-project router) so results can be
+//! compared: when the fleet is imbalanced take the least loaded backend; else follow the
+//! best prefix match if it covers at least `cache_threshold` of the text (ties: least
+//! loaded); else the least loaded. The text is then recorded under the chosen backend.
+
+use super::prefix::{PrefixPolicy, Rule};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, SharedTunables, Ties, imbalanced};
+use crate::tree::Matches;
+
+/// The peers' threshold rule.
+pub struct Threshold {
+    tunables: SharedTunables,
+    ties: Ties,
+}
+
+pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
+    let rule = Threshold {
+        tunables: params.tunables.clone(),
+        ties: Ties::new(params.seed),
+    };
+    Box::new(PrefixPolicy::new(params, rule))
+}
+
+impl Rule for Threshold {
+    fn decide(&self, matches: &Matches, candidates: &[Candidate]) -> Decision {
+        let matched = |i: usize| matches.matched(candidates[i].id);
+        let tunables = self.tunables.get();
+        if imbalanced(candidates, &tunables.balance) {
+            let index = self.ties.least_loaded(candidates);
+            return Decision {
+                index,
+                outcome: Outcome::Imbalance,
+                matched: matched(index),
+            };
+        }
+        let best = (0..candidates.len()).map(matched).max().unwrap_or(0);
+        let ratio = best as f64 / matches.total().max(1) as f64;
+        if best > 0 && ratio >= tunables.cache_threshold {
+            let index = self.ties.best(candidates.len(), |i| {
+                (matched(i), std::cmp::Reverse(candidates[i].load))
+            });
+            return Decision {
+                index,
+                outcome: Outcome::PrefixHit,
+                matched: matched(index),
+            };
+        }
+        let index = self.ties.least_loaded(candidates);
+        Decision {
+            index,
+            outcome: Outcome::PrefixMiss,
+            matched: matched(index),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::*;
+
+    fn policy(threshold: f64) -> Box<dyn Policy> {
+        build(&params(threshold, 4))
+    }
+
+    #[test]
+    fn follows_the_prefix_and_records_it() {
+        let p = policy(0.3);
+        let first = text("a long shared conversation prefix");
+        let d1 = p.choose(&request(&first, None), &candidates(&[0, 0, 0]));
+        assert_eq!(d1.outcome, Outcome::PrefixMiss);
+        let next = text("a long shared conversation prefix, and a new turn");
+        let d2 = p.choose(&request(&next, None), &candidates(&[1, 0, 0]));
+        assert_eq!((d2.index, d2.outcome), (d1.index, Outcome::PrefixHit));
+        assert_eq!(d2.matched, first.len());
+    }
+
+    #[test]
+    fn below_threshold_takes_least_loaded() {
+        let p = policy(0.9);
+        let first = text("abcdefgh");
+        let d1 = p.choose(&request(&first, None), &candidates(&[0, 0]));
+        let other = text("abcdefgh and much more text that was never seen");
+        let mut loads = [0, 0];
+        loads[d1.index] = 1;
+        let d2 = p.choose(&request(&other, None), &candidates(&loads));
+        assert_eq!((d2.index, d2.outcome), (1 - d1.index, Outcome::PrefixMiss));
+    }
+
+    #[test]
+    fn imbalance_overrides_the_match() {
+        let p = policy(0.3);
+        let t = text("conversation");
+        let d1 = p.choose(&request(&t, None), &candidates(&[0, 0]));
+        let mut loads = [0, 0];
+        loads[d1.index] = 10;
+        let d2 = p.choose(&request(&t, None), &candidates(&loads));
+        assert_eq!((d2.index, d2.outcome), (1 - d1.index, Outcome::Imbalance));
+    }
+
+    #[test]
+    fn idle_ties_spread_over_backends() {
+        let p = policy(0.3);
+        let texts = ["q1", "w2", "e3", "r4", "t5", "y6", "u7", "i8", "o9", "p0"];
+        let mut seen = [0; 3];
+        for s in texts {
+            let t = text(s);
+            seen[p.choose(&request(&t, None), &candidates(&[0, 0, 0])).index] += 1;
+        }
+        assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+    }
+
+    #[test]
+    fn record_reports_what_the_backend_already_had() {
+        let p = policy(0.3);
+        let first = text("shared prefix");
+        let d = p.choose(&request(&first, None), &candidates(&[0, 0]));
+        let longer = text("shared prefix and more");
+        assert_eq!(
+            p.record(&request(&longer, None), crate::BackendId(d.index as u32)),
+            first.len()
+        );
+    }
+}

@@ -1,0 +1,38 @@
+//! `random`: a uniformly random candidate.
+
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Ties};
+
+/// Picks at random.
+pub struct Random {
+    dice: Ties,
+}
+
+pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
+    Box::new(Random {
+        dice: Ties::new(params.seed),
+    })
+}
+
+impl Policy for Random {
+    fn choose(&self, _: &Request, candidates: &[Candidate]) -> Decision {
+        Decision::new(self.dice.below(candidates.len()), Outcome::Balanced)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::*;
+
+    #[test]
+    fn reaches_every_candidate() {
+        let t = text("x");
+        let c = candidates(&[0, 0, 0]);
+        let mut seen = [false; 3];
+        let p = build(&params(0.3, 64));
+        for _ in 0..200 {
+            seen[p.choose(&request(&t, None), &c).index] = true;
+        }
+        assert_eq!(seen, [true; 3]);
+    }
+}

@@ -1,0 +1,45 @@
+//! Small fakes shared by the policies' unit tests.
+
+use super::{Balance, Candidate, PolicyParams, Request, SharedTunables, Tunables};
+use crate::BackendId;
+use crate::request::{RoutingText, SessionKey};
+use crate::tree::TreeConfig;
+
+/// Candidates with ids 0.. and the given loads.
+pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
+    let ids = 0..loads.len() as u32;
+    ids.zip(loads)
+        .map(|(i, &load)| Candidate::new(BackendId(i), load, 0, u64::from(i) * 7919))
+        .collect()
+}
+
+/// A routing text of one part.
+pub fn text(s: &'static str) -> RoutingText<'static> {
+    let mut t = RoutingText::default();
+    t.push(s.as_bytes());
+    t.mark_anchor();
+    t
+}
+
+/// A request for model `m` with `text` and an optional session id.
+pub fn request<'r>(text: &'r RoutingText<'static>, session: Option<&str>) -> Request<'r, 'static> {
+    Request {
+        model: b"m",
+        text,
+        session: session.map(|s| SessionKey::of(s.as_bytes())),
+    }
+}
+
+/// Policy parameters with `threshold` and an imbalance bound of `abs` requests (rel 1.5).
+pub fn params(threshold: f64, abs: usize) -> PolicyParams {
+    let balance = Balance { abs, rel: 1.5 };
+    let tunables = SharedTunables::new(Tunables {
+        cache_threshold: threshold,
+        balance,
+    });
+    PolicyParams {
+        tunables,
+        tree: TreeConfig::default(),
+        seed: 0,
+    }
+}

@@ -1,0 +1,217 @@
+//! The demo: simulated vLLM backends and the router in one process on free loopback ports,
+//! one replay of the same workload per policy (fresh, cold backends each time), and a
+//! side-by-side comparison printed as a table and written as JSON and an SVG chart.
+//! It only assembles the simulator, the router and the replay; it measures nothing itself.
+
+pub mod chart;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+use tokio::net::TcpListener;
+
+use prefix_router::config::{Config, Settings};
+use prefix_router::serve::embedded::Embedded;
+use prefix_router_replay::{ReplayArgs, Report, Synthetic, Workload, replay};
+use prefix_router_sim::{SimConfig, SimHandle, start};
+
+/// Options of the `demo` command.
+#[derive(clap::Args, Debug, Clone)]
+pub struct DemoArgs {
+    /// Policies to compare, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,consistent_hash,cache_aware,prefill_aware"
+    )]
+    pub policies: Vec<String>,
+    /// Simulated backends.
+    #[arg(long, default_value_t = 4)]
+    pub backends: usize,
+    /// Replay this Mooncake trace instead of the built-in agent workload.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Time compression: replay arrivals and every simulated delay are divided by this.
+    #[arg(long, default_value_t = 20.0)]
+    pub speedup: f64,
+    /// Built-in workload: coding-agent sessions.
+    #[arg(long, default_value_t = 24)]
+    pub sessions: usize,
+    /// Built-in workload: new sessions per second, before the speedup.
+    #[arg(long, default_value_t = 0.5)]
+    pub session_rate: f64,
+    /// Stop each replay after this many requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Send session ids as `x-session-id` (traces that carry them, and the agent workload).
+    #[arg(long)]
+    pub send_session_header: bool,
+    /// KV cache capacity of each simulated backend, in 16-token blocks.
+    #[arg(long, default_value_t = SimConfig::default().kv_blocks)]
+    pub kv_blocks: usize,
+    /// The router's `max_tree_size`; by default the simulated KV cache in bytes
+    /// (`kv_blocks` x 16 tokens x 4 bytes), as an operator should size it.
+    #[arg(long)]
+    pub max_tree_size: Option<usize>,
+    /// Requests in flight at most.
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: usize,
+    /// Where to write `demo.json` and `demo.svg`.
+    #[arg(long, default_value = "demo-results")]
+    pub out_dir: PathBuf,
+}
+
+/// One policy's result.
+#[derive(Serialize)]
+pub struct PolicyResult {
+    /// The policy.
+    pub policy: String,
+    /// The replay's report.
+    pub report: Report,
+}
+
+/// Runs the comparison, prints it and writes `demo.json` and `demo.svg`.
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let results = compare(&args, |line| println!("{line}")).await?;
+    println!("\n{}", chart::table(&results, args.speedup));
+    write_outputs(&args, &results)
+}
+
+/// Replays the workload once per policy on fresh backends; `progress` hears what happens.
+pub async fn compare(
+    args: &DemoArgs,
+    progress: impl Fn(&str),
+) -> anyhow::Result<Vec<PolicyResult>> {
+    let replay_args = replay_args(args);
+    let loading = replay_args.clone();
+    let workload = tokio::task::spawn_blocking(move || Workload::load(&loading)).await??;
+    progress(&format!("workload: {}", workload.describe()));
+    progress(&workload.bound_summary());
+    if let Some(capacity) = replay_args.bound_capacity {
+        let pooled = workload.pooled_bound(capacity);
+        let line = format!(
+            "with the fleet's KV ({capacity} tokens) pooled into one LRU cache: {:.2}%\n",
+            pooled * 100.0
+        );
+        progress(&line);
+    }
+    let mut results = Vec::new();
+    for policy in &args.policies {
+        progress(&format!("running {policy} ..."));
+        let report = run_policy(args, policy, &replay_args, &workload).await?;
+        results.push(PolicyResult {
+            policy: policy.clone(),
+            report,
+        });
+    }
+    Ok(results)
+}
+
+fn replay_args(args: &DemoArgs) -> ReplayArgs {
+    let mut replay = ReplayArgs {
+        trace: args.trace.clone(),
+        synthetic: args.trace.is_none().then_some(Synthetic::Agent),
+        speedup: args.speedup,
+        stream: true,
+        quiet: true,
+        concurrency: args.concurrency,
+        max_requests: args.max_requests,
+        send_session_header: args.send_session_header,
+        sessions: args.sessions,
+        session_rate: args.session_rate,
+        bound_capacity: Some(
+            (args.backends * args.kv_blocks * SimConfig::default().block_tokens) as u64,
+        ),
+        ..ReplayArgs::default()
+    };
+    replay.model = prefix_router_sim::DEFAULT_MODEL.to_string();
+    replay
+}
+
+async fn run_policy(
+    args: &DemoArgs,
+    policy: &str,
+    replay_args: &ReplayArgs,
+    workload: &Workload,
+) -> anyhow::Result<Report> {
+    let sims = start_sims(args).await?;
+    let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
+    let config = router_config(args, policy, &urls)?;
+    let backends = urls.len();
+    let router = tokio::task::spawn_blocking(move || {
+        let running = Embedded::start(&config);
+        running
+            .wait_ready(backends, Duration::from_secs(30))
+            .then_some(running)
+    })
+    .await?
+    .context("the router did not become ready")?;
+    let mut run_args = replay_args.clone();
+    run_args.url = router.url.clone();
+    let report = replay(&run_args, workload).await?;
+    tokio::task::spawn_blocking(move || drop(router)).await?;
+    for sim in sims {
+        sim.shutdown().await;
+    }
+    Ok(report)
+}
+
+async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
+    let mut sims = Vec::with_capacity(args.backends);
+    for i in 0..args.backends {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let config = SimConfig {
+            kv_blocks: args.kv_blocks,
+            time_scale: args.speedup,
+            name: format!("backend-{i}"),
+            ..SimConfig::default()
+        };
+        sims.push(start(config, listener).await?);
+    }
+    Ok(sims)
+}
+
+fn router_config(args: &DemoArgs, policy: &str, urls: &[String]) -> anyhow::Result<Config> {
+    let sim = SimConfig::default();
+    let kv_bytes = args.kv_blocks * sim.block_tokens * sim.bytes_per_token;
+    let addr = free_loopback_addr()?;
+    let (host, port) = addr
+        .rsplit_once(':')
+        .context("loopback address without port")?;
+    let admin = free_loopback_addr()?;
+    let (_, admin_port) = admin
+        .rsplit_once(':')
+        .context("loopback address without port")?;
+    let settings = Settings {
+        host: Some(host.to_string()),
+        port: Some(port.parse()?),
+        admin_port: Some(admin_port.parse()?),
+        worker_urls: Some(urls.to_vec()),
+        policy: Some(policy.to_string()),
+        max_tree_size: Some(args.max_tree_size.unwrap_or(kv_bytes)),
+        health_check_interval: Some(0.5),
+        threads: Some(2),
+        grace_period: Some(0.0),
+        ..Settings::default()
+    };
+    Ok(Config::from_settings(settings)?)
+}
+
+fn write_outputs(args: &DemoArgs, results: &[PolicyResult]) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.out_dir)
+        .with_context(|| format!("creating {}", args.out_dir.display()))?;
+    let json = args.out_dir.join("demo.json");
+    std::fs::write(&json, serde_json::to_vec_pretty(results)?)?;
+    let svg = args.out_dir.join("demo.svg");
+    std::fs::write(&svg, chart::svg(results, args.speedup))?;
+    println!("wrote {} and {}", json.display(), svg.display());
+    Ok(())
+}
+
+/// A loopback `host:port` with a port the OS just handed out (bound, then released).
+fn free_loopback_addr() -> std::io::Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}

@@ -1,0 +1,248 @@
+//! Synthetic coding-agent sessions (`--synthetic agent`).
+//!
+//! A few long system prompts (20-40 KB each) and one shared `tools` array
+//! (~10 KB) are shared by all sessions. Sessions arrive as a Poisson process.
+//! Each session picks a system prompt, starts with a user task, and each turn
+//! appends an assistant tool call and a tool result of 1-8 KB (sometimes a
+//! follow-up user message too), until the context would pass
+//! `max_context_tokens`. The next turn is sent a think time (uniform in
+//! `[think_min, think_max]` seconds, divided by `--speedup`) after the previous
+//! response finished. Everything is a pure function of the config (seed).
+//!
+//! Token counts are estimated as serialized message bytes / bytes-per-token.
+
+use std::sync::Arc;
+
+use super::plan::{Plan, Session, Turn};
+use super::text::{Rng, Role, TOOL_NAMES, json_string, mix, render_message, text};
+
+/// Settings of the agent workload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// Number of sessions generated.
+    pub sessions: usize,
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Mean new sessions per second (Poisson, before `--speedup`).
+    pub session_rate: f64,
+    /// A session ends before its context would exceed this many tokens.
+    pub max_context_tokens: u64,
+    /// Bytes of text per token.
+    pub bytes_per_token: u32,
+    /// Shortest think time between turns, seconds.
+    pub think_min: f64,
+    /// Longest think time between turns, seconds.
+    pub think_max: f64,
+    /// Number of distinct shared system prompts.
+    pub system_prompts: usize,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            sessions: 100,
+            seed: 1,
+            session_rate: 0.5,
+            max_context_tokens: 100_000,
+            bytes_per_token: 4,
+            think_min: 1.0,
+            think_max: 5.0,
+            system_prompts: 4,
+        }
+    }
+}
+
+/// Generates the plan for `cfg`.
+pub(crate) fn plan_agent(cfg: &AgentConfig) -> Plan {
+    let mut plan = Plan::default();
+    let bpt = u64::from(cfg.bytes_per_token.max(1));
+    let mut rng = Rng::new(mix(cfg.seed, 0xA6E7));
+    let tools = tools_json(cfg.seed);
+    let tools_tokens = tokens(tools.len(), bpt);
+    plan.tools = Some(plan.push_piece(tools, None, tools_tokens));
+    let prompts: Vec<u32> = (0..cfg.system_prompts.max(1))
+        .map(|i| {
+            let len = rng.range(20_000, 40_000) as usize;
+            let json = render_message(Role::System, &text(mix(cfg.seed, 0x5157 + i as u64), len));
+            let t = tokens(json.len(), bpt);
+            plan.push_piece(json, None, t)
+        })
+        .collect();
+    let mut start_s = 0.0;
+    for s in 0..cfg.sessions {
+        if s > 0 {
+            start_s += exponential(&mut rng, cfg.session_rate);
+        }
+        let prompt = prompts[rng.range(0, prompts.len() as u64 - 1) as usize];
+        let session = SessionGen::new(cfg, s, &mut plan, prompt).run(start_s);
+        plan.sessions.push(session);
+    }
+    plan.finish()
+}
+
+/// Exponential inter-arrival time with the given rate (per second).
+fn exponential(rng: &mut Rng, rate: f64) -> f64 {
+    if rate <= 0.0 {
+        return 0.0;
+    }
+    -(1.0 - rng.unit()).ln() / rate
+}
+
+fn tokens(bytes: usize, bpt: u64) -> u32 {
+    u32::try_from(bytes as u64 / bpt).unwrap_or(u32::MAX)
+}
+
+/// The shared `tools` array: one function per [`TOOL_NAMES`] entry.
+fn tools_json(seed: u64) -> String {
+    let tools: Vec<String> = TOOL_NAMES
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let desc = json_string(&text(mix(seed, 0x7001 + i as u64), 700));
+            let arg = json_string(&text(mix(seed, 0x7101 + i as u64), 80));
+            format!(
+                r#"{{"type":"function","function":{{"name":"{name}","description":{desc},"parameters":{{"type":"object","properties":{{"path":{{"type":"string","description":{arg}}}}},"required":["path"]}}}}}}"#
+            )
+        })
+        .collect();
+    format!("[{}]", tools.join(","))
+}
+
+/// Builds one session's turns.
+struct SessionGen<'a> {
+    cfg: &'a AgentConfig,
+    plan: &'a mut Plan,
+    rng: Rng,
+    index: usize,
+    messages: Vec<u32>,
+    /// Context size so far, tokens (tools included).
+    context: u64,
+}
+
+impl<'a> SessionGen<'a> {
+    fn new(cfg: &'a AgentConfig, index: usize, plan: &'a mut Plan, prompt: u32) -> Self {
+        let tools = plan
+            .tools
+            .map_or(0, |t| u64::from(plan.piece_tokens[t as usize]));
+        let context = tools + u64::from(plan.piece_tokens[prompt as usize]);
+        SessionGen {
+            cfg,
+            plan,
+            rng: Rng::new(mix(cfg.seed, 0x5E55_0000 + index as u64)),
+            index,
+            messages: vec![prompt],
+            context,
+        }
+    }
+
+    fn run(mut self, start_s: f64) -> Session {
+        let mut turns = Vec::new();
+        self.message(Role::User, 300, 2_000);
+        while self.context <= self.cfg.max_context_tokens || turns.is_empty() {
+            turns.push(self.turn(turns.is_empty()));
+            let call = ((self.index as u64) << 20) | turns.len() as u64;
+            self.message(Role::AssistantCall { call }, 40, 400);
+            self.message(Role::Tool { call }, 1_000, 8_000);
+            if self.rng.unit() < 0.15 {
+                self.message(Role::User, 100, 1_500);
+            }
+        }
+        Session {
+            id: Some(Arc::from(format!("agent-{}-{}", self.cfg.seed, self.index))),
+            start_ms: start_s * 1000.0,
+            turns,
+        }
+    }
+
+    fn turn(&mut self, first: bool) -> Turn {
+        let think = if first {
+            0.0
+        } else {
+            let (lo, hi) = (
+                self.cfg.think_min,
+                self.cfg.think_max.max(self.cfg.think_min),
+            );
+            (lo + (hi - lo) * self.rng.unit()) * 1000.0
+        };
+        Turn {
+            pieces: self.messages.clone(),
+            max_tokens: self.rng.range(30, 300) as u32,
+            think_ms: think,
+            prompt_tokens: self.context,
+        }
+    }
+
+    /// Appends a message with `lo..=hi` bytes of content.
+    fn message(&mut self, role: Role, lo: u64, hi: u64) {
+        let len = self.rng.range(lo, hi) as usize;
+        let json = render_message(role, &text(self.rng.next_u64(), len));
+        let t = tokens(json.len(), u64::from(self.cfg.bytes_per_token.max(1)));
+        self.messages.push(self.plan.push_piece(json, None, t));
+        self.context += u64::from(t);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::text::BodyStyle;
+
+    fn small() -> AgentConfig {
+        AgentConfig {
+            sessions: 6,
+            ..AgentConfig::default()
+        }
+    }
+
+    #[test]
+    fn deterministic_for_a_seed() {
+        let (a, b) = (plan_agent(&small()), plan_agent(&small()));
+        assert_eq!(a.pieces, b.pieces);
+        assert_eq!(a.len(), b.len());
+        let style = BodyStyle::new("m", false);
+        let last = |p: &Plan| p.body(&style, p.sessions[3].turns.last().unwrap());
+        assert_eq!(last(&a), last(&b));
+        let other = plan_agent(&AgentConfig { seed: 2, ..small() });
+        assert_ne!(a.pieces, other.pieces);
+    }
+
+    #[test]
+    fn contexts_grow_to_about_100k_tokens() {
+        let plan = plan_agent(&small());
+        for s in &plan.sessions {
+            let sizes: Vec<u64> = s.turns.iter().map(|t| t.prompt_tokens).collect();
+            assert!(sizes.windows(2).all(|w| w[0] < w[1]));
+            assert!(sizes[0] > 5_000 && sizes[0] < 15_000, "first {}", sizes[0]);
+            let last = *sizes.last().unwrap();
+            assert!((97_000..=100_000).contains(&last), "last {last}");
+            assert!(s.turns.len() > 30, "turns {}", s.turns.len());
+            // Each turn extends the previous one.
+            for w in s.turns.windows(2) {
+                assert!(w[1].pieces.starts_with(&w[0].pieces));
+            }
+        }
+        let body = plan.body(
+            &BodyStyle::new("m", true),
+            plan.sessions[0].turns.last().unwrap(),
+        );
+        assert!(body.len() > 350_000, "body {}", body.len());
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["tools"].as_array().unwrap().len(), TOOL_NAMES.len());
+    }
+
+    #[test]
+    fn sessions_share_system_prompts_and_arrive_over_time() {
+        let plan = plan_agent(&AgentConfig {
+            sessions: 20,
+            ..small()
+        });
+        let starts: Vec<f64> = plan.sessions.iter().map(|s| s.start_ms).collect();
+        assert!(starts.windows(2).all(|w| w[0] <= w[1]));
+        assert!(starts[19] > 5_000.0);
+        let mut prompts: Vec<u32> = plan.sessions.iter().map(|s| s.turns[0].pieces[0]).collect();
+        prompts.sort();
+        prompts.dedup();
+        assert!(prompts.len() > 1 && prompts.len() <= 4);
+        assert!(plan.bound.hit_rate > 0.9, "bound {}", plan.bound.hit_rate);
+    }
+}

@@ -1,0 +1,152 @@
+//! Tests of configuration: the documented file holds the defaults, flags win over the file,
+//! and every invalid value is an error naming its option.
+
+use std::path::Path;
+
+use super::*;
+
+fn example() -> &'static Path {
+    Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../conf/prefix-router.toml"
+    ))
+}
+
+fn error_of(settings: Settings) -> String {
+    Config::from_settings(settings)
+        .expect_err("must be refused")
+        .to_string()
+}
+
+#[test]
+fn example_file_documents_the_defaults() {
+    let from_file = Config::load(Some(example()), Settings::default()).unwrap();
+    let defaults = Config::from_settings(Settings::default()).unwrap();
+    assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
+    assert_eq!(defaults.policy.name, "cache_aware");
+    assert_eq!(defaults.limits.max_body_bytes, 32 << 20);
+    assert_eq!(defaults.session_ttl, Duration::from_secs(1800));
+    assert_eq!(defaults.listen, "0.0.0.0:8080");
+}
+
+#[test]
+fn flags_override_the_file() {
+    let flags = Settings {
+        policy: Some("round_robin".into()),
+        worker_urls: Some(vec![
+            "http://10.0.0.1:8000".into(),
+            "http://backend/".into(),
+        ]),
+        ..Settings::default()
+    };
+    let config = Config::load(Some(example()), flags).unwrap();
+    assert_eq!(config.policy.name, "round_robin");
+    assert_eq!(config.workers[1].url, "http://backend");
+    assert_eq!(
+        (config.workers[1].host.as_str(), config.workers[1].port),
+        ("backend", 80)
+    );
+}
+
+#[test]
+fn invalid_values_name_their_option() {
+    let cases: Vec<(Settings, &str)> = vec![
+        (
+            Settings {
+                policy: Some("fastest".into()),
+                ..Default::default()
+            },
+            "`policy`",
+        ),
+        (
+            Settings {
+                cache_threshold: Some(-0.1),
+                ..Default::default()
+            },
+            "`cache_threshold`",
+        ),
+        (
+            Settings {
+                balance_rel_threshold: Some(0.5),
+                ..Default::default()
+            },
+            "`balance_rel_threshold`",
+        ),
+        (
+            Settings {
+                worker_urls: Some(vec!["10.0.0.1:80".into()]),
+                ..Default::default()
+            },
+            "`worker_urls`",
+        ),
+        (
+            Settings {
+                worker_urls: Some(vec!["https://x".into()]),
+                ..Default::default()
+            },
+            "`worker_urls`",
+        ),
+        (
+            Settings {
+                worker_urls: Some(vec!["http://x/v1".into()]),
+                ..Default::default()
+            },
+            "`worker_urls`",
+        ),
+        (
+            Settings {
+                eviction_interval: Some(0.0),
+                ..Default::default()
+            },
+            "`eviction_interval`",
+        ),
+        (
+            Settings {
+                max_tree_size: Some(0),
+                ..Default::default()
+            },
+            "`max_tree_size`",
+        ),
+        (
+            Settings {
+                health_check_path: Some("health".into()),
+                ..Default::default()
+            },
+            "`health_check_path`",
+        ),
+        (
+            Settings {
+                session_headers: Some(vec!["bad header".into()]),
+                ..Default::default()
+            },
+            "`session_headers`",
+        ),
+    ];
+    for (settings, option) in cases {
+        let message = error_of(settings);
+        assert!(message.contains(option), "{message} does not name {option}");
+    }
+    let twice = vec!["http://a:1".into(), "http://a:1/".into()];
+    assert!(
+        error_of(Settings {
+            worker_urls: Some(twice),
+            ..Default::default()
+        })
+        .contains("twice")
+    );
+}
+
+#[test]
+fn unknown_file_keys_are_errors() {
+    let dir = std::env::temp_dir().join(format!("prefix-router-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(&path, "polcy = \"cache_aware\"\n").unwrap();
+    let error = Config::load(Some(&path), Settings::default())
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("polcy"), "{error}");
+    std::fs::write(&path, "balance_abs_threshold = -1\n").unwrap();
+    assert!(Config::load(Some(&path), Settings::default()).is_err());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,123 @@
+//! The router's request errors and the one mapping from an error to an HTTP status and an
+//! OpenAI-style body `{"error":{"message","type","code"}}`. The proxy's `fail_to_proxy` is
+//! the only caller that turns these into responses.
+
+use bytes::Bytes;
+
+use prefix_router_core::request::ParseError;
+
+/// Why a request was not (fully) served.
+#[derive(Debug, thiserror::Error)]
+pub enum RouterError {
+    /// The body of a routed request is not what the endpoint takes.
+    #[error(transparent)]
+    BadRequest(#[from] ParseError),
+    /// The request itself is malformed (framing, headers).
+    #[error("{0}")]
+    Malformed(String),
+    /// A path the data plane does not serve (admin paths live on the admin listener).
+    #[error("{0} is not served here")]
+    NotFound(String),
+    /// The body is larger than `max_body_bytes`.
+    #[error("request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    /// The client stopped sending its body, or sent it too slowly.
+    #[error("client did not send the request body in time")]
+    ClientTimeout,
+    /// The client went away or broke the connection.
+    #[error("client connection failed: {0}")]
+    ClientGone(String),
+    /// No backend is healthy.
+    #[error("no healthy backend is available")]
+    NoBackend,
+    /// Every backend tried failed before answering.
+    #[error("upstream failed: {0}")]
+    Upstream(String),
+    /// The backend did not answer in time.
+    #[error("upstream did not answer in time")]
+    UpstreamTimeout,
+    /// The response had started when the exchange failed; the client sees a cut stream.
+    #[error("response aborted after it started: {0}")]
+    Aborted(String),
+}
+
+impl RouterError {
+    /// Whether the backend is at fault (for passive health): failed connections, timeouts,
+    /// responses cut short.
+    pub fn is_upstream_fault(&self) -> bool {
+        matches!(
+            self,
+            RouterError::Upstream(_) | RouterError::UpstreamTimeout | RouterError::Aborted(_)
+        )
+    }
+
+    /// The HTTP status for this error; 0 when no response can be sent any more.
+    pub fn status(&self) -> u16 {
+        match self {
+            RouterError::BadRequest(_) | RouterError::Malformed(_) => 400,
+            RouterError::NotFound(_) => 404,
+            RouterError::BodyTooLarge { .. } => 413,
+            RouterError::ClientTimeout => 408,
+            RouterError::NoBackend => 503,
+            RouterError::Upstream(_) => 502,
+            RouterError::UpstreamTimeout => 504,
+            RouterError::ClientGone(_) | RouterError::Aborted(_) => 0,
+        }
+    }
+
+    /// The OpenAI error `type`.
+    pub fn kind(&self) -> &'static str {
+        match self.status() {
+            400..=499 => "invalid_request_error",
+            _ => "server_error",
+        }
+    }
+
+    /// A stable machine-readable `code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            RouterError::BadRequest(_) => "invalid_body",
+            RouterError::Malformed(_) => "malformed_request",
+            RouterError::NotFound(_) => "not_found",
+            RouterError::BodyTooLarge { .. } => "body_too_large",
+            RouterError::ClientTimeout => "client_timeout",
+            RouterError::ClientGone(_) => "client_gone",
+            RouterError::NoBackend => "no_healthy_backend",
+            RouterError::Upstream(_) => "upstream_failed",
+            RouterError::UpstreamTimeout => "upstream_timeout",
+            RouterError::Aborted(_) => "response_aborted",
+        }
+    }
+
+    /// The JSON error body.
+    pub fn body(&self) -> Bytes {
+        error_body(&self.to_string(), self.kind(), self.code())
+    }
+}
+
+/// An OpenAI-style error body.
+pub fn error_body(message: &str, kind: &str, code: &str) -> Bytes {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": code}});
+    Bytes::from(body.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_openai_shape() {
+        let body = RouterError::BodyTooLarge { limit: 10 }.body();
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(value["error"]["type"], "invalid_request_error");
+        assert_eq!(value["error"]["code"], "body_too_large");
+        assert!(value["error"]["message"].as_str().unwrap().contains("10"));
+    }
+
+    #[test]
+    fn statuses() {
+        assert_eq!(RouterError::NoBackend.status(), 503);
+        assert_eq!(RouterError::Upstream("x".into()).status(), 502);
+        assert_eq!(RouterError::Aborted("x".into()).status(), 0);
+    }
+}

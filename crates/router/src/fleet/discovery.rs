@@ -1,0 +1,81 @@
+//! Discovery: turns the configured workers into backends, resolving host names (each
+//! address a backend, as a Kubernetes headless service exposes pods), and publishes the
+//! result to the [`Fleet`]. Runtime changes (reloads, worker endpoints, the periodic
+//! re-resolution) call [`Discovery::refresh`]; nothing else changes the fleet.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use log::warn;
+
+use super::{Fleet, Worker};
+
+/// The worker list and the fleet it feeds.
+pub struct Discovery {
+    fleet: Arc<Fleet>,
+    workers: ArcSwap<Vec<Worker>>,
+}
+
+impl Discovery {
+    /// Discovery of `workers` into `fleet`.
+    pub fn new(fleet: Arc<Fleet>, workers: Vec<Worker>) -> Self {
+        Discovery {
+            fleet,
+            workers: ArcSwap::from_pointee(workers),
+        }
+    }
+
+    /// Replaces the worker list; the next discovery run publishes it.
+    pub fn set_workers(&self, workers: Vec<Worker>) {
+        self.workers.store(Arc::new(workers));
+    }
+
+    /// The configured workers.
+    pub fn workers(&self) -> Arc<Vec<Worker>> {
+        self.workers.load_full()
+    }
+
+    /// Resolves every worker and publishes the fleet; returns whether it changed. A name
+    /// that fails to resolve keeps the addresses it had, so a DNS hiccup does not empty the
+    /// fleet.
+    pub async fn refresh(&self) -> bool {
+        let workers = self.workers.load_full();
+        let previous = self.previous_addresses();
+        let mut members = Vec::with_capacity(workers.len());
+        for worker in workers.iter() {
+            match resolve(worker).await {
+                Ok(addrs) => members.extend(addrs.into_iter().map(|a| (worker.clone(), a))),
+                Err(e) => {
+                    warn!("cannot resolve worker {}: {e}", worker.url);
+                    let kept = previous.get(&worker.url).cloned().unwrap_or_default();
+                    members.extend(kept.into_iter().map(|a| (worker.clone(), a)));
+                }
+            }
+        }
+        self.fleet.replace(&members)
+    }
+
+    fn previous_addresses(&self) -> HashMap<String, Vec<SocketAddr>> {
+        let mut map: HashMap<String, Vec<SocketAddr>> = HashMap::new();
+        for backend in &self.fleet.snapshot().backends {
+            map.entry(backend.worker.url.clone())
+                .or_default()
+                .push(backend.addr);
+        }
+        map
+    }
+}
+
+async fn resolve(worker: &Worker) -> std::io::Result<Vec<SocketAddr>> {
+    if let Ok(ip) = worker.host.parse::<IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, worker.port)]);
+    }
+    let mut addrs: Vec<SocketAddr> = tokio::net::lookup_host((worker.host.as_str(), worker.port))
+        .await?
+        .collect();
+    addrs.sort();
+    addrs.dedup();
+    Ok(addrs)
+}

@@ -1,0 +1,80 @@
+//! Worker URLs: `http://host:port` base URLs of backends, checked once. A host may be a name;
+//! resolving it is discovery's job (it re-resolves names over time).
+
+/// One configured backend base URL.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Worker {
+    /// The URL as configured, without a trailing slash, e.g. `http://10.0.0.5:8000`.
+    pub url: String,
+    /// Host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// Port; 80 when the URL has none.
+    pub port: u16,
+}
+
+impl Worker {
+    /// Parses one base URL. Only `http` is supported; paths other than `/` are refused,
+    /// since the router forwards request paths unchanged.
+    pub fn parse(url: &str) -> Result<Worker, WorkerError> {
+        let error = |reason: String| WorkerError {
+            url: url.to_string(),
+            reason,
+        };
+        let trimmed = url.trim().trim_end_matches('/');
+        let uri: http::Uri = trimmed.parse().map_err(|e| error(format!("{e}")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => return Err(error(format!("scheme {other} is not supported, use http"))),
+            None => return Err(error("missing http:// scheme".into())),
+        }
+        if uri.path() != "/" && !uri.path().is_empty() {
+            return Err(error("a worker URL has no path".into()));
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| error("missing host".into()))?;
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        if host.is_empty() {
+            return Err(error("missing host".into()));
+        }
+        Ok(Worker {
+            url: trimmed.to_string(),
+            host: host.to_string(),
+            port: authority.port_u16().unwrap_or(80),
+        })
+    }
+
+    /// Whether both name the same host and port.
+    pub fn same_place(&self, other: &Worker) -> bool {
+        (&self.host, self.port) == (&other.host, other.port)
+    }
+
+    /// Parses every URL, refusing duplicates.
+    pub fn parse_all(urls: &[String]) -> Result<Vec<Worker>, WorkerError> {
+        let mut workers: Vec<Worker> = Vec::with_capacity(urls.len());
+        for url in urls {
+            let worker = Worker::parse(url)?;
+            if workers.iter().any(|w| w.same_place(&worker)) {
+                return Err(WorkerError {
+                    url: url.clone(),
+                    reason: "listed twice".into(),
+                });
+            }
+            workers.push(worker);
+        }
+        Ok(workers)
+    }
+}
+
+/// A worker URL the router cannot use.
+#[derive(Debug, thiserror::Error)]
+#[error("`{url}`: {reason}")]
+pub struct WorkerError {
+    /// The URL as given.
+    pub url: String,
+    /// What is wrong with it.
+    pub reason: String,
+}

@@ -1,0 +1,315 @@
+//! The transport: one request to one backend, and nothing else. Done by our own code
+//! because Pingora cannot choose an upstream after reading a body larger than its 64 KiB
+//! retry buffer: a pooled connection, the buffered body written as is, the response
+//! streamed back chunk by chunk without buffering. It says how the exchange ended and
+//! whether another backend may be tried; choosing, retrying, health and stats are the
+//! caller's (`dispatch.rs`).
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pingora_core::connectors::TransportConnector;
+use pingora_core::protocols::Stream;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::protocols::http::v1::client::{HttpSession as Http1, http_req_header_to_wire};
+use pingora_core::upstreams::peer::Peer;
+use pingora_core::{Error, ErrorType};
+use pingora_http::RequestHeader;
+use pingora_proxy::Session;
+use tokio::io::AsyncWriteExt;
+
+use super::headers;
+use crate::error::RouterError;
+use crate::fleet::LoadGuard;
+use crate::stats::{Usage, UsageScanner};
+
+/// Timeouts of one exchange with a backend.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExchangeTimeouts {
+    /// Wait for a backend's first response body byte (a non-streamed generation sends
+    /// nothing until it is done). Default 600 s.
+    pub first_byte: Duration,
+    /// Silence allowed from a backend between response chunks. Default 120 s.
+    pub idle: Duration,
+    /// Time one write to a backend may take. Default 60 s.
+    pub write: Duration,
+    /// Time an idle pooled connection is kept. Default 60 s.
+    pub pool_idle: Duration,
+}
+
+/// Where an exchange failed, which decides whether another backend may be tried.
+pub enum Failure {
+    /// Nothing reached the backend, or a reused connection failed before any answer (the
+    /// backend had closed it): safe to try another backend.
+    Retryable(RouterError),
+    /// The backend may have the request, or the client has part of the response.
+    Final(RouterError),
+}
+
+impl Failure {
+    /// The error, whichever kind.
+    pub fn error(&self) -> &RouterError {
+        match self {
+            Failure::Retryable(e) | Failure::Final(e) => e,
+        }
+    }
+}
+
+/// The request to send: the client's head made ready for upstream, and its whole body.
+pub struct Outbound<'o> {
+    /// The head, without Host (set per backend).
+    pub head: RequestHeader,
+    /// The body, forwarded byte for byte.
+    pub body: &'o Bytes,
+    /// The request's id, sent to the backend and back to the client.
+    pub request_id: &'o str,
+    /// Whether the response should close the client connection (shutdown or upgrade).
+    pub closing: bool,
+}
+
+/// What was seen of a response on its way through.
+#[derive(Debug, Default)]
+pub struct Trace {
+    /// From sending the request to the first response body byte.
+    pub first_byte: Option<Duration>,
+    /// From sending the request to the end (or failure) of the response.
+    pub total: Duration,
+    /// The usage the backend reported, if it did.
+    pub usage: Option<Usage>,
+}
+
+/// How one exchange ended.
+pub struct Exchanged {
+    /// What was seen of the response, when one started.
+    pub trace: Option<Trace>,
+    /// Whether it was served.
+    pub result: Result<(), Failure>,
+}
+
+/// Sends `out` to the backend `load` holds and streams its response to the client.
+/// The first response body byte marks the request answered on `load`.
+pub async fn exchange(
+    connector: &TransportConnector,
+    session: &mut Session,
+    load: &LoadGuard,
+    out: &Outbound<'_>,
+    timeouts: &ExchangeTimeouts,
+) -> Exchanged {
+    let mut trace = None;
+    let result = attempt(connector, session, load, out, timeouts, &mut trace).await;
+    Exchanged { trace, result }
+}
+
+async fn attempt(
+    connector: &TransportConnector,
+    session: &mut Session,
+    load: &LoadGuard,
+    out: &Outbound<'_>,
+    timeouts: &ExchangeTimeouts,
+    trace: &mut Option<Trace>,
+) -> Result<(), Failure> {
+    let backend = load.backend();
+    let (mut stream, reused) = connector
+        .get_stream(&backend.peer)
+        .await
+        .map_err(|e| Failure::Retryable(upstream_error(&e)))?;
+    let mut req = out.head.clone();
+    headers::set_host(&mut req, &backend.authority);
+    // The id is a printable token (checked or made by `headers::request_id`).
+    let _ = req.insert_header(headers::X_REQUEST_ID, out.request_id);
+    let sent = Instant::now();
+    let one = one_write(&req, out.body);
+    if let Some(wire) = &one {
+        write_all(&mut stream, wire, timeouts.write)
+            .await
+            .map_err(Failure::Retryable)?;
+    }
+    let mut upstream = HttpSession::H1(Http1::new_with_options(stream, &backend.peer));
+    upstream.set_read_timeout(Some(timeouts.first_byte));
+    upstream.set_write_timeout(Some(timeouts.write));
+    if one.is_none() {
+        send(&mut upstream, req, out.body)
+            .await
+            .map_err(Failure::Retryable)?;
+    }
+    let head = until_client_gone(session, read_final_header(&mut upstream)).await;
+    match head.map_err(Failure::Final)? {
+        Ok(()) => {}
+        Err(e) if reused => return Err(Failure::Retryable(upstream_error(&e))),
+        Err(e) => return Err(Failure::Final(upstream_error(&e))),
+    }
+    if out.closing {
+        session.set_keepalive(None);
+    }
+    let seen = trace.insert(Trace::default());
+    let mut response = Response {
+        load,
+        sent,
+        seen,
+        usage: UsageScanner::default(),
+        idle: timeouts.idle,
+    };
+    let streamed = response
+        .stream(session, &mut upstream, out.request_id)
+        .await;
+    response.seen.total = sent.elapsed();
+    response.seen.usage = response.usage.usage();
+    streamed.map_err(Failure::Final)?;
+    if let HttpSession::H1(mut h1) = upstream {
+        h1.respect_keepalive();
+        if let Some(stream) = h1.reuse().await {
+            let hash = backend.peer.reuse_hash();
+            connector.release_stream(stream, hash, Some(timeouts.pool_idle));
+        }
+    }
+    Ok(())
+}
+
+/// Bodies up to this size go upstream in the same write as the head (one copy of at most
+/// this many bytes saves a system call and a loopback wakeup per request).
+const ONE_WRITE_BODY: usize = 16 << 10;
+
+/// The whole request as one buffer, when it can go in one write: a small body framed by
+/// Content-Length (or none), and not HEAD (whose response Pingora's reader must know has
+/// no body: those go through [`send`]).
+fn one_write(req: &RequestHeader, body: &Bytes) -> Option<bytes::BytesMut> {
+    let framed = body.is_empty() || req.headers.contains_key(http::header::CONTENT_LENGTH);
+    let plain = !req.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if body.len() > ONE_WRITE_BODY || !framed || !plain || req.method == http::Method::HEAD {
+        return None;
+    }
+    let mut wire = http_req_header_to_wire(req)?;
+    wire.extend_from_slice(body);
+    Some(wire)
+}
+
+/// Writes `wire` and flushes within `timeout`.
+async fn write_all(stream: &mut Stream, wire: &[u8], timeout: Duration) -> Result<(), RouterError> {
+    let write = async {
+        stream.write_all(wire).await?;
+        stream.flush().await
+    };
+    match tokio::time::timeout(timeout, write).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(RouterError::Upstream(format!("writing the request: {e}"))),
+        Err(_) => Err(RouterError::Upstream(
+            "writing the request timed out".into(),
+        )),
+    }
+}
+
+/// Writes the request through Pingora's HTTP/1 client (large, chunked or HEAD requests).
+async fn send(
+    upstream: &mut HttpSession,
+    req: RequestHeader,
+    body: &Bytes,
+) -> Result<(), RouterError> {
+    let error = |e: Box<Error>| upstream_error(&e);
+    upstream
+        .write_request_header(Box::new(req))
+        .await
+        .map_err(error)?;
+    if !body.is_empty() {
+        upstream
+            .write_request_body(body.clone(), true)
+            .await
+            .map_err(error)?;
+    }
+    upstream.finish_request_body().await.map_err(error)
+}
+
+/// Reads response headers until a final (non-1xx) one.
+async fn read_final_header(upstream: &mut HttpSession) -> pingora_core::Result<()> {
+    loop {
+        upstream.read_response_header().await?;
+        let status = upstream
+            .response_header()
+            .map_or(200, |h| h.status.as_u16());
+        if !(100..200).contains(&status) || status == 101 {
+            return Ok(());
+        }
+    }
+}
+
+/// A response on its way to the client.
+struct Response<'r> {
+    load: &'r LoadGuard,
+    sent: Instant,
+    seen: &'r mut Trace,
+    usage: UsageScanner,
+    idle: Duration,
+}
+
+impl Response<'_> {
+    /// Copies the response header and body to the client as they arrive. The first body
+    /// bytes mark the request answered (a stream's header comes before its prefill is done).
+    async fn stream(
+        &mut self,
+        session: &mut Session,
+        upstream: &mut HttpSession,
+        request_id: &str,
+    ) -> Result<(), RouterError> {
+        let head = upstream
+            .response_header()
+            .ok_or_else(|| aborted("no response header"))?;
+        let mut resp = headers::client_response(head);
+        let _ = resp.insert_header(headers::X_REQUEST_ID, request_id);
+        session
+            .write_response_header(resp, false)
+            .await
+            .map_err(client_gone)?;
+        loop {
+            let chunk = until_client_gone(session, upstream.read_response_body()).await?;
+            if self.seen.first_byte.is_none() {
+                self.load.answered();
+                self.seen.first_byte = Some(self.sent.elapsed());
+                upstream.set_read_timeout(Some(self.idle));
+            }
+            match chunk.map_err(|e| aborted(&e.to_string()))? {
+                Some(bytes) => {
+                    self.usage.feed(&bytes);
+                    session.write_response_body(Some(bytes), false).await
+                }
+                None => {
+                    return session
+                        .write_response_body(None, true)
+                        .await
+                        .map_err(client_gone);
+                }
+            }
+            .map_err(client_gone)?;
+        }
+    }
+}
+
+/// Runs `work` unless the client disconnects first.
+async fn until_client_gone<T>(
+    session: &mut Session,
+    work: impl Future<Output = T>,
+) -> Result<T, RouterError> {
+    tokio::pin!(work);
+    tokio::select! {
+        biased;
+        out = &mut work => Ok(out),
+        idle = session.read_body_or_idle(true) => match idle {
+            Err(e) => Err(client_gone(e)),
+            Ok(_) => Ok(work.await),
+        },
+    }
+}
+
+fn upstream_error(e: &Error) -> RouterError {
+    match e.etype() {
+        ErrorType::ReadTimedout | ErrorType::ConnectTimedout => RouterError::UpstreamTimeout,
+        _ => RouterError::Upstream(e.to_string()),
+    }
+}
+
+fn client_gone(e: Box<Error>) -> RouterError {
+    RouterError::ClientGone(e.to_string())
+}
+
+fn aborted(reason: &str) -> RouterError {
+    RouterError::Aborted(reason.to_string())
+}

@@ -1,0 +1,233 @@
+//! The admin listener, separate from the data plane and bound to 127.0.0.1 by default:
+//! `/metrics` (Prometheus text), `/stats` and `/workers` (JSON), the peers' worker endpoints
+//! (`/list_workers`, `POST /add_worker?url=`, `POST /remove_worker?url=`), `POST /reload`
+//! and `/health`. With a token configured, every request needs `Authorization: Bearer`.
+
+mod view;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use http::{Method, Response, StatusCode};
+use pingora_core::apps::http_app::ServeHttp;
+use pingora_core::protocols::http::ServerSession;
+use serde_json::{Value, json};
+
+use super::control::Control;
+use crate::error::error_body;
+use crate::state::State;
+
+/// An admin endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Metrics,
+    Stats,
+    Workers,
+    ListWorkers,
+    AddWorker,
+    RemoveWorker,
+    Reload,
+}
+
+/// Every admin endpoint, declared once: the admin listener serves these and the data plane
+/// answers 404 to their paths (`/health` is both listeners' own and is not listed).
+const ENDPOINTS: [(Method, &str, Endpoint); 7] = [
+    (Method::GET, "/metrics", Endpoint::Metrics),
+    (Method::GET, "/stats", Endpoint::Stats),
+    (Method::GET, "/workers", Endpoint::Workers),
+    (Method::GET, "/list_workers", Endpoint::ListWorkers),
+    (Method::POST, "/add_worker", Endpoint::AddWorker),
+    (Method::POST, "/remove_worker", Endpoint::RemoveWorker),
+    (Method::POST, "/reload", Endpoint::Reload),
+];
+
+/// Whether `path` is an admin endpoint's (whatever the method).
+pub fn serves(path: &str) -> bool {
+    ENDPOINTS.iter().any(|(_, p, _)| *p == path)
+}
+
+fn endpoint(method: &Method, path: &str) -> Option<Endpoint> {
+    let found = ENDPOINTS.iter().find(|(m, p, _)| m == method && *p == path);
+    found.map(|&(_, _, endpoint)| endpoint)
+}
+
+/// The admin application.
+pub struct Admin {
+    state: Arc<State>,
+    control: Arc<Control>,
+    token: Option<String>,
+}
+
+impl Admin {
+    /// Admin over `state` and `control`; `token`, when given, is required as a bearer token.
+    pub fn new(state: Arc<State>, control: Arc<Control>, token: Option<String>) -> Self {
+        Admin {
+            state,
+            control,
+            token,
+        }
+    }
+
+    fn authorized(&self, session: &ServerSession) -> bool {
+        let Some(token) = &self.token else {
+            return true;
+        };
+        let header = session.get_header_bytes(http::header::AUTHORIZATION);
+        let given = header.strip_prefix(b"Bearer ").unwrap_or_default();
+        constant_time_eq(given, token.as_bytes())
+    }
+
+    async fn route(&self, method: &Method, path: &str, query: Option<&str>) -> Response<Vec<u8>> {
+        if (method, path) == (&Method::GET, "/health") {
+            return text(StatusCode::OK, "text/plain", b"ok".to_vec());
+        }
+        let Some(endpoint) = endpoint(method, path) else {
+            let message = format!("{method} {path} is not an admin endpoint");
+            return failure(StatusCode::NOT_FOUND, &message, "not_found");
+        };
+        let url = query.and_then(url_param);
+        match endpoint {
+            Endpoint::Metrics => self.metrics(),
+            Endpoint::Stats => json_ok(&view::stats(&self.state)),
+            Endpoint::Workers => json_ok(&view::workers(&self.state)),
+            Endpoint::ListWorkers => json_ok(&json!({"urls": self.control.worker_urls().await})),
+            Endpoint::AddWorker => self.change(url, Change::Add).await,
+            Endpoint::RemoveWorker => self.change(url, Change::Remove).await,
+            Endpoint::Reload => match self.control.reload().await {
+                Ok(()) => {
+                    json_ok(&json!({"reloaded": true, "generation": self.state.stats.generation()}))
+                }
+                Err(e) => failure(StatusCode::BAD_REQUEST, &e.to_string(), "reload_failed"),
+            },
+        }
+    }
+
+    fn metrics(&self) -> Response<Vec<u8>> {
+        view::refresh_gauges(&self.state);
+        let body = self.state.stats.render();
+        text(StatusCode::OK, "text/plain; version=0.0.4", body)
+    }
+
+    async fn change(&self, url: Option<String>, change: Change) -> Response<Vec<u8>> {
+        let Some(url) = url else {
+            return failure(
+                StatusCode::BAD_REQUEST,
+                "missing ?url= parameter",
+                "missing_url",
+            );
+        };
+        let result = match change {
+            Change::Add => self.control.add_worker(&url).await,
+            Change::Remove => self.control.remove_worker(&url).await,
+        };
+        match result {
+            Ok(()) => json_ok(&json!({"ok": true, "urls": self.control.worker_urls().await})),
+            Err(e) => failure(StatusCode::BAD_REQUEST, &e.to_string(), "invalid_worker"),
+        }
+    }
+}
+
+/// A change of the worker list.
+enum Change {
+    Add,
+    Remove,
+}
+
+#[async_trait]
+impl ServeHttp for Admin {
+    async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        if !self.authorized(session) {
+            return failure(
+                StatusCode::UNAUTHORIZED,
+                "admin token required",
+                "unauthorized",
+            );
+        }
+        let head = session.req_header();
+        let (method, path) = (head.method.clone(), head.uri.path().to_string());
+        let query = head.uri.query().map(str::to_string);
+        self.route(&method, &path, query.as_deref()).await
+    }
+}
+
+/// The `url` query parameter, percent-decoded.
+fn url_param(query: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=')?;
+        (key == "url").then(|| percent_decode(value))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (b'+', _) => {
+                out.push(b' ');
+                i += 1;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn text(status: StatusCode, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    if let Ok(value) = content_type.parse() {
+        resp.headers_mut().insert(http::header::CONTENT_TYPE, value);
+    }
+    resp
+}
+
+fn json_ok(value: &Value) -> Response<Vec<u8>> {
+    text(
+        StatusCode::OK,
+        "application/json",
+        value.to_string().into_bytes(),
+    )
+}
+
+fn failure(status: StatusCode, message: &str, code: &str) -> Response<Vec<u8>> {
+    let body = error_body(message, "invalid_request_error", code).to_vec();
+    text(status, "application/json", body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_parameter_is_decoded() {
+        assert_eq!(
+            url_param("x=1&url=http%3A%2F%2F10.0.0.1%3A8000").as_deref(),
+            Some("http://10.0.0.1:8000")
+        );
+        assert_eq!(url_param("url=http://a:1").as_deref(), Some("http://a:1"));
+        assert_eq!(url_param("other=1"), None);
+    }
+
+    #[test]
+    fn tokens_compare_exactly() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secret", b"secreT"));
+        assert!(!constant_time_eq(b"secret", b"secret2"));
+    }
+}

@@ -1,0 +1,90 @@
+//! What the admin endpoints show, built from snapshots of the fleet, the selector and the
+//! stats: the gauges refreshed before a scrape, `/stats` and `/workers` as JSON.
+
+use std::collections::HashMap;
+
+use serde_json::{Value, json};
+
+use crate::state::State;
+use crate::stats::{BackendGauge, TreeGauge};
+
+/// Sets the state gauges (in-flight, health, tree size, sessions) from current snapshots.
+pub fn refresh_gauges(state: &State) {
+    let snapshot = state.fleet.snapshot();
+    let backends: Vec<BackendGauge> = (snapshot.backends.iter())
+        .map(|b| BackendGauge {
+            url: &b.worker.url,
+            inflight: b.load(),
+            ready: b.is_ready(),
+        })
+        .collect();
+    let tree = state.selector.tree_stats().unwrap_or_default();
+    let trees: Vec<TreeGauge> = (tree.models.iter())
+        .map(|m| TreeGauge {
+            model: &m.model,
+            bytes: m.bytes,
+            nodes: m.nodes,
+        })
+        .collect();
+    state
+        .stats
+        .set_state(&backends, &trees, state.selector.sessions());
+}
+
+fn ratio(part: u64, whole: u64) -> Option<f64> {
+    (whole > 0).then(|| part as f64 / whole as f64)
+}
+
+/// The backends with health, load and tree bytes (`GET /workers`).
+pub fn workers(state: &State) -> Value {
+    let tree_bytes: HashMap<_, _> = state
+        .selector
+        .tree_stats()
+        .map(|t| t.backends.into_iter().collect())
+        .unwrap_or_default();
+    let rows: Vec<Value> = state
+        .fleet
+        .snapshot()
+        .backends
+        .iter()
+        .map(|b| {
+            json!({
+                "url": b.worker.url, "address": b.addr.to_string(), "ready": b.is_ready(),
+                "healthy": b.is_healthy(), "inflight": b.load(), "pending_prefill_bytes": b.pending_prefill(),
+                "tree_bytes": tree_bytes.get(&b.id).copied().unwrap_or(0),
+            })
+        })
+        .collect();
+    json!({ "workers": rows })
+}
+
+/// Key figures, per backend: requests, predicted and delivered hit rates (`GET /stats`).
+pub fn stats(state: &State) -> Value {
+    let (mut prompt_all, mut cached_all) = (0, 0);
+    let backends: Vec<Value> = state
+        .fleet
+        .snapshot()
+        .backends
+        .iter()
+        .map(|b| {
+            let url = b.worker.url.as_str();
+            let t = state.stats.backend_totals(url);
+            (prompt_all, cached_all) = (prompt_all + t.prompt_tokens, cached_all + t.cached_tokens);
+            json!({
+                "url": url, "ready": b.is_ready(), "inflight": b.load(), "requests": t.requests,
+                "prompt_tokens": t.prompt_tokens, "cached_tokens": t.cached_tokens,
+                "hit_rate": ratio(t.cached_tokens, t.prompt_tokens),
+            })
+        })
+        .collect();
+    let totals = state.stats.totals();
+    json!({
+        "policy": state.policy_name,
+        "config_generation": totals.generation,
+        "sessions": state.selector.sessions(),
+        "predicted_hit_rate": ratio(totals.matched_bytes, totals.text_bytes),
+        "delivered_hit_rate": ratio(cached_all, prompt_all),
+        "retries": totals.retries,
+        "backends": backends,
+    })
+}

@@ -1,0 +1,94 @@
+//! What every request and every part of the serving layer shares: the fleet, the selector,
+//! the stats, the upstream connection pool, the limits a reload may change (swapped as one
+//! snapshot), and the count of requests being served.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+
+use arc_swap::ArcSwap;
+use pingora_core::connectors::TransportConnector;
+use prefix_router_core::policy::{Selector, Ties};
+
+use crate::config::Config;
+use crate::fleet::Fleet;
+use crate::proxy::Limits;
+use crate::stats::Stats;
+
+/// Everything requests share.
+pub struct State {
+    /// Backends.
+    pub fleet: Arc<Fleet>,
+    /// Policy with session affinity.
+    pub selector: Selector,
+    /// Metrics.
+    pub stats: Arc<Stats>,
+    /// The policy's name, for metrics.
+    pub policy_name: &'static str,
+    /// Pooled upstream connections.
+    pub connector: TransportConnector,
+    /// Turns among equally loaded backends for requests placed without the policy.
+    pub ties: Ties,
+    limits: ArcSwap<Limits>,
+    active: AtomicUsize,
+    draining: AtomicBool,
+}
+
+/// One request being served (from its header to its log line); dropping it ends it.
+pub struct Active(Arc<State>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Relaxed);
+    }
+}
+
+impl State {
+    /// State for `config` over `fleet`.
+    pub fn new(config: &Config, fleet: Arc<Fleet>, selector: Selector, stats: Arc<Stats>) -> Self {
+        State {
+            fleet,
+            selector,
+            stats,
+            policy_name: config.policy.name,
+            connector: TransportConnector::new(None),
+            ties: Ties::new(0),
+            limits: ArcSwap::from_pointee(config.limits.clone()),
+            active: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+        }
+    }
+
+    /// Counts a request as being served until the returned guard drops.
+    pub fn begin(self: &Arc<Self>) -> Active {
+        self.active.fetch_add(1, Relaxed);
+        Active(Arc::clone(self))
+    }
+
+    /// From now on, responses close their connections: the process is about to stop or to
+    /// hand its listeners to a new one, and clients should not reuse connections to it.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Relaxed);
+    }
+
+    /// Whether responses close their connections.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Relaxed)
+    }
+
+    /// Requests being served, in any phase.
+    pub fn active(&self) -> usize {
+        self.active.load(Relaxed)
+    }
+
+    /// The current limits.
+    pub fn limits(&self) -> Arc<Limits> {
+        self.limits.load_full()
+    }
+
+    /// Applies what of `config` can change while serving (workers aside).
+    pub fn apply(&self, config: &Config) {
+        self.limits.store(Arc::new(config.limits.clone()));
+        self.selector.tunables().set(config.tunables);
+        self.fleet.set_connect_timeout(config.connect_timeout);
+    }
+}

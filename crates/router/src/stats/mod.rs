@@ -1,0 +1,414 @@
+//! Built-in stats: Prometheus counters and histograms, all named `prefix_router_*`. Parts
+//! of the router record through typed methods (a request, a decision, an exchange, usage),
+//! so a label mistake is a compile error; this module imports none of them. Gauges that
+//! describe current state (in-flight, health, tree size) are set from snapshots just before
+//! each scrape, by the admin service.
+
+mod usage;
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub use usage::{Usage, UsageScanner};
+
+/// The router's metrics.
+pub struct Stats {
+    registry: Registry,
+    requests: IntCounterVec,
+    decisions: IntCounterVec,
+    matched_bytes: IntCounter,
+    text_bytes: IntCounter,
+    retries: IntCounter,
+    ttfb: HistogramVec,
+    upstream_duration: HistogramVec,
+    body_bytes: Histogram,
+    prompt_tokens: IntCounterVec,
+    cached_tokens: IntCounterVec,
+    reloads: IntCounterVec,
+    generation: IntGauge,
+    evicted_bytes: IntCounter,
+    inflight: IntGaugeVec,
+    healthy: IntGaugeVec,
+    tree_bytes: IntGaugeVec,
+    tree_nodes: IntGaugeVec,
+    sessions: IntGauge,
+    /// Requests by backend alone, for `/stats` (not exported: `requests` has them by route
+    /// and status too).
+    backend_requests: IntCounterVec,
+}
+
+/// What `/stats` shows of one backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendTotals {
+    /// Requests answered or failed on it.
+    pub requests: u64,
+    /// Prompt tokens it reported.
+    pub prompt_tokens: u64,
+    /// Of those, cached.
+    pub cached_tokens: u64,
+}
+
+/// Router-wide totals for `/stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Routing text bytes the chosen backends were believed to hold.
+    pub matched_bytes: u64,
+    /// Routing text bytes routed.
+    pub text_bytes: u64,
+    /// Attempts retried on another backend.
+    pub retries: u64,
+    /// Configuration generation.
+    pub generation: i64,
+}
+
+/// One backend's state gauges.
+pub struct BackendGauge<'a> {
+    /// Its URL (the label).
+    pub url: &'a str,
+    /// Requests in flight.
+    pub inflight: usize,
+    /// Whether it takes requests.
+    pub ready: bool,
+}
+
+/// One model's prefix-tree gauges.
+pub struct TreeGauge<'a> {
+    /// The model (the label).
+    pub model: &'a str,
+    /// Text bytes held.
+    pub bytes: usize,
+    /// Nodes.
+    pub nodes: usize,
+}
+
+impl Stats {
+    /// Fresh metrics in a registry of their own.
+    pub fn new() -> Self {
+        let body_buckets = prometheus::exponential_buckets(1024.0, 4.0, 10).unwrap_or_default();
+        let stats = Stats {
+            registry: Registry::new(),
+            requests: counter_vec(
+                "requests_total",
+                "Requests by route, status and backend",
+                &["route", "status", "backend"],
+            ),
+            decisions: counter_vec(
+                "decisions_total",
+                "Routing decisions by policy and outcome",
+                &["policy", "outcome"],
+            ),
+            matched_bytes: counter(
+                "matched_bytes_total",
+                "Routing text the chosen backend was believed to hold",
+            ),
+            text_bytes: counter("text_bytes_total", "Routing text routed"),
+            retries: counter("retries_total", "Attempts retried on another backend"),
+            ttfb: histogram_vec(
+                "upstream_first_byte_seconds",
+                "Request sent to first response body byte",
+            ),
+            upstream_duration: histogram_vec(
+                "upstream_duration_seconds",
+                "Request sent to end of response",
+            ),
+            body_bytes: Histogram::with_opts(
+                HistogramOpts::new("prefix_router_request_body_bytes", "Request body size")
+                    .buckets(body_buckets),
+            )
+            .unwrap_or_else(|_| unreachable_metric()),
+            prompt_tokens: counter_vec(
+                "backend_prompt_tokens_total",
+                "Prompt tokens backends reported",
+                &["backend"],
+            ),
+            cached_tokens: counter_vec(
+                "backend_cached_tokens_total",
+                "Cached prompt tokens backends reported",
+                &["backend"],
+            ),
+            reloads: counter_vec(
+                "config_reloads_total",
+                "Config reloads by result",
+                &["result"],
+            ),
+            generation: gauge("config_generation", "Configuration generation"),
+            evicted_bytes: counter("tree_evicted_bytes_total", "Prefix-tree text evicted"),
+            inflight: gauge_vec("inflight_requests", "Requests in flight", &["backend"]),
+            healthy: gauge_vec(
+                "backend_healthy",
+                "1 when the backend is ready",
+                &["backend"],
+            ),
+            tree_bytes: gauge_vec("tree_bytes", "Prefix-tree text bytes", &["model"]),
+            tree_nodes: gauge_vec("tree_nodes", "Prefix-tree nodes", &["model"]),
+            sessions: gauge("sessions", "Sessions remembered"),
+            backend_requests: counter_vec("backend_requests", "Requests by backend", &["backend"]),
+        };
+        stats.register_all();
+        stats.generation.set(1);
+        stats
+    }
+
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 18] {
+        [
+            Box::new(self.requests.clone()),
+            Box::new(self.decisions.clone()),
+            Box::new(self.matched_bytes.clone()),
+            Box::new(self.text_bytes.clone()),
+            Box::new(self.retries.clone()),
+            Box::new(self.ttfb.clone()),
+            Box::new(self.upstream_duration.clone()),
+            Box::new(self.body_bytes.clone()),
+            Box::new(self.prompt_tokens.clone()),
+            Box::new(self.cached_tokens.clone()),
+            Box::new(self.reloads.clone()),
+            Box::new(self.generation.clone()),
+            Box::new(self.evicted_bytes.clone()),
+            Box::new(self.inflight.clone()),
+            Box::new(self.healthy.clone()),
+            Box::new(self.tree_bytes.clone()),
+            Box::new(self.tree_nodes.clone()),
+            Box::new(self.sessions.clone()),
+        ]
+    }
+
+    fn register_all(&self) {
+        for collector in self.collectors() {
+            // Names are fixed and distinct, so registering cannot collide.
+            if let Err(e) = self.registry.register(collector) {
+                log::error!("metric registration failed: {e}");
+            }
+        }
+    }
+
+    /// The names of every exported metric.
+    pub fn names(&self) -> Vec<String> {
+        let collectors = self.collectors();
+        let descs = collectors.iter().flat_map(|c| {
+            c.desc()
+                .into_iter()
+                .map(|d| d.fq_name.clone())
+                .collect::<Vec<_>>()
+        });
+        descs.collect()
+    }
+
+    /// A request ended with `status` (0: no response was sent) on `backend`, if it got one.
+    pub fn request(&self, route: &str, status: u16, backend: Option<&str>) {
+        let status = match status {
+            0 => "none".to_string(),
+            code => code.to_string(),
+        };
+        let backend = backend.unwrap_or("-");
+        let labels = [route, status.as_str(), backend];
+        self.requests.with_label_values(&labels).inc();
+        self.backend_requests.with_label_values(&[backend]).inc();
+    }
+
+    /// A policy placed a request of `text_len` routing text bytes, believing the backend
+    /// held `matched` of them.
+    pub fn decision(&self, policy: &str, outcome: &str, matched: usize, text_len: usize) {
+        self.decisions.with_label_values(&[policy, outcome]).inc();
+        self.matched_bytes.inc_by(matched as u64);
+        self.text_bytes.inc_by(text_len as u64);
+    }
+
+    /// What was seen of one response from `backend`: time to its first body byte, its whole
+    /// duration, and the usage it reported.
+    pub fn exchange(
+        &self,
+        backend: &str,
+        first_byte: Option<Duration>,
+        total: Duration,
+        usage: Option<Usage>,
+    ) {
+        if let Some(first) = first_byte {
+            self.ttfb
+                .with_label_values(&[backend])
+                .observe(first.as_secs_f64());
+        }
+        self.upstream_duration
+            .with_label_values(&[backend])
+            .observe(total.as_secs_f64());
+        if let Some(usage) = usage {
+            self.prompt_tokens
+                .with_label_values(&[backend])
+                .inc_by(usage.prompt);
+            self.cached_tokens
+                .with_label_values(&[backend])
+                .inc_by(usage.cached);
+        }
+    }
+
+    /// An attempt failed in a way that allowed another backend to be tried.
+    pub fn retry(&self) {
+        self.retries.inc();
+    }
+
+    /// A request body of `bytes` was read.
+    pub fn body(&self, bytes: usize) {
+        self.body_bytes.observe(bytes as f64);
+    }
+
+    /// A config reload was tried; an applied one starts a new generation.
+    pub fn reload(&self, applied: bool) {
+        let result = if applied { "ok" } else { "failed" };
+        self.reloads.with_label_values(&[result]).inc();
+    }
+
+    /// A changed configuration was applied: the generation goes up by one.
+    pub fn next_generation(&self) {
+        self.generation.inc();
+    }
+
+    /// The configuration generation (1 at start).
+    pub fn generation(&self) -> i64 {
+        self.generation.get()
+    }
+
+    /// Prefix-tree text was evicted.
+    pub fn evicted(&self, bytes: usize) {
+        self.evicted_bytes.inc_by(bytes as u64);
+    }
+
+    /// Sets the state gauges: every backend's load and readiness, every model's tree, the
+    /// sessions remembered. Backends and models not given are dropped.
+    pub fn set_state(&self, backends: &[BackendGauge], trees: &[TreeGauge], sessions: usize) {
+        self.inflight.reset();
+        self.healthy.reset();
+        for b in backends {
+            self.inflight
+                .with_label_values(&[b.url])
+                .set(b.inflight as i64);
+            self.healthy
+                .with_label_values(&[b.url])
+                .set(i64::from(b.ready));
+        }
+        self.tree_bytes.reset();
+        self.tree_nodes.reset();
+        for t in trees {
+            self.tree_bytes
+                .with_label_values(&[t.model])
+                .set(t.bytes as i64);
+            self.tree_nodes
+                .with_label_values(&[t.model])
+                .set(t.nodes as i64);
+        }
+        self.sessions.set(sessions as i64);
+    }
+
+    /// What one backend was sent and reported, for `/stats`.
+    pub fn backend_totals(&self, backend: &str) -> BackendTotals {
+        BackendTotals {
+            requests: self.backend_requests.with_label_values(&[backend]).get(),
+            prompt_tokens: self.prompt_tokens.with_label_values(&[backend]).get(),
+            cached_tokens: self.cached_tokens.with_label_values(&[backend]).get(),
+        }
+    }
+
+    /// Router-wide totals, for `/stats`.
+    pub fn totals(&self) -> Totals {
+        Totals {
+            matched_bytes: self.matched_bytes.get(),
+            text_bytes: self.text_bytes.get(),
+            retries: self.retries.get(),
+            generation: self.generation.get(),
+        }
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 << 10);
+        if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
+            log::error!("metrics encoding failed: {e}");
+        }
+        out
+    }
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats::new()
+    }
+}
+
+/// Metric options here are static and valid; constructors fail only on invalid names.
+fn unreachable_metric<T>() -> T {
+    panic!("invalid static metric definition")
+}
+
+fn name(short: &str, help: &str) -> Opts {
+    Opts::new(format!("prefix_router_{short}"), help)
+}
+
+fn seconds(short: &str, help: &str) -> HistogramOpts {
+    let buckets = vec![
+        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    ];
+    HistogramOpts::new(format!("prefix_router_{short}"), help).buckets(buckets)
+}
+
+fn counter(short: &str, help: &str) -> IntCounter {
+    IntCounter::with_opts(name(short, help)).unwrap_or_else(|_| unreachable_metric())
+}
+
+fn counter_vec(short: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    IntCounterVec::new(name(short, help), labels).unwrap_or_else(|_| unreachable_metric())
+}
+
+fn gauge(short: &str, help: &str) -> IntGauge {
+    IntGauge::with_opts(name(short, help)).unwrap_or_else(|_| unreachable_metric())
+}
+
+fn gauge_vec(short: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    IntGaugeVec::new(name(short, help), labels).unwrap_or_else(|_| unreachable_metric())
+}
+
+fn histogram_vec(short: &str, help: &str) -> HistogramVec {
+    HistogramVec::new(seconds(short, help), &["backend"]).unwrap_or_else(|_| unreachable_metric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grafana_dashboard_uses_only_exported_metrics() {
+        let names = Stats::new().names();
+        let dashboard = include_str!("../../../../conf/grafana-dashboard.json");
+        let used: Vec<&str> = dashboard
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("prefix_router_"))
+            .collect();
+        assert!(used.len() > 10);
+        for name in used {
+            let base = name.strip_suffix("_bucket").unwrap_or(name);
+            assert!(names.iter().any(|n| n == base), "{name} is not exported");
+        }
+    }
+
+    #[test]
+    fn renders_prometheus_text() {
+        let stats = Stats::new();
+        stats.request("chat", 200, Some("http://b:1"));
+        let usage = Usage {
+            prompt: 10,
+            cached: 4,
+        };
+        stats.exchange("http://b:1", None, Duration::from_millis(3), Some(usage));
+        let text = String::from_utf8(stats.render()).unwrap();
+        assert!(text.contains(
+            "prefix_router_requests_total{backend=\"http://b:1\",route=\"chat\",status=\"200\"} 1"
+        ));
+        assert!(
+            text.contains("prefix_router_backend_cached_tokens_total{backend=\"http://b:1\"} 4")
+        );
+        assert!(!text.contains("prefix_router_backend_requests"));
+        let totals = stats.backend_totals("http://b:1");
+        assert_eq!((totals.requests, totals.cached_tokens), (1, 4));
+    }
+}

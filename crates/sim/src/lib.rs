@@ -1,0 +1,303 @@
+//! A simulated vLLM backend: an OpenAI-compatible server that models one vLLM
+//! instance's prefix cache, scheduling and timing, without a GPU.
+//!
+//! For: evaluating prefix-aware routing on one machine. Each instance renders
+//! requests with its *own* chat template ([`template`]), keeps a vLLM-style
+//! automatic prefix cache ([`cache`]), schedules and times requests like vLLM
+//! ([`engine`]), and reports `usage.prompt_tokens_details.cached_tokens` and vLLM's
+//! `/metrics`, so a routing mistake shows up as lost cache hits and slower
+//! time-to-first-token.
+//! Not for: generating meaningful text (outputs are a fixed phrase), modelling
+//! GPU-level effects (decode slowing with batch size, chunked-prefill interleaving,
+//! preemption), or sharing code with the router's request parsing.
+//!
+//! Start instances in-process with [`start`] (tests bind `127.0.0.1:0`), or from
+//! the command line with [`run`] (`sim --count 4 --base-port 8001 --time-scale 60`).
+//!
+//! ```no_run
+//! # async fn demo() -> std::io::Result<()> {
+//! use prefix_router_sim::{SimConfig, start};
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let sim = start(SimConfig { time_scale: 100.0, ..SimConfig::default() }, listener).await?;
+//! println!("POST http://{}/v1/chat/completions", sim.addr);
+//! println!("cached so far: {}", sim.stats().cached_tokens);
+//! sim.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod cache;
+mod driver;
+pub mod engine;
+pub mod error;
+mod generate;
+mod http;
+pub mod metrics;
+mod openai;
+pub mod template;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use anyhow::Context as _;
+use hyper::header::HeaderValue;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+pub use error::{ApiError, ConfigError};
+pub use metrics::SimStats;
+
+/// Default model name reported by `/v1/models` and in responses.
+pub const DEFAULT_MODEL: &str = "meta-llama/Llama-3.1-8B-Instruct";
+
+/// One simulated instance's settings. Defaults model Llama-3.1-8B on one H100.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    /// Model name served (default [`DEFAULT_MODEL`]).
+    pub model: String,
+    /// KV cache capacity in blocks (default 26 250, i.e. 420 000 tokens).
+    pub kv_blocks: usize,
+    /// Tokens per KV block (default 16, as vLLM).
+    pub block_tokens: usize,
+    /// Bytes of rendered prompt per token (default 4).
+    pub bytes_per_token: usize,
+    /// Prefill throughput shared by concurrent prefills, tokens per second (default 30 000).
+    pub prefill_tokens_per_s: f64,
+    /// Fixed latency per request before its prefill, milliseconds (default 20).
+    pub prefill_overhead_ms: f64,
+    /// Interval between output tokens after the first, milliseconds (default 7).
+    pub decode_ms_per_token: f64,
+    /// Most requests running at once; the rest wait (default 256).
+    pub max_num_seqs: usize,
+    /// Every delay is divided by this (default 1; 60 replays an hour in a minute).
+    pub time_scale: f64,
+    /// Longest prompt plus output accepted, tokens (default 131 072).
+    pub max_model_len: usize,
+    /// Instance name: `system_fingerprint` and the `x-sim-instance` header (default "sim").
+    pub name: String,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            model: DEFAULT_MODEL.to_owned(),
+            kv_blocks: 26_250,
+            block_tokens: 16,
+            bytes_per_token: 4,
+            prefill_tokens_per_s: 30_000.0,
+            prefill_overhead_ms: 20.0,
+            decode_ms_per_token: 7.0,
+            max_num_seqs: 256,
+            time_scale: 1.0,
+            max_model_len: 131_072,
+            name: "sim".to_owned(),
+        }
+    }
+}
+
+impl SimConfig {
+    /// Checks that every size is at least 1 and every rate or delay is usable.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let counts = [
+            ("kv_blocks", self.kv_blocks),
+            ("block_tokens", self.block_tokens),
+            ("bytes_per_token", self.bytes_per_token),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_model_len", self.max_model_len),
+        ];
+        if let Some((name, _)) = counts.iter().find(|(_, value)| *value == 0) {
+            return Err(ConfigError::Zero(name));
+        }
+        let positive = [
+            ("prefill_tokens_per_s", self.prefill_tokens_per_s),
+            ("time_scale", self.time_scale),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
+            return Err(ConfigError::NotPositive(name));
+        }
+        let delays = [
+            ("prefill_overhead_ms", self.prefill_overhead_ms),
+            ("decode_ms_per_token", self.decode_ms_per_token),
+        ];
+        if let Some((name, _)) = delays.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
+            return Err(ConfigError::Negative(name));
+        }
+        Ok(())
+    }
+
+    fn timing(&self) -> engine::Timing {
+        engine::Timing {
+            prefill_tokens_per_s: self.prefill_tokens_per_s,
+            prefill_overhead_s: self.prefill_overhead_ms / 1000.0,
+            decode_s_per_token: self.decode_ms_per_token / 1000.0,
+            max_num_seqs: self.max_num_seqs,
+            block_tokens: self.block_tokens,
+        }
+    }
+}
+
+/// A running instance. Dropping it or calling [`SimHandle::shutdown`] stops it
+/// (the listener closes, open connections and requests are dropped).
+#[derive(Debug)]
+pub struct SimHandle {
+    /// The address the instance listens on.
+    pub addr: SocketAddr,
+    name: String,
+    metrics: Arc<metrics::Metrics>,
+    server: JoinHandle<()>,
+    engine: JoinHandle<()>,
+}
+
+impl SimHandle {
+    /// The instance name (its `system_fingerprint`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Counters since start: requests, prompt and cached tokens, gauges.
+    pub fn stats(&self) -> SimStats {
+        self.metrics.snapshot()
+    }
+
+    /// Stops the instance and waits until its tasks have ended.
+    pub async fn shutdown(mut self) {
+        self.server.abort();
+        self.engine.abort();
+        let _ = (&mut self.server).await;
+        let _ = (&mut self.engine).await;
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.engine.abort();
+    }
+}
+
+/// Starts one instance on an already bound listener (tests bind `127.0.0.1:0`).
+/// Fails with `InvalidInput` if `config` does not validate.
+pub async fn start(config: SimConfig, listener: TcpListener) -> std::io::Result<SimHandle> {
+    config.validate()?;
+    let addr = listener.local_addr()?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let core = engine::EngineCore::new(config.timing(), config.kv_blocks);
+    let clock = driver::SimClock::new(config.time_scale);
+    let (engine_handle, engine) = driver::spawn(core, metrics.clone(), clock);
+    let name = config.name.clone();
+    let shared = Arc::new(http::Shared {
+        instance_header: HeaderValue::from_str(&config.name).ok(),
+        config,
+        engine: engine_handle,
+        metrics: metrics.clone(),
+        next_number: AtomicU64::new(0),
+    });
+    let server = tokio::spawn(http::serve(listener, shared));
+    Ok(SimHandle {
+        addr,
+        name,
+        metrics,
+        server,
+        engine,
+    })
+}
+
+/// The `sim` subcommand: start `--count` instances on consecutive ports.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimArgs {
+    /// Number of instances to start.
+    #[arg(long, default_value_t = 1)]
+    pub count: u16,
+    /// Port of the first instance; the others follow (0: any free ports).
+    #[arg(long, default_value_t = 8001)]
+    pub base_port: u16,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Model name served.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// KV cache capacity per instance, in blocks.
+    #[arg(long, default_value_t = 26_250)]
+    pub kv_blocks: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_tokens: usize,
+    /// Bytes of rendered prompt per token.
+    #[arg(long, default_value_t = 4)]
+    pub bytes_per_token: usize,
+    /// Prefill throughput shared by concurrent prefills, tokens per second.
+    #[arg(long, default_value_t = 30_000.0)]
+    pub prefill_tokens_per_s: f64,
+    /// Fixed latency per request before its prefill, milliseconds.
+    #[arg(long, default_value_t = 20.0)]
+    pub prefill_overhead_ms: f64,
+    /// Interval between output tokens, milliseconds.
+    #[arg(long, default_value_t = 7.0)]
+    pub decode_ms_per_token: f64,
+    /// Most requests running at once per instance.
+    #[arg(long, default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Divides every delay (60: an hour of trace in a minute).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Longest prompt plus output accepted, tokens.
+    #[arg(long, default_value_t = 131_072)]
+    pub max_model_len: usize,
+    /// Name prefix: instance names are `{name}-{port}`.
+    #[arg(long, default_value = "sim")]
+    pub name: String,
+}
+
+impl SimArgs {
+    /// The settings of the instance listening on `port`.
+    pub fn config(&self, port: u16) -> SimConfig {
+        SimConfig {
+            model: self.model.clone(),
+            kv_blocks: self.kv_blocks,
+            block_tokens: self.block_tokens,
+            bytes_per_token: self.bytes_per_token,
+            prefill_tokens_per_s: self.prefill_tokens_per_s,
+            prefill_overhead_ms: self.prefill_overhead_ms,
+            decode_ms_per_token: self.decode_ms_per_token,
+            max_num_seqs: self.max_num_seqs,
+            time_scale: self.time_scale,
+            max_model_len: self.max_model_len,
+            name: format!("{}-{port}", self.name),
+        }
+    }
+}
+
+/// Runs `args.count` instances until Ctrl-C.
+pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+    SimConfig {
+        name: args.name.clone(),
+        ..args.config(0)
+    }
+    .validate()?;
+    let mut handles = Vec::with_capacity(usize::from(args.count));
+    for i in 0..args.count {
+        let port = match args.base_port {
+            0 => 0,
+            base => base
+                .checked_add(i)
+                .context("--base-port + --count exceeds 65535")?,
+        };
+        let listener = TcpListener::bind((args.host.as_str(), port))
+            .await
+            .with_context(|| format!("binding {}:{port}", args.host))?;
+        let bound = listener.local_addr()?;
+        let handle = start(args.config(bound.port()), listener).await?;
+        log::info!("sim instance {} listening on http://{bound}", handle.name());
+        handles.push(handle);
+    }
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
+    log::info!("sim: shutting down {} instance(s)", handles.len());
+    for handle in handles {
+        handle.shutdown().await;
+    }
+    Ok(())
+}
