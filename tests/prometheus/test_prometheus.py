@@ -64,6 +64,14 @@ WORKLOADS = {
     "conversation": (["--trace", TRACE, "--speedup", "2", "--max-requests", "300"], 2),
 }
 
+# Largest |predicted - delivered| hit-rate gap asserted, in points, per workload. agent: 3
+# runs measured +0.03 each (it is nearly deterministic), so 1.0 holds with a wide margin.
+# conversation (first 300 requests of the Mooncake trace, 4 sims): 3 runs measured +3.6 to
+# +4.1 with the default max_tree_size (4 MiB of text per backend, 2.5x the sim's 420K-token
+# KV cache, so the router believes in prefixes the sim has evicted) and +0.56 with
+# --max-tree-size 1680000 (the KV cache's size): reported, not asserted.
+MAX_GAP_POINTS = {"agent": 1.0}
+
 # ---------------------------------------------------------------- processes
 
 _children = []
@@ -311,13 +319,16 @@ scrape_configs:
         inc = P.scalar(f'sum(increase(prefix_router_requests_total{{route="chat"}}[{span}s]))', at)
         # increase() over a range that starts before the series exist: Prometheus (2.42) does not
         # assume a new series started at 0, so what a series counted before its first scrape is
-        # lost (its first sample), and it extrapolates at most half an average sample interval
-        # at each end (<= the average rate x 1 scrape interval in all). So:
-        #   sent - sum(first samples) <= increase <= sent + avg rate x scrape interval (+1 rounding)
+        # lost (its first sample). It then extrapolates: toward the range start by half an
+        # average sample interval (a new series starts far from it), toward the end by the gap
+        # to the range end (< 1.1 sample interval); the slope there is at most the average
+        # rate (the range also holds the flat samples after the replay). So, +1 for rounding:
+        #   sent - sum(first samples) - 1 <= increase <= sent + 1.5 x avg rate x scrape interval + 1
+        # and the window must stay under 10% of what was sent (else scrapes went missing).
         st, res, err = P.query(f'prefix_router_requests_total{{route="chat"}}[{span}s]', at)
         first = sum(float(s["values"][0][1]) for s in res)
         avg_rate = sent / rep["elapsed_s"]
-        lo, hi = sent - first - 1, sent + avg_rate * SCRAPE_S + 1
+        lo, hi = sent - first - 1, sent + 1.5 * avg_rate * SCRAPE_S + 1
         tol_ok = lo <= inc <= hi and (hi - lo) <= 0.1 * sent
         record(f"{tag} (a) increase(prefix_router_requests_total[{span}s]) ~ replay sent", tol_ok,
                f"increase {inc:.1f}, sent {sent}, allowed [{lo:.1f}, {hi:.1f}] "
@@ -408,7 +419,8 @@ def main():
     ap.add_argument("--router-args", default=os.environ.get("ROUTER_ARGS", ""),
                     help="extra flags for `prefix-router serve`, e.g. '--max-tree-size 1680000'")
     ap.add_argument("--max-gap-points", type=float, default=None,
-                    help="also fail if |predicted - delivered| exceeds this many points (default: report only)")
+                    help="fail if |predicted - delivered| exceeds this many points (default: 1.0 for agent, "
+                         "where 3 runs measured 0.03; none for conversation, where 3 runs measured 3.6-4.1)")
     a = ap.parse_args()
     if not os.access(a.binary, os.X_OK):
         print(f"router binary not executable: {a.binary}", file=sys.stderr)
@@ -422,6 +434,8 @@ def main():
     print(f"{version}; router {a.binary}; work dir {work}", flush=True)
     t0 = time.monotonic()
     runs = [run_once(a.binary, a.workload, a.sims, work, i + 1, shlex.split(a.router_args)) for i in range(a.runs)]
+    if a.max_gap_points is None:
+        a.max_gap_points = MAX_GAP_POINTS.get(a.workload)
     gaps = [r["gap_points"] for r in runs if "gap_points" in r]
     if a.max_gap_points is not None and gaps:
         worst = max(abs(g) for g in gaps)

@@ -1,6 +1,7 @@
 //! Test support: real backends, the real router, and small HTTP helpers.
 #![allow(dead_code)] // helpers serve several test modules; not every test uses all of them
 
+pub mod logs;
 pub mod router;
 pub mod upstream;
 
@@ -10,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub use logs::Log;
 pub use router::{TestRouter, router_binary, settings};
 pub use upstream::{Reply, Upstream};
 

@@ -9,7 +9,6 @@ use arc_swap::ArcSwap;
 use pingora_core::connectors::TransportConnector;
 use prefix_router_core::policy::{Selector, Ties};
 
-use crate::config::Config;
 use crate::fleet::Fleet;
 use crate::proxy::Limits;
 use crate::stats::Stats;
@@ -43,16 +42,23 @@ impl Drop for Active {
 }
 
 impl State {
-    /// State for `config` over `fleet`.
-    pub fn new(config: &Config, fleet: Arc<Fleet>, selector: Selector, stats: Arc<Stats>) -> Self {
+    /// State over `fleet`, placing with `selector` (whose policy is `policy_name`) and
+    /// serving within `limits`.
+    pub fn new(
+        fleet: Arc<Fleet>,
+        selector: Selector,
+        policy_name: &'static str,
+        limits: Limits,
+        stats: Arc<Stats>,
+    ) -> Self {
         State {
             fleet,
             selector,
             stats,
-            policy_name: config.policy.name,
+            policy_name,
             connector: TransportConnector::new(None),
             ties: Ties::new(0),
-            limits: ArcSwap::from_pointee(config.limits.clone()),
+            limits: ArcSwap::from_pointee(limits),
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
         }
@@ -85,10 +91,8 @@ impl State {
         self.limits.load_full()
     }
 
-    /// Applies what of `config` can change while serving (workers aside).
-    pub fn apply(&self, config: &Config) {
-        self.limits.store(Arc::new(config.limits.clone()));
-        self.selector.tunables().set(config.tunables);
-        self.fleet.set_connect_timeout(config.connect_timeout);
+    /// Requests read from now on get `limits`.
+    pub fn set_limits(&self, limits: Limits) {
+        self.limits.store(Arc::new(limits));
     }
 }

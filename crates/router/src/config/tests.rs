@@ -114,6 +114,14 @@ fn invalid_values_name_their_option() {
             },
             "`health_check_path`",
         ),
+        // Was accepted, then replaced by `/` with a warning when health checks started.
+        (
+            Settings {
+                health_check_path: Some("/he alth".into()),
+                ..Default::default()
+            },
+            "`health_check_path`",
+        ),
         (
             Settings {
                 session_headers: Some(vec!["bad header".into()]),

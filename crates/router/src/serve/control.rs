@@ -102,11 +102,18 @@ impl Control {
         for option in new.restart_only_changes(&current) {
             warn!("`{option}` changed in the config file; it takes effect after a restart");
         }
-        self.state.apply(&new);
+        self.apply(&new);
         self.apply_workers(new.workers.clone()).await;
         *current = new;
         self.stats.next_generation();
         Ok(())
+    }
+
+    /// Applies what of `config` can change while serving, workers aside.
+    fn apply(&self, config: &Config) {
+        self.state.set_limits(config.limits.clone());
+        self.state.selector.tunables().set(config.tunables);
+        self.state.fleet.set_connect_timeout(config.connect_timeout);
     }
 
     /// Adds a worker by URL (peers' `POST /add_worker?url=`).

@@ -55,9 +55,10 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     let discovery = Arc::new(Discovery::new(Arc::clone(&fleet), config.workers.clone()));
     let upkeep = Upkeep::new(config.eviction_interval);
     let state = Arc::new(State::new(
-        config,
         Arc::clone(&fleet),
         selector(config, &upkeep),
+        config.policy.name,
+        config.limits.clone(),
         Arc::new(Stats::new()),
     ));
     let mut proxy =
