@@ -281,13 +281,19 @@ scrape_configs:
 
     report_path = os.path.join(work, f"replay-{run_no}.json")
     t_start = time.time()
-    rp = subprocess.run([binary, "replay", "--url", router_url, *replay_args, "--stream", "--model", MODEL,
-                         "--timeout", "60", "--duration", "120", "--quiet", "--out", report_path],
-                        capture_output=True, text=True, timeout=240)
+    rp = spawn([binary, "replay", "--url", router_url, *replay_args, "--stream", "--model", MODEL,
+                "--timeout", "60", "--duration", "120", "--quiet", "--out", report_path],
+               os.path.join(work, f"replay-{run_no}.log"))
+    try:
+        rp.wait(240)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError("replay still running after 240 s")
     t_end = time.time()
+    stop(rp)
+    _children.remove(rp)
     if rp.returncode != 0:
-        raise RuntimeError(f"replay exited {rp.returncode}:\n{rp.stdout[-2000:]}\n{rp.stderr[-2000:]}")
-    print(rp.stdout.strip(), flush=True)
+        raise RuntimeError(f"replay exited {rp.returncode}:\n{tail(rp, 40)}")
+    print(tail(rp, 40), flush=True)
     with open(report_path) as f:
         rep = json.load(f)
     time.sleep(3 * SCRAPE_S)  # let the last increments be scraped
