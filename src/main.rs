@@ -33,6 +33,8 @@ enum Command {
     Replay(prefix_router_replay::ReplayArgs),
     /// Compare policies on simulated backends, all in this process.
     Demo(prefix_router_demo::DemoArgs),
+    /// Compare policies in virtual time: deterministic, no sockets (scenarios, sweeps).
+    Lab(prefix_router_lab::LabArgs),
 }
 
 #[derive(Args)]
@@ -49,7 +51,7 @@ struct ServeArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let quiet = matches!(cli.command, Some(Command::Demo(_)));
+    let quiet = matches!(cli.command, Some(Command::Demo(_) | Command::Lab(_)));
     let level = if quiet {
         "warn"
     } else {
@@ -64,6 +66,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Sim(args)) => runtime()?.block_on(prefix_router_sim::run(args)),
         Some(Command::Replay(args)) => runtime()?.block_on(prefix_router_replay::run(args)),
         Some(Command::Demo(args)) => runtime()?.block_on(prefix_router_demo::run(args)),
+        Some(Command::Lab(args)) => Ok(prefix_router_lab::run(&args)?),
         None => serve(cli.serve),
     }
 }

@@ -1,7 +1,8 @@
 //! End to end: simulated backends, the router and a replay, as the demo runs them. On a small
 //! multi-turn workload, cache_aware must get a clearly higher hit rate than round_robin.
 
-use prefix_router_demo::{DemoArgs, chart, compare};
+use prefix_router_demo::{DemoArgs, compare};
+use prefix_router_replay::compare as chart;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {

@@ -32,4 +32,4 @@ if [ ! -e "$stamp" ]; then
   timeout 600 "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
   touch "$stamp"
 fi
-exec timeout 900 "$VENV/bin/python" "$here/test_prometheus.py" "$ROUTER" "$@"
+exec timeout 900 "$VENV/bin/python" -B "$here/test_prometheus.py" "$ROUTER" "$@"

@@ -31,4 +31,4 @@ if [ ! -e "$stamp" ]; then
   timeout 600 "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
   touch "$stamp"
 fi
-exec timeout 300 "$VENV/bin/python" "$here/test_openai_sdk.py" "$ROUTER"
+exec timeout 300 "$VENV/bin/python" -B "$here/test_openai_sdk.py" "$ROUTER"

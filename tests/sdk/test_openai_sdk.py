@@ -20,6 +20,7 @@ import uuid
 
 import openai
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import procs  # noqa: E402
 from fake_backend import FakeBackend  # noqa: E402

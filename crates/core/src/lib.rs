@@ -7,6 +7,7 @@
 //! owns its settings type ([`policy::Balance`], [`tree::TreeConfig`]) with its defaults.
 #![deny(unsafe_code)]
 
+pub mod clock;
 #[cfg(test)]
 mod copies;
 pub mod policy;

@@ -3,17 +3,15 @@
 //! side-by-side comparison printed as a table and written as JSON and an SVG chart.
 //! It only assembles the simulator, the router and the replay; it measures nothing itself.
 
-pub mod chart;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use serde::Serialize;
 use tokio::net::TcpListener;
 
 use prefix_router::config::{Config, Settings};
 use prefix_router::serve::embedded::Embedded;
+use prefix_router_replay::compare::{self, PolicyResult};
 use prefix_router_replay::{ReplayArgs, Report, Synthetic, Workload, replay};
 use prefix_router_sim::{SimConfig, SimHandle, start};
 
@@ -63,19 +61,10 @@ pub struct DemoArgs {
     pub out_dir: PathBuf,
 }
 
-/// One policy's result.
-#[derive(Serialize)]
-pub struct PolicyResult {
-    /// The policy.
-    pub policy: String,
-    /// The replay's report.
-    pub report: Report,
-}
-
 /// Runs the comparison, prints it and writes `demo.json` and `demo.svg`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let results = compare(&args, |line| println!("{line}")).await?;
-    println!("\n{}", chart::table(&results, args.speedup));
+    println!("\n{}", compare::table(&results, args.speedup));
     write_outputs(&args, &results)
 }
 
@@ -121,6 +110,7 @@ fn replay_args(args: &DemoArgs) -> ReplayArgs {
         send_session_header: args.send_session_header,
         sessions: args.sessions,
         session_rate: args.session_rate,
+        backends: Some(args.backends),
         bound_capacity: Some(
             (args.backends * args.kv_blocks * SimConfig::default().block_tokens) as u64,
         ),
@@ -205,7 +195,7 @@ fn write_outputs(args: &DemoArgs, results: &[PolicyResult]) -> anyhow::Result<()
     let json = args.out_dir.join("demo.json");
     std::fs::write(&json, serde_json::to_vec_pretty(results)?)?;
     let svg = args.out_dir.join("demo.svg");
-    std::fs::write(&svg, chart::svg(results, args.speedup))?;
+    std::fs::write(&svg, compare::svg(results, args.speedup))?;
     println!("wrote {} and {}", json.display(), svg.display());
     Ok(())
 }

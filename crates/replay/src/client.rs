@@ -18,26 +18,26 @@ pub const INSTANCE_HEADER: &str = "x-sim-instance";
 
 /// Token usage reported by a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Served {
+pub struct Served {
     /// `usage.prompt_tokens`.
-    pub(crate) prompt_tokens: u64,
+    pub prompt_tokens: u64,
     /// `usage.prompt_tokens_details.cached_tokens`, when reported.
-    pub(crate) cached_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
     /// `usage.completion_tokens`.
-    pub(crate) completion_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 /// What one request produced.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Exchange {
+pub struct Exchange {
     /// Instance that answered, if the response named one.
-    pub(crate) backend: Option<String>,
+    pub backend: Option<String>,
     /// Time to first content (streaming only).
-    pub(crate) ttft: Option<Duration>,
+    pub ttft: Option<Duration>,
     /// Usage, if the response reported it.
-    pub(crate) usage: Option<Served>,
+    pub usage: Option<Served>,
     /// Error kind (`connect`, `timeout`, `http_503`, ...); `None` when ok.
-    pub(crate) error: Option<String>,
+    pub error: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

@@ -47,26 +47,26 @@ pub(crate) struct Settings {
 
 /// One request's result.
 #[derive(Debug, Clone)]
-pub(crate) struct Outcome {
+pub struct Outcome {
     /// Session index in the plan.
-    pub(crate) session: u32,
+    pub session: u32,
     /// Turn index in the session.
-    pub(crate) turn: u32,
+    pub turn: u32,
     /// Time from the scheduled send to the actual send.
-    pub(crate) lag: Duration,
+    pub lag: Duration,
     /// Time from send to the end of the answer.
-    pub(crate) e2e: Duration,
+    pub e2e: Duration,
     /// What came back.
-    pub(crate) exchange: Exchange,
+    pub exchange: Exchange,
 }
 
 /// All outcomes of a run and its wall time.
 #[derive(Debug)]
-pub(crate) struct RunResult {
+pub struct RunResult {
     /// In completion order.
-    pub(crate) outcomes: Vec<Outcome>,
+    pub outcomes: Vec<Outcome>,
     /// From the first scheduled arrival to the last completion.
-    pub(crate) elapsed: Duration,
+    pub elapsed: Duration,
 }
 
 struct Ctx {

@@ -11,6 +11,7 @@
 mod agent;
 mod bound;
 mod client;
+pub mod compare;
 mod driver;
 mod metrics;
 mod plan;
@@ -30,10 +31,10 @@ use anyhow::Context as _;
 
 pub use agent::AgentConfig;
 pub use bound::{Bound, Pooled};
-pub use client::INSTANCE_HEADER;
-pub use driver::SESSION_HEADER;
+pub use client::{Exchange, INSTANCE_HEADER, Served};
+pub use driver::{Outcome, RunResult, SESSION_HEADER};
 pub use metrics::Counters;
-pub use plan::Plan;
+pub use plan::{Plan, Session, Turn};
 pub use report::{BackendRow, Backends, Percentiles, Report, Requests, Throughput, Tokens};
 pub use workload::Workload;
 
@@ -142,6 +143,11 @@ pub struct ReplayArgs {
     /// Backends whose vLLM `/metrics` to read before and after (comma-separated base URLs).
     #[arg(long, value_delimiter = ',')]
     pub backend_metrics: Vec<String>,
+    /// Backends behind the target: those that answered nothing then count, as zero, in the
+    /// per-backend rows and the imbalance [default: as many as --backend-metrics names,
+    /// else only those that answered]
+    #[arg(long)]
+    pub backends: Option<usize>,
     /// Model name sent in requests.
     #[arg(long, default_value = "replay")]
     pub model: String,
@@ -166,6 +172,9 @@ pub struct ReplayArgs {
     /// Agent workload: longest think time between turns, seconds (before --speedup).
     #[arg(long, default_value_t = 5.0)]
     pub think_max: f64,
+    /// Agent workload: distinct system prompts the sessions share.
+    #[arg(long, default_value_t = 4)]
+    pub system_prompts: usize,
 }
 
 impl Default for ReplayArgs {
@@ -190,6 +199,7 @@ impl Default for ReplayArgs {
             out: None,
             quiet: false,
             backend_metrics: Vec::new(),
+            backends: None,
             model: "replay".into(),
             timeout: 600.0,
             sessions: agent.sessions,
@@ -198,6 +208,7 @@ impl Default for ReplayArgs {
             max_context_tokens: agent.max_context_tokens,
             think_min: agent.think_min,
             think_max: agent.think_max,
+            system_prompts: agent.system_prompts,
         }
     }
 }
@@ -213,7 +224,7 @@ impl ReplayArgs {
             bytes_per_token: self.bytes_per_token,
             think_min: self.think_min,
             think_max: self.think_max,
-            ..AgentConfig::default()
+            system_prompts: self.system_prompts,
         }
     }
 
@@ -280,7 +291,25 @@ pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<Report, Re
                 .map_err(|e| e.to_string()),
         )
     };
+    Ok(build_report(args, workload, &run, metrics))
+}
+
+/// The report of `run`, a replay of `workload` with `args` made here or elsewhere (the lab
+/// runs the same schedule in virtual time): the same figures either way.
+pub fn report(args: &ReplayArgs, workload: &Workload, run: &RunResult) -> Report {
+    build_report(args, workload, run, None)
+}
+
+fn build_report(
+    args: &ReplayArgs,
+    workload: &Workload,
+    run: &RunResult,
+    metrics: Option<Result<Backends, String>>,
+) -> Report {
+    let plan = workload.plan();
+    let total = args.max_requests.map_or(plan.len(), |n| n.min(plan.len()));
     let sent = run.outcomes.iter().map(|o| (o.session, o.turn));
+    let named = (!args.backend_metrics.is_empty()).then_some(args.backend_metrics.len());
     let ctx = report::Context {
         target: args.url.clone(),
         workload: workload.describe(),
@@ -288,10 +317,11 @@ pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<Report, Re
         concurrency: args.concurrency,
         speedup: args.speedup,
         planned: total as u64,
-        bound: bound::compute_sent(&plan, sent, args.bound_capacity),
+        bound: bound::compute_sent(plan, sent, args.bound_capacity),
         metrics,
+        backends: args.backends.or(named),
     };
-    Ok(report::build(ctx, &run))
+    report::build(ctx, run)
 }
 
 fn http_client(args: &ReplayArgs) -> Result<reqwest::Client, ReplayError> {

@@ -31,7 +31,7 @@ pub struct Plan {
 
 /// A sequence of turns sharing a session id.
 #[derive(Debug, Clone)]
-pub(crate) struct Session {
+pub struct Session {
     /// Sent as `x-session-id` with `--send-session-header`.
     pub(crate) id: Option<Arc<str>>,
     /// Arrival of the first turn, in ms from the start (before `--speedup`).
@@ -42,7 +42,7 @@ pub(crate) struct Session {
 
 /// One request.
 #[derive(Debug, Clone)]
-pub(crate) struct Turn {
+pub struct Turn {
     /// Pieces forming `messages`, in order.
     pub(crate) pieces: Vec<u32>,
     /// `max_tokens` sent.
@@ -53,7 +53,41 @@ pub(crate) struct Turn {
     pub(crate) prompt_tokens: u64,
 }
 
+impl Session {
+    /// The session id sent as `x-session-id` (with `--send-session-header`).
+    pub fn id(&self) -> Option<&str> {
+        self.id.as_deref()
+    }
+
+    /// Arrival of the first turn, ms from the start (before `--speedup`).
+    pub fn start_ms(&self) -> f64 {
+        self.start_ms
+    }
+
+    /// The requests, in order.
+    pub fn turns(&self) -> &[Turn] {
+        &self.turns
+    }
+}
+
+impl Turn {
+    /// Delay after the previous turn's response, ms (before `--speedup`).
+    pub fn think_ms(&self) -> f64 {
+        self.think_ms
+    }
+}
+
 impl Plan {
+    /// The sessions, by start time.
+    pub fn sessions(&self) -> &[Session] {
+        &self.sessions
+    }
+
+    /// The body the replay sends for `turn`, asking for `model`, streamed or not.
+    pub fn request_body(&self, turn: &Turn, model: &str, stream: bool) -> Vec<u8> {
+        self.body(&BodyStyle::new(model, stream), turn)
+    }
+
     /// Adds a piece and returns its index.
     pub(crate) fn push_piece(&mut self, json: String, key: Option<u32>, tokens: u32) -> u32 {
         let idx = u32::try_from(self.pieces.len()).expect("fewer than 2^32 pieces");

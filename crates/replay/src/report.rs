@@ -182,6 +182,8 @@ pub(crate) struct Context {
     pub(crate) planned: u64,
     pub(crate) bound: Bound,
     pub(crate) metrics: Option<Result<Backends, String>>,
+    /// Backends behind the target, when known: those that answered nothing count as zero.
+    pub(crate) backends: Option<usize>,
 }
 
 /// Builds the report of a run.
@@ -213,7 +215,7 @@ pub(crate) fn build(ctx: Context, run: &RunResult) -> Report {
             prompt_tokens_per_s: per_s(tokens.prompt),
             completion_tokens_per_s: per_s(tokens.completion),
         },
-        backends: from_responses(&run.outcomes),
+        backends: from_responses(&run.outcomes, ctx.backends),
         backend_metrics,
         backend_metrics_error,
         requests,
@@ -255,8 +257,10 @@ fn count(outcomes: &[Outcome], planned: u64) -> (Requests, Tokens, u64) {
     (r, t, cached_prompt)
 }
 
-/// Shares by the backend each successful response named; `None` if none did.
-fn from_responses(outcomes: &[Outcome]) -> Option<Backends> {
+/// Shares by the backend each successful response named; `None` if none did. With the
+/// fleet's size known, backends that answered nothing appear as empty rows (and count in
+/// the imbalance).
+fn from_responses(outcomes: &[Outcome], fleet: Option<usize>) -> Option<Backends> {
     let mut by_name: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     let mut unattributed = 0;
     for o in outcomes.iter().filter(|o| o.exchange.error.is_none()) {
@@ -273,10 +277,12 @@ fn from_responses(outcomes: &[Outcome]) -> Option<Backends> {
     if by_name.is_empty() {
         return None;
     }
-    let rows = by_name
+    let mut rows: Vec<BackendRow> = by_name
         .into_iter()
         .map(|(n, (req, p, c))| row(n.to_owned(), req, p, c, ratio(c as f64, p as f64)))
         .collect();
+    let silent = fleet.unwrap_or(0).saturating_sub(rows.len());
+    rows.extend((1..=silent).map(|i| row(format!("(answered nothing #{i})"), 0, 0, 0, None)));
     Some(with_shares("responses", rows, unattributed))
 }
 

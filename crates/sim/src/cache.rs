@@ -118,6 +118,7 @@ pub struct BlockCache {
     head: u32,
     tail: u32,
     free_len: usize,
+    evicted: u64,
 }
 
 impl BlockCache {
@@ -139,6 +140,7 @@ impl BlockCache {
             head: NIL,
             tail: NIL,
             free_len: 0,
+            evicted: 0,
         };
         for id in 0..capacity as u32 {
             cache.push_back(id);
@@ -159,6 +161,11 @@ impl BlockCache {
     /// Blocks on the free queue (empty or cached but unpinned): what an allocation can use.
     pub fn free(&self) -> usize {
         self.free_len
+    }
+
+    /// Cached blocks evicted so far (reused for other content).
+    pub fn evicted(&self) -> u64 {
+        self.evicted
     }
 
     /// Blocks currently holding a cached hash, pinned or not.
@@ -259,6 +266,7 @@ impl BlockCache {
         self.unlink(id);
         if let Some(hash) = self.slots[id as usize].hash.take() {
             self.index.remove(&hash);
+            self.evicted += 1;
         }
         self.slots[id as usize].refs = 1;
         Some(id)

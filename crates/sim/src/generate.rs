@@ -79,22 +79,10 @@ pub async fn generate(
     body: Value,
 ) -> Result<Response<Body>, ApiError> {
     let config = &shared.config;
-    let parsed = template::parse(endpoint, &body, config.bytes_per_token)?;
-    drop(body);
-    let prompt_tokens = template::token_count(&parsed.prompt, config.bytes_per_token);
-    check_length(config, prompt_tokens, parsed.output_tokens)?;
-    let hashes = block_hashes(
-        &parsed.prompt,
-        config.block_tokens.saturating_mul(config.bytes_per_token),
-    );
-    drop(parsed.prompt);
     let number = shared.next_number.fetch_add(1, Relaxed);
-    let request = EngineRequest {
-        id: number,
-        hashes,
-        prompt_tokens,
-        output_tokens: parsed.output_tokens,
-    };
+    let (request, stream) = prepare(config, endpoint, &body, number)?;
+    drop(body);
+    let (prompt_tokens, output_tokens) = (request.prompt_tokens, request.output_tokens);
     let (ticket, events) = shared.engine.submit(request).ok_or(ApiError::EngineGone)?;
     let meta = Meta {
         endpoint,
@@ -103,11 +91,7 @@ pub async fn generate(
         model: config.model.clone(),
         instance: config.name.clone(),
     };
-    let (output_tokens, bytes_per_token, limit) = (
-        parsed.output_tokens,
-        config.bytes_per_token,
-        token_limit(config),
-    );
+    let (bytes_per_token, limit) = (config.bytes_per_token, token_limit(config));
     let job = Job {
         meta,
         ticket,
@@ -117,11 +101,33 @@ pub async fn generate(
         bytes_per_token,
         limit,
     };
-    if parsed.stream {
+    if stream {
         Ok(stream_response(job))
     } else {
         complete(job).await
     }
+}
+
+/// What the engine gets for a generation request body of `endpoint`: the prompt rendered
+/// with the instance's template, counted in tokens and hashed into blocks, as request `id`;
+/// and whether the client asked for a stream. The lab feeds its engines through this too.
+pub fn prepare(
+    config: &SimConfig,
+    endpoint: Endpoint,
+    body: &Value,
+    id: u64,
+) -> Result<(EngineRequest, bool), ApiError> {
+    let parsed = template::parse(endpoint, body, config.bytes_per_token)?;
+    let prompt_tokens = template::token_count(&parsed.prompt, config.bytes_per_token);
+    check_length(config, prompt_tokens, parsed.output_tokens)?;
+    let block_bytes = config.block_tokens.saturating_mul(config.bytes_per_token);
+    let request = EngineRequest {
+        id,
+        hashes: block_hashes(&parsed.prompt, block_bytes),
+        prompt_tokens,
+        output_tokens: parsed.output_tokens,
+    };
+    Ok((request, parsed.stream))
 }
 
 /// Refuses empty prompts, and prompts plus output beyond `max_model_len` or the KV cache.

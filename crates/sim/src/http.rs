@@ -172,7 +172,10 @@ fn models(config: &SimConfig) -> Value {
 }
 
 fn metrics(shared: &Shared) -> Response<Body> {
-    let text = shared.metrics.render(&shared.config.model);
+    let config = &shared.config;
+    let text = shared
+        .metrics
+        .render(&config.model, config.kv_blocks, config.block_tokens);
     full(
         StatusCode::OK,
         Some("text/plain; version=0.0.4; charset=utf-8"),

@@ -46,6 +46,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub use error::{ApiError, ConfigError};
+pub use generate::prepare;
 pub use metrics::SimStats;
 
 /// Default model name reported by `/v1/models` and in responses.
@@ -126,7 +127,8 @@ impl SimConfig {
         Ok(())
     }
 
-    fn timing(&self) -> engine::Timing {
+    /// The engine's timing and scheduling parameters, in simulated seconds.
+    pub fn timing(&self) -> engine::Timing {
         engine::Timing {
             prefill_tokens_per_s: self.prefill_tokens_per_s,
             prefill_overhead_s: self.prefill_overhead_ms / 1000.0,

@@ -151,8 +151,9 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition (format 0.0.4) for `model`.
-    pub fn render(&self, model: &str) -> String {
+    /// Prometheus text exposition (format 0.0.4) for `model`, on an instance whose KV cache
+    /// has `kv_blocks` blocks of `block_tokens` tokens (vLLM's `cache_config_info`).
+    pub fn render(&self, model: &str, kv_blocks: usize, block_tokens: usize) -> String {
         let s = self.snapshot();
         let labels = format!("model_name=\"{}\",engine=\"0\"", escape_label(model));
         let success = format!("{labels},finished_reason=\"length\"");
@@ -178,6 +179,16 @@ impl Metrics {
             let _ = writeln!(out, "vllm:{name}{{{labels}}} {value:?}");
         }
         self.render_ttft(&mut out, &labels);
+        let _ = writeln!(
+            out,
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig"
+        );
+        let _ = writeln!(out, "# TYPE vllm:cache_config_info gauge");
+        let _ = writeln!(
+            out,
+            "vllm:cache_config_info{{block_size=\"{block_tokens}\",cache_dtype=\"auto\",\
+             enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"{kv_blocks}\"}} 1.0"
+        );
         out
     }
 
@@ -223,7 +234,7 @@ mod tests {
         m.on_first_token(0.03);
         m.on_finished(7);
         m.set_gauges(2, 3, 0.25);
-        let text = m.render("m\"x");
+        let text = m.render("m\"x", 26_250, 16);
         let labels = "{model_name=\"m\\\"x\",engine=\"0\"}";
         for line in [
             format!("vllm:prefix_cache_queries_total{labels} 100.0"),
@@ -239,5 +250,6 @@ mod tests {
         }
         assert!(text.contains("vllm:request_success_total{model_name=\"m\\\"x\",engine=\"0\",finished_reason=\"length\"} 1.0"));
         assert_eq!(m.snapshot().cached_tokens, 64);
+        assert!(text.contains("vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"26250\"} 1.0"));
     }
 }

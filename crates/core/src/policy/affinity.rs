@@ -2,10 +2,12 @@
 //! that last served the session while that backend is ready and not past the imbalance
 //! bound; otherwise the policy places it and the session follows.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Candidate, Decision, Outcome, Policy, Request, Sessions, SharedTunables, overloaded};
 use crate::BackendId;
+use crate::clock::{Clock, Monotonic};
 use crate::tree::TreeStats;
 
 /// The policy with session affinity: what the proxy asks to choose a backend.
@@ -17,11 +19,26 @@ pub struct Selector {
 }
 
 impl Selector {
-    /// `policy` with sessions that expire after `session_ttl` idle.
+    /// `policy` with sessions that expire after `session_ttl` idle on the monotonic clock.
     pub fn new(policy: Box<dyn Policy>, tunables: SharedTunables, session_ttl: Duration) -> Self {
+        Selector::with_clock(
+            policy,
+            tunables,
+            session_ttl,
+            Arc::new(Monotonic::default()),
+        )
+    }
+
+    /// Like [`Self::new`], with session idleness measured on `clock`.
+    pub fn with_clock(
+        policy: Box<dyn Policy>,
+        tunables: SharedTunables,
+        session_ttl: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         Selector {
             policy,
-            sessions: Sessions::new(session_ttl, super::sessions::MAX_SESSIONS),
+            sessions: Sessions::new(session_ttl, super::sessions::MAX_SESSIONS, clock),
             tunables,
             upkeep_due: Box::new(|| {}),
         }

@@ -4,11 +4,13 @@
 //! simply not remembered and their requests are placed by the policy).
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
 
 use crate::BackendId;
+use crate::clock::Clock;
 use crate::request::SessionKey;
 
 const SHARDS: usize = 64;
@@ -19,7 +21,8 @@ pub const MAX_SESSIONS: usize = 1 << 20;
 #[derive(Clone, Copy)]
 struct Entry {
     backend: BackendId,
-    seen: Instant,
+    /// When it was last used, on `clock`.
+    seen: Duration,
 }
 
 /// Session key -> backend, with expiry.
@@ -27,16 +30,22 @@ pub struct Sessions {
     shards: Vec<Mutex<HashMap<SessionKey, Entry>>>,
     ttl: Duration,
     per_shard: usize,
+    clock: Arc<dyn Clock>,
 }
 
 impl Sessions {
-    /// A table forgetting sessions idle for `ttl`, holding at most `max` of them.
-    pub fn new(ttl: Duration, max: usize) -> Self {
+    /// A table forgetting sessions idle for `ttl` on `clock`, holding at most `max` of them.
+    pub fn new(ttl: Duration, max: usize, clock: Arc<dyn Clock>) -> Self {
         Sessions {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             ttl,
             per_shard: max.div_ceil(SHARDS),
+            clock,
         }
+    }
+
+    fn fresh(&self, entry: &Entry) -> bool {
+        self.clock.now().saturating_sub(entry.seen) < self.ttl
     }
 
     fn shard(&self, key: SessionKey) -> &Mutex<HashMap<SessionKey, Entry>> {
@@ -46,7 +55,7 @@ impl Sessions {
     /// The backend that last served `key`, if the session is not expired.
     pub fn get(&self, key: SessionKey) -> Option<BackendId> {
         let entry = *self.shard(key).lock().get(&key)?;
-        (entry.seen.elapsed() < self.ttl).then_some(entry.backend)
+        self.fresh(&entry).then_some(entry.backend)
     }
 
     /// Records that `backend` serves `key` now.
@@ -59,7 +68,7 @@ impl Sessions {
             key,
             Entry {
                 backend,
-                seen: Instant::now(),
+                seen: self.clock.now(),
             },
         );
     }
@@ -67,9 +76,7 @@ impl Sessions {
     /// Drops expired sessions and those of backends for which `live` is false.
     pub fn sweep(&self, live: &dyn Fn(BackendId) -> bool) {
         for shard in &self.shards {
-            shard
-                .lock()
-                .retain(|_, e| e.seen.elapsed() < self.ttl && live(e.backend));
+            shard.lock().retain(|_, e| self.fresh(e) && live(e.backend));
         }
     }
 
@@ -88,25 +95,33 @@ impl Sessions {
 mod tests {
     use super::*;
 
+    use crate::clock::Manual;
+
+    fn table(ttl: Duration, max: usize) -> (Sessions, Manual) {
+        let clock = Manual::default();
+        (Sessions::new(ttl, max, Arc::new(clock.clone())), clock)
+    }
+
     #[test]
     fn remembers_until_ttl_and_sweeps_dead_backends() {
-        let table = Sessions::new(Duration::from_secs(60), 100);
+        let (table, clock) = table(Duration::from_secs(60), 100);
         let key = SessionKey::of(b"s");
         table.set(key, BackendId(3));
         assert_eq!(table.get(key), Some(BackendId(3)));
         table.sweep(&|b| b != BackendId(3));
         assert_eq!(table.get(key), None);
-        let short = Sessions::new(Duration::from_millis(1), 100);
-        short.set(key, BackendId(1));
-        std::thread::sleep(Duration::from_millis(5));
-        assert_eq!(short.get(key), None);
-        short.sweep(&|_| true);
-        assert!(short.is_empty());
+        table.set(key, BackendId(1));
+        clock.set(Duration::from_secs(59));
+        assert_eq!(table.get(key), Some(BackendId(1)));
+        clock.set(Duration::from_secs(60));
+        assert_eq!(table.get(key), None);
+        table.sweep(&|_| true);
+        assert!(table.is_empty());
     }
 
     #[test]
     fn bounded() {
-        let table = Sessions::new(Duration::from_secs(60), SHARDS);
+        let (table, _) = table(Duration::from_secs(60), SHARDS);
         for i in 0..10_000u32 {
             table.set(SessionKey::of(&i.to_le_bytes()), BackendId(0));
         }

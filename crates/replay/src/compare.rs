@@ -1,11 +1,21 @@
-//! The demo's outputs: a text table and an SVG bar chart of hit rate and TTFT per policy.
-//! Latencies are shown in trace time (measured wall time times the speedup), so they read
-//! as what a real fleet would see.
+//! Several runs of one workload side by side (one per policy, in the demo and the lab): a
+//! text table and an SVG bar chart of hit rate and TTFT. Latencies are shown in trace time
+//! (measured wall time times the speedup), so they read as what a real fleet would see.
 
 use std::fmt::Write as _;
 
-use super::PolicyResult;
-use prefix_router_replay::{Percentiles, Report};
+use serde::Serialize;
+
+use super::{Percentiles, Report};
+
+/// One policy's result.
+#[derive(Serialize)]
+pub struct PolicyResult {
+    /// The policy.
+    pub policy: String,
+    /// The run's report.
+    pub report: Report,
+}
 
 fn pct(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{:.1}%", v * 100.0))

@@ -1,0 +1,389 @@
+//! The lab: a discrete-event simulation, in virtual time and one process, of clients,
+//! the router and a fleet of simulated vLLM engines. The router half is the core's real
+//! selection path (parser, policies, index, sessions) with the proxy's in-flight and
+//! pending-prefill accounting; the engine half is the simulator's own model (block prefix
+//! cache with LRU and pinning, `max_num_seqs` scheduling, shared prefill throughput, decode
+//! interval), fed by the simulator's own template. The clients follow the replay's
+//! schedule and the report is the replay's, so a lab run reads like a real-time one.
+//!
+//! Deterministic (the same inputs and seed give byte-identical output), with no sockets
+//! and no sleeps. Not for: timing of the router itself (that is `make overhead`), or
+//! anything the simulator does not model.
+
+mod output;
+pub mod prepare;
+pub mod router;
+pub mod scenario;
+pub mod world;
+
+use std::path::PathBuf;
+
+use prefix_router_core::policy::{self, Tunables};
+use prefix_router_core::tree::TreeConfig;
+use prefix_router_replay::{ReplayArgs, ReplayError, Report, Synthetic, Workload};
+use prefix_router_sim::SimConfig;
+use serde::Serialize;
+
+pub use output::{svg, table};
+use prepare::Prepared;
+use router::RouterSetup;
+use scenario::{Scenario, Source};
+use world::Clients;
+
+/// Why the lab cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum LabError {
+    /// The workload could not be loaded.
+    #[error(transparent)]
+    Workload(#[from] ReplayError),
+    /// A policy name is unknown.
+    #[error(transparent)]
+    Policy(#[from] policy::UnknownPolicy),
+    /// A scenario name is unknown.
+    #[error("unknown scenario `{0}`, expected one of: {1}")]
+    Scenario(String, String),
+    /// An option has an unusable value.
+    #[error("invalid option: {0}")]
+    Invalid(String),
+    /// The results could not be written.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// Options of the `lab` command.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LabArgs {
+    /// A named scenario (see --list); without one, the agent workload or --trace.
+    #[arg(long, conflicts_with_all = ["all", "trace"])]
+    pub scenario: Option<String>,
+    /// Every named scenario.
+    #[arg(long)]
+    pub all: bool,
+    /// List the named scenarios and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Policies to compare, in order.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "round_robin,consistent_hash,cache_aware,prefill_aware"
+    )]
+    pub policies: Vec<String>,
+    /// A Mooncake trace to run instead of the agent workload.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Backends (a list sweeps: 2,4,8) [default: the scenario's, else 4].
+    #[arg(long, value_delimiter = ',')]
+    pub backends: Vec<usize>,
+    /// KV cache per backend in 16-token blocks (a list sweeps) [default: the scenario's, else 26250].
+    #[arg(long, value_delimiter = ',')]
+    pub kv_blocks: Vec<usize>,
+    /// Agent workload: sessions (a list sweeps) [default: the scenario's, else 24].
+    #[arg(long, value_delimiter = ',')]
+    pub sessions: Vec<usize>,
+    /// Agent workload: mean new sessions per second.
+    #[arg(long)]
+    pub session_rate: Option<f64>,
+    /// Agent workload: distinct shared system prompts.
+    #[arg(long)]
+    pub system_prompts: Option<usize>,
+    /// Requests in flight at most (the replay's --concurrency) [default: the scenario's, else 64].
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    /// Stop each run after this many requests.
+    #[arg(long)]
+    pub max_requests: Option<usize>,
+    /// Send session ids as `x-session-id`.
+    #[arg(long)]
+    pub send_session_header: bool,
+    /// The router's index budget per backend, bytes [default: the backend's KV in bytes,
+    /// as the router sizes it from `vllm:cache_config_info`].
+    #[arg(long)]
+    pub max_tree_size: Option<usize>,
+    /// Seed of the workload and of the policies' tie-breaking.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where the named traces are.
+    #[arg(long, default_value = "../shared/traces")]
+    pub traces: PathBuf,
+    /// Where to write `lab.json` and one `lab-SCENARIO.svg` per scenario.
+    #[arg(long, default_value = "lab-results")]
+    pub out_dir: PathBuf,
+}
+
+/// One run's result: its setting, the replay's report of it, and what only the lab sees.
+#[derive(Clone, Debug, Serialize)]
+pub struct LabResult {
+    /// The scenario (or `custom`).
+    pub scenario: String,
+    /// The policy.
+    pub policy: String,
+    /// Backends.
+    pub backends: usize,
+    /// KV blocks per backend.
+    pub kv_blocks: usize,
+    /// The replay's report, in virtual time.
+    pub report: Report,
+    /// KV blocks the engines evicted.
+    pub kv_evicted_blocks: u64,
+    /// Prefix-index text the router evicted, bytes.
+    pub index_evicted_bytes: u64,
+    /// Hit rate the router predicted (matched / routed text).
+    pub predicted_hit_rate: Option<f64>,
+}
+
+/// One setting to run every policy on.
+#[derive(Clone, Debug)]
+pub struct Setting {
+    /// The scenario this setting comes from.
+    pub scenario: Scenario,
+    /// The index budget, bytes per backend (none: sized from the KV).
+    pub max_tree_size: Option<usize>,
+    /// Seed.
+    pub seed: u64,
+    /// Stop after this many requests.
+    pub max_requests: Option<usize>,
+    /// Send `x-session-id`.
+    pub send_session_header: bool,
+}
+
+impl Setting {
+    fn sim(&self) -> SimConfig {
+        SimConfig {
+            kv_blocks: self.scenario.kv_blocks,
+            ..SimConfig::default()
+        }
+    }
+
+    fn replay_args(&self) -> ReplayArgs {
+        let sim = self.sim();
+        let capacity = self.scenario.backends * sim.kv_blocks * sim.block_tokens;
+        let mut args = ReplayArgs {
+            stream: true,
+            quiet: true,
+            concurrency: self.scenario.concurrency,
+            max_requests: self.max_requests,
+            send_session_header: self.send_session_header,
+            seed: self.seed,
+            backends: Some(self.scenario.backends),
+            bound_capacity: Some(capacity as u64),
+            model: prefix_router_sim::DEFAULT_MODEL.to_string(),
+            url: "lab://virtual".into(),
+            ..ReplayArgs::default()
+        };
+        match &self.scenario.source {
+            Source::Agent {
+                sessions,
+                session_rate,
+                system_prompts,
+            } => {
+                args.synthetic = Some(Synthetic::Agent);
+                (args.sessions, args.session_rate) = (*sessions, *session_rate);
+                args.system_prompts = *system_prompts;
+            }
+            Source::Trace(path) => args.trace = Some(path.clone()),
+        }
+        args
+    }
+
+    fn router(&self, policy: &str) -> Result<RouterSetup, LabError> {
+        let sim = self.sim();
+        let kv_bytes = sim.kv_blocks * sim.block_tokens * sim.bytes_per_token;
+        Ok(RouterSetup {
+            policy: policy::choose(policy)?,
+            tunables: Tunables::default(),
+            tree: TreeConfig {
+                max_bytes_per_backend: self.max_tree_size.unwrap_or(kv_bytes),
+                ..TreeConfig::default()
+            },
+            session_ttl: 1800.0,
+            eviction_interval: 120.0,
+            seed: self.seed,
+        })
+    }
+}
+
+/// Runs every policy of `policies` on `setting`; `progress` hears of each run.
+pub fn compare(
+    setting: &Setting,
+    policies: &[String],
+    progress: &mut dyn FnMut(&str),
+) -> Result<Vec<LabResult>, LabError> {
+    let args = setting.replay_args();
+    let workload = Workload::load(&args)?;
+    let sim = setting.sim();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let prepared = Prepared::new(workload.plan(), &sim, &args.model, args.stream, threads);
+    let names: Vec<String> = (0..setting.scenario.backends)
+        .map(|i| format!("backend-{i}"))
+        .collect();
+    let clients = Clients {
+        model: args.model.clone(),
+        stream: args.stream,
+        concurrency: args.concurrency,
+        max_requests: args.max_requests,
+        send_session_header: args.send_session_header,
+    };
+    let mut results = Vec::with_capacity(policies.len());
+    for name in policies {
+        let router = setting.router(name)?;
+        let run = world::run(workload.plan(), &prepared, &names, &sim, &router, &clients);
+        let report = prefix_router_replay::report(&args, &workload, &run.result);
+        progress(&format!(
+            "{} {name}: {}",
+            setting.scenario.name,
+            output::summary(&report)
+        ));
+        results.push(LabResult {
+            scenario: setting.scenario.name.clone(),
+            policy: name.clone(),
+            backends: setting.scenario.backends,
+            kv_blocks: setting.scenario.kv_blocks,
+            report,
+            kv_evicted_blocks: run.kv_evicted_blocks,
+            index_evicted_bytes: run.index_evicted_bytes,
+            predicted_hit_rate: run.predicted_hit_rate,
+        });
+    }
+    Ok(results)
+}
+
+/// The settings `args` asks for: its scenarios, swept over the listed values.
+pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
+    let all = scenario::all(&args.traces);
+    let base: Vec<Scenario> = match (&args.scenario, args.all, &args.trace) {
+        (_, true, _) => all,
+        (Some(name), _, _) => vec![scenario::named(name, &args.traces).ok_or_else(|| {
+            let names: Vec<String> = all.iter().map(|s| s.name.clone()).collect();
+            LabError::Scenario(name.clone(), names.join(", "))
+        })?],
+        (None, _, Some(path)) => {
+            let mut s =
+                scenario::named("conversation", &args.traces).unwrap_or_else(|| all[0].clone());
+            (s.name, s.source) = ("custom".into(), Source::Trace(path.clone()));
+            vec![s]
+        }
+        (None, false, None) => vec![all[0].clone()],
+    };
+    let mut out = Vec::new();
+    for scenario in base {
+        for s in sweep(&scenario, args)? {
+            out.push(Setting {
+                scenario: s,
+                max_tree_size: args.max_tree_size,
+                seed: args.seed,
+                max_requests: args.max_requests,
+                send_session_header: args.send_session_header,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `scenario` once per combination of the listed backends, KV sizes and session counts.
+fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError> {
+    let or = |list: &[usize], default: usize| {
+        if list.is_empty() {
+            vec![default]
+        } else {
+            list.to_vec()
+        }
+    };
+    if [&args.backends, &args.kv_blocks, &args.sessions]
+        .iter()
+        .any(|l| l.contains(&0))
+    {
+        return Err(LabError::Invalid(
+            "--backends, --kv-blocks and --sessions must be >= 1".into(),
+        ));
+    }
+    let mut out = Vec::new();
+    for backends in or(&args.backends, scenario.backends) {
+        for kv_blocks in or(&args.kv_blocks, scenario.kv_blocks) {
+            let sessions = match &scenario.source {
+                Source::Agent { sessions, .. } => or(&args.sessions, *sessions),
+                Source::Trace(_) => vec![0],
+            };
+            for n in sessions {
+                let mut s = scenario.clone();
+                (s.backends, s.kv_blocks) = (backends, kv_blocks);
+                s.concurrency = args.concurrency.unwrap_or(s.concurrency);
+                if let Source::Agent {
+                    sessions,
+                    session_rate,
+                    system_prompts,
+                } = &mut s.source
+                {
+                    *sessions = n;
+                    *session_rate = args.session_rate.unwrap_or(*session_rate);
+                    *system_prompts = args.system_prompts.unwrap_or(*system_prompts);
+                }
+                let swept =
+                    args.backends.len() > 1 || args.kv_blocks.len() > 1 || args.sessions.len() > 1;
+                if swept {
+                    s.name = format!(
+                        "{} b={backends} kv={kv_blocks}{}",
+                        s.name,
+                        session_label(&s.source)
+                    );
+                }
+                out.push(s);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn session_label(source: &Source) -> String {
+    match source {
+        Source::Agent { sessions, .. } => format!(" s={sessions}"),
+        Source::Trace(_) => String::new(),
+    }
+}
+
+/// The `lab` command: runs, prints the table, writes `lab.json` and the charts.
+pub fn run(args: &LabArgs) -> Result<(), LabError> {
+    if args.list {
+        for s in scenario::all(&args.traces) {
+            println!("{:<18} {}", s.name, s.about);
+        }
+        return Ok(());
+    }
+    let mut results = Vec::new();
+    for setting in settings(args)? {
+        results.extend(compare(&setting, &args.policies, &mut |line| {
+            eprintln!("{line}")
+        })?);
+    }
+    println!("{}", table(&results));
+    write(args, &results)
+}
+
+fn write(args: &LabArgs, results: &[LabResult]) -> Result<(), LabError> {
+    let error = |path: PathBuf| move |source| LabError::Write { path, source };
+    std::fs::create_dir_all(&args.out_dir).map_err(error(args.out_dir.clone()))?;
+    let json = args.out_dir.join("lab.json");
+    let text = serde_json::to_vec_pretty(results).unwrap_or_default();
+    std::fs::write(&json, text).map_err(error(json.clone()))?;
+    println!("wrote {}", json.display());
+    for (scenario, chart) in svg(results) {
+        let slug: String = (scenario.chars())
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = args.out_dir.join(format!("lab-{slug}.svg"));
+        std::fs::write(&path, chart).map_err(error(path.clone()))?;
+        println!("wrote {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! The lab's outputs: one table row per run, and one SVG chart per scenario (the replay's
+//! comparison chart). Times are virtual seconds, as a real fleet would see them.
+
+use std::fmt::Write as _;
+
+use prefix_router_replay::Report;
+use prefix_router_replay::compare::{self, PolicyResult};
+
+use super::LabResult;
+
+fn pct(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| format!("{:.1}%", v * 100.0))
+}
+
+fn secs(ms: Option<f64>) -> String {
+    ms.map_or("-".into(), |ms| format!("{:.2}s", ms / 1000.0))
+}
+
+fn ratio(value: Option<f64>) -> String {
+    value.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
+/// Hit rate over the pooled finite bound.
+pub fn of_finite(report: &Report) -> Option<f64> {
+    let pooled = report.bound.pooled?.hit_rate;
+    report.hit_rate.filter(|_| pooled > 0.0).map(|h| h / pooled)
+}
+
+/// A one-line summary of a report.
+pub fn summary(report: &Report) -> String {
+    let ttft = report.ttft_ms.as_ref();
+    format!(
+        "hit {} (pooled bound {}), TTFT p50 {} p99 {}, {} ok, {} failed",
+        pct(report.hit_rate),
+        pct(report.bound.pooled.map(|p| p.hit_rate)),
+        secs(ttft.map(|p| p.p50)),
+        secs(ttft.map(|p| p.p99)),
+        report.requests.ok,
+        report.requests.failed
+    )
+}
+
+fn shares(report: &Report) -> String {
+    let Some(backends) = &report.backends else {
+        return "-".into();
+    };
+    let parts: Vec<String> = (backends.rows.iter())
+        .map(|r| format!("{:.0}", r.request_share * 100.0))
+        .collect();
+    parts.join("/")
+}
+
+/// Every run as a fixed-width table.
+pub fn table(results: &[LabResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<22} {:<16} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>15} {:>9} {:>6}",
+        "scenario",
+        "policy",
+        "hit",
+        "bound",
+        "of fin",
+        "TTFT p50",
+        "TTFT p90",
+        "TTFT p99",
+        "e2e p50",
+        "e2e p99",
+        "req im",
+        "unc im",
+        "req shares %",
+        "KV evict",
+        "failed"
+    );
+    for r in results {
+        let (p, ttft, e2e) = (
+            &r.report,
+            r.report.ttft_ms.as_ref(),
+            r.report.e2e_ms.as_ref(),
+        );
+        let backends = p.backends.as_ref();
+        let _ = writeln!(
+            out,
+            "{:<22} {:<16} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>15} {:>9} {:>6}",
+            r.scenario,
+            r.policy,
+            pct(p.hit_rate),
+            pct(p.bound.pooled.map(|b| b.hit_rate)),
+            pct(of_finite(p)),
+            secs(ttft.map(|t| t.p50)),
+            secs(ttft.map(|t| t.p90)),
+            secs(ttft.map(|t| t.p99)),
+            secs(e2e.map(|t| t.p50)),
+            secs(e2e.map(|t| t.p99)),
+            ratio(backends.and_then(|b| b.request_imbalance)),
+            ratio(backends.and_then(|b| b.uncached_imbalance)),
+            shares(p),
+            r.kv_evicted_blocks,
+            p.requests.failed
+        );
+    }
+    out
+}
+
+/// One SVG chart per scenario, in order: (scenario, chart).
+pub fn svg(results: &[LabResult]) -> Vec<(String, String)> {
+    let mut charts: Vec<(String, Vec<PolicyResult>)> = Vec::new();
+    for r in results {
+        let entry = PolicyResult {
+            policy: r.policy.clone(),
+            report: r.report.clone(),
+        };
+        match charts.iter_mut().find(|(name, _)| *name == r.scenario) {
+            Some((_, list)) => list.push(entry),
+            None => charts.push((r.scenario.clone(), vec![entry])),
+        }
+    }
+    charts
+        .into_iter()
+        .map(|(name, list)| (name, compare::svg(&list, 1.0)))
+        .collect()
+}

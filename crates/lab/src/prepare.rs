@@ -1,0 +1,103 @@
+//! What the engines are given for each request of a workload, computed once per workload
+//! and shared by every run on it: the body the replay would send, rendered, tokenized and
+//! hashed by the simulator's own template ([`prefix_router_sim::prepare`]). The router side
+//! parses the same body with the router's parser, so the two share nothing but the bytes.
+
+use std::sync::Arc;
+
+use prefix_router_replay::{Plan, Turn};
+use prefix_router_sim::SimConfig;
+use prefix_router_sim::cache::BlockHash;
+use prefix_router_sim::engine::EngineRequest;
+use prefix_router_sim::template::Endpoint;
+
+/// A request as an engine sees it, or why the simulator refuses it (its HTTP status).
+#[derive(Clone, Debug)]
+pub enum Shape {
+    /// Accepted.
+    Accepted {
+        /// Chained block hashes of the rendered prompt.
+        hashes: Arc<[BlockHash]>,
+        /// Prompt length in tokens.
+        prompt_tokens: usize,
+        /// Output tokens to generate.
+        output_tokens: usize,
+    },
+    /// Refused with this status (400 for a prompt too long).
+    Refused(u16),
+}
+
+impl Shape {
+    /// The engine request for this shape, numbered `id`.
+    pub fn request(&self, id: u64) -> Option<EngineRequest> {
+        match self {
+            Shape::Accepted {
+                hashes,
+                prompt_tokens,
+                output_tokens,
+            } => Some(EngineRequest {
+                id,
+                hashes: hashes.to_vec(),
+                prompt_tokens: *prompt_tokens,
+                output_tokens: *output_tokens,
+            }),
+            Shape::Refused(_) => None,
+        }
+    }
+}
+
+/// Every request's shape, by session and turn.
+pub struct Prepared {
+    shapes: Vec<Vec<Shape>>,
+}
+
+impl Prepared {
+    /// Shapes of every turn of `plan` as `sim` renders bodies asking for `model`, on up to
+    /// `threads` threads (the result does not depend on them).
+    pub fn new(plan: &Plan, sim: &SimConfig, model: &str, stream: bool, threads: usize) -> Self {
+        let sessions = plan.sessions();
+        let chunk = sessions.len().div_ceil(threads.max(1)).max(1);
+        let shapes = std::thread::scope(|scope| {
+            let workers: Vec<_> = sessions
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter()
+                            .map(|s| {
+                                s.turns()
+                                    .iter()
+                                    .map(|t| shape(plan, t, sim, model, stream))
+                                    .collect()
+                            })
+                            .collect::<Vec<Vec<Shape>>>()
+                    })
+                })
+                .collect();
+            workers
+                .into_iter()
+                .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+                .collect()
+        });
+        Prepared { shapes }
+    }
+
+    /// The shape of `turn` of `session`.
+    pub fn shape(&self, session: usize, turn: usize) -> Option<&Shape> {
+        self.shapes.get(session)?.get(turn)
+    }
+}
+
+fn shape(plan: &Plan, turn: &Turn, sim: &SimConfig, model: &str, stream: bool) -> Shape {
+    let body = plan.request_body(turn, model, stream);
+    let Ok(value) = serde_json::from_slice(&body) else {
+        return Shape::Refused(400);
+    };
+    match prefix_router_sim::prepare(sim, Endpoint::Chat, &value, 0) {
+        Ok((request, _)) => Shape::Accepted {
+            hashes: request.hashes.into(),
+            prompt_tokens: request.prompt_tokens,
+            output_tokens: request.output_tokens,
+        },
+        Err(e) => Shape::Refused(e.status().as_u16()),
+    }
+}

@@ -1,0 +1,169 @@
+//! The router's side of the lab: the core's real selection path (parser, selector, policy,
+//! index, sessions) with the in-flight and pending-prefill accounting the proxy keeps
+//! (`fleet::Backend` and `proxy::dispatch` in the router crate): a request counts in
+//! flight from its placement to the end of its response, and its text not expected cached
+//! counts as pending prefill until its first response byte. Upkeep runs when the selector
+//! asks for it and every eviction interval, as the router's upkeep service does.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue};
+use prefix_router_core::BackendId;
+use prefix_router_core::clock::Manual;
+use prefix_router_core::policy::{
+    Candidate, Decision, PolicyChoice, PolicyParams, Request, Selector, SharedTunables, Tunables,
+};
+use prefix_router_core::request::{self, Endpoint, ParseError, SessionHeaders, SessionKey};
+use prefix_router_core::tree::TreeConfig;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// How the lab's router is set up: what the router's config would say.
+#[derive(Clone, Debug)]
+pub struct RouterSetup {
+    /// The policy.
+    pub policy: PolicyChoice,
+    /// Its reloadable parameters.
+    pub tunables: Tunables,
+    /// The prefix index's budget.
+    pub tree: TreeConfig,
+    /// Idle time after which a session forgets its backend, seconds.
+    pub session_ttl: f64,
+    /// Time between full upkeep runs, seconds.
+    pub eviction_interval: f64,
+    /// Seed of the policy's tie-breaking.
+    pub seed: u64,
+}
+
+/// One placed request, as the router tracks it until it ends.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement {
+    /// The backend chosen.
+    pub backend: usize,
+    /// Routing text bytes counted as pending prefill until the first response byte.
+    pub prefill: usize,
+    /// The policy's decision.
+    pub decision: Decision,
+    /// Routing text bytes.
+    pub text_len: usize,
+}
+
+/// The router over `n` backends.
+pub struct LabRouter {
+    selector: Selector,
+    clock: Manual,
+    upkeep_due: Arc<AtomicBool>,
+    inflight: Vec<usize>,
+    pending: Vec<usize>,
+    hashes: Vec<u64>,
+    headers: SessionHeaders,
+    last_upkeep: f64,
+    eviction_interval: f64,
+    /// Prefix-index text evicted, bytes.
+    pub evicted_bytes: u64,
+    /// Routing text the chosen backends were believed to hold, bytes.
+    pub matched_bytes: u64,
+    /// Routing text routed, bytes.
+    pub text_bytes: u64,
+}
+
+impl LabRouter {
+    /// A router with `setup` in front of backends named `names`.
+    pub fn new(setup: &RouterSetup, names: &[String]) -> Self {
+        let params = PolicyParams {
+            tunables: SharedTunables::new(setup.tunables),
+            tree: setup.tree.clone(),
+            seed: setup.seed,
+        };
+        let clock = Manual::default();
+        let upkeep_due = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&upkeep_due);
+        let ttl = Duration::from_secs_f64(setup.session_ttl.max(0.0));
+        let policy = setup.policy.build(&params);
+        let selector = Selector::with_clock(policy, params.tunables, ttl, Arc::new(clock.clone()))
+            .on_upkeep_due(move || flag.store(true, Relaxed));
+        LabRouter {
+            selector,
+            clock,
+            upkeep_due,
+            inflight: vec![0; names.len()],
+            pending: vec![0; names.len()],
+            hashes: names.iter().map(|n| xxh3_64(n.as_bytes())).collect(),
+            headers: SessionHeaders::default(),
+            last_upkeep: 0.0,
+            eviction_interval: setup.eviction_interval,
+            evicted_bytes: 0,
+            matched_bytes: 0,
+            text_bytes: 0,
+        }
+    }
+
+    /// Places a chat request with `body` (and the `x-session-id` header when given) at
+    /// virtual time `now`, seconds: parse, select, acquire.
+    pub fn place(
+        &mut self,
+        now: f64,
+        body: &[u8],
+        session_id: Option<&str>,
+    ) -> Result<Placement, ParseError> {
+        self.clock.set(Duration::from_secs_f64(now.max(0.0)));
+        let parsed = request::parse(Endpoint::Chat, body)?;
+        let mut headers = HeaderMap::new();
+        if let Some(value) = session_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+            headers.insert("x-session-id", value);
+        }
+        let request = Request {
+            model: parsed.model,
+            text: &parsed.text,
+            session: SessionKey::find(&headers, &self.headers, parsed.session),
+        };
+        let candidates: Vec<Candidate> = (0..self.inflight.len())
+            .map(|b| {
+                Candidate::new(
+                    BackendId(b as u32),
+                    self.inflight[b],
+                    self.pending[b],
+                    self.hashes[b],
+                )
+            })
+            .collect();
+        let decision = self.selector.select(&request, &candidates);
+        let text_len = parsed.text.len();
+        let prefill = text_len.saturating_sub(decision.matched);
+        let backend = decision.index;
+        self.inflight[backend] += 1;
+        self.pending[backend] += prefill;
+        self.matched_bytes += decision.matched as u64;
+        self.text_bytes += text_len as u64;
+        self.upkeep(now);
+        Ok(Placement {
+            backend,
+            prefill,
+            decision,
+            text_len,
+        })
+    }
+
+    /// The placed request's first response byte arrived.
+    pub fn answered(&mut self, placement: &mut Placement) {
+        self.pending[placement.backend] -= std::mem::take(&mut placement.prefill);
+    }
+
+    /// The placed request's response ended.
+    pub fn finished(&mut self, placement: &mut Placement) {
+        self.answered(placement);
+        self.inflight[placement.backend] -= 1;
+    }
+
+    /// Eviction when the selector asked for it; the full upkeep every interval.
+    fn upkeep(&mut self, now: f64) {
+        if now - self.last_upkeep >= self.eviction_interval {
+            self.last_upkeep = now;
+            self.upkeep_due.store(false, Relaxed);
+            self.evicted_bytes += self.selector.maintain(&|_| true) as u64;
+        } else if self.upkeep_due.swap(false, Relaxed) {
+            self.evicted_bytes += self.selector.trim_tree() as u64;
+        }
+    }
+}

@@ -1,0 +1,416 @@
+//! The discrete-event simulation: clients that follow the replay's schedule (sessions
+//! start at their arrival times, each next turn a think time after the previous answer,
+//! all under the replay's concurrency cap, first come first served), the lab's router,
+//! and one simulator engine per backend, all on one virtual clock. Events are handled in
+//! time order, ties in a fixed order, so a run is a pure function of its inputs.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Duration;
+
+use prefix_router_replay::{Exchange, Outcome, Plan, RunResult, Served};
+use prefix_router_sim::SimConfig;
+use prefix_router_sim::engine::{EngineCore, Output};
+
+use crate::prepare::{Prepared, Shape};
+use crate::router::{LabRouter, Placement, RouterSetup};
+
+/// How the clients behave: what the replay's options would say.
+#[derive(Clone, Debug)]
+pub struct Clients {
+    /// Model name in the bodies.
+    pub model: String,
+    /// Streamed responses (TTFT is measured only then).
+    pub stream: bool,
+    /// Requests in flight at most.
+    pub concurrency: usize,
+    /// Stop after this many requests.
+    pub max_requests: Option<usize>,
+    /// Send each session's id as `x-session-id`.
+    pub send_session_header: bool,
+}
+
+/// What one run produced.
+pub struct Run {
+    /// The outcomes, as the replay records them.
+    pub result: RunResult,
+    /// KV blocks the engines evicted.
+    pub kv_evicted_blocks: u64,
+    /// Prefix-index text the router evicted, bytes.
+    pub index_evicted_bytes: u64,
+    /// The router's predicted hit rate: matched / routed text bytes.
+    pub predicted_hit_rate: Option<f64>,
+}
+
+/// Runs `plan` (with its `prepared` shapes) through a router set up as `router` in front
+/// of one engine per name in `backends`, each configured as `sim`.
+pub fn run(
+    plan: &Plan,
+    prepared: &Prepared,
+    backends: &[String],
+    sim: &SimConfig,
+    router: &RouterSetup,
+    clients: &Clients,
+) -> Run {
+    let mut world = World {
+        plan,
+        prepared,
+        clients,
+        names: backends,
+        engines: (0..backends.len())
+            .map(|_| EngineCore::new(sim.timing(), sim.kv_blocks))
+            .collect(),
+        router: LabRouter::new(router, backends),
+        queue: BinaryHeap::new(),
+        seq: 0,
+        free_slots: clients.concurrency.max(1),
+        waiting: VecDeque::new(),
+        budget: clients.max_requests.unwrap_or(usize::MAX),
+        next_session: 0,
+        live: HashMap::new(),
+        next_id: 0,
+        outcomes: Vec::new(),
+        first_arrival: None,
+        last_end: 0.0,
+    };
+    world.run();
+    let elapsed = world.last_end - world.first_arrival.unwrap_or(0.0);
+    let r = &world.router;
+    Run {
+        kv_evicted_blocks: world.engines.iter().map(|e| e.cache().evicted()).sum(),
+        index_evicted_bytes: r.evicted_bytes,
+        predicted_hit_rate: (r.text_bytes > 0)
+            .then(|| r.matched_bytes as f64 / r.text_bytes as f64),
+        result: RunResult {
+            outcomes: world.outcomes,
+            elapsed: seconds(elapsed),
+        },
+    }
+}
+
+/// Something due at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// The next session's arrival: the dispatcher starts it.
+    Dispatch,
+    /// A session's next turn is ready to be sent.
+    Turn { session: usize, turn: usize },
+}
+
+/// A client waiting for a concurrency slot.
+#[derive(Clone, Copy, Debug)]
+struct Want {
+    session: usize,
+    turn: usize,
+    /// When it became ready to send (for the send lag).
+    ready: f64,
+}
+
+/// A request at an engine.
+struct Live {
+    session: usize,
+    turn: usize,
+    ready: f64,
+    sent: f64,
+    placement: Placement,
+    first: Option<f64>,
+    cached: usize,
+    prompt: usize,
+}
+
+struct World<'w> {
+    plan: &'w Plan,
+    prepared: &'w Prepared,
+    clients: &'w Clients,
+    names: &'w [String],
+    engines: Vec<EngineCore>,
+    router: LabRouter,
+    queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    seq: u64,
+    free_slots: usize,
+    waiting: VecDeque<Want>,
+    budget: usize,
+    next_session: usize,
+    live: HashMap<u64, Live>,
+    next_id: u64,
+    outcomes: Vec<Outcome>,
+    first_arrival: Option<f64>,
+    last_end: f64,
+}
+
+fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default()
+}
+
+impl World<'_> {
+    fn run(&mut self) {
+        if let Some(first) = self.plan.sessions().first() {
+            self.first_arrival = Some(first.start_ms() / 1000.0);
+            self.at(first.start_ms() / 1000.0, Event::Dispatch);
+        }
+        loop {
+            let queued = self
+                .queue
+                .peek()
+                .map(|Reverse((t, _, _))| f64::from_bits(*t));
+            let engine = (self.engines.iter())
+                .filter_map(EngineCore::next_deadline)
+                .min_by(f64::total_cmp);
+            let now = match (queued, engine) {
+                (None, None) => return,
+                (Some(q), Some(e)) => q.min(e),
+                (q, e) => q.or(e).unwrap_or_default(),
+            };
+            for engine in &mut self.engines {
+                engine.advance(now);
+            }
+            self.drain_engines();
+            while let Some(&Reverse((t, _, event))) = self.queue.peek() {
+                if f64::from_bits(t) > now {
+                    break;
+                }
+                self.queue.pop();
+                self.handle(now, event);
+            }
+            self.drain_engines();
+        }
+    }
+
+    fn at(&mut self, time: f64, event: Event) {
+        self.seq += 1;
+        self.queue
+            .push(Reverse((time.max(0.0).to_bits(), self.seq, event)));
+    }
+
+    fn handle(&mut self, now: f64, event: Event) {
+        match event {
+            Event::Dispatch => {
+                let session = self.next_session;
+                self.next_session += 1;
+                self.want(
+                    now,
+                    Want {
+                        session,
+                        turn: 0,
+                        ready: now,
+                    },
+                );
+            }
+            Event::Turn { session, turn } => self.want(
+                now,
+                Want {
+                    session,
+                    turn,
+                    ready: now,
+                },
+            ),
+        }
+    }
+
+    /// A client asks for a slot: sent at once if one is free, else it waits in line. The
+    /// dispatcher waits with its session, so later sessions start after it.
+    fn want(&mut self, now: f64, want: Want) {
+        if self.free_slots > 0 {
+            self.free_slots -= 1;
+            self.granted(now, want);
+        } else {
+            self.waiting.push_back(want);
+        }
+    }
+
+    /// A slot came free at `now`: the first in line takes it.
+    fn release(&mut self, now: f64) {
+        match self.waiting.pop_front() {
+            Some(want) => self.granted(now, want),
+            None => self.free_slots += 1,
+        }
+    }
+
+    fn granted(&mut self, now: f64, want: Want) {
+        if want.turn == 0 {
+            let next = self
+                .plan
+                .sessions()
+                .get(want.session + 1)
+                .map(|s| s.start_ms() / 1000.0);
+            if let Some(start) = next {
+                self.at(start.max(now), Event::Dispatch);
+            }
+        }
+        if self.budget == 0 {
+            self.free_slots += 1;
+            return;
+        }
+        self.budget -= 1;
+        self.send(now, want);
+    }
+
+    fn send(&mut self, now: f64, want: Want) {
+        let session = &self.plan.sessions()[want.session];
+        let turn = &session.turns()[want.turn];
+        let body = self
+            .plan
+            .request_body(turn, &self.clients.model, self.clients.stream);
+        let id = self
+            .clients
+            .send_session_header
+            .then(|| session.id())
+            .flatten();
+        let placed = self.router.place(now, &body, id);
+        drop(body);
+        let shape = self.prepared.shape(want.session, want.turn);
+        let (placement, request) = match (placed, shape) {
+            (Ok(placement), Some(shape)) => match shape.request(self.next_id) {
+                Some(request) => (placement, request),
+                None => {
+                    let Shape::Refused(status) = shape else {
+                        return;
+                    };
+                    return self.refused(now, want, Some(placement), *status);
+                }
+            },
+            (Ok(placement), None) => return self.refused(now, want, Some(placement), 500),
+            (Err(_), _) => return self.refused(now, want, None, 400),
+        };
+        let engine = &mut self.engines[placement.backend];
+        engine.advance(now);
+        let prompt = request.prompt_tokens;
+        engine.submit(request);
+        self.live.insert(
+            self.next_id,
+            Live {
+                session: want.session,
+                turn: want.turn,
+                ready: want.ready,
+                sent: now,
+                placement,
+                first: None,
+                cached: 0,
+                prompt,
+            },
+        );
+        self.next_id += 1;
+    }
+
+    /// A request answered with an error status at once (the router's 400, the
+    /// simulator's refusal).
+    fn refused(&mut self, now: f64, want: Want, placement: Option<Placement>, status: u16) {
+        let backend = placement.map(|mut p| {
+            self.router.finished(&mut p);
+            self.names[p.backend].clone()
+        });
+        let exchange = Exchange {
+            backend,
+            error: Some(format!("http_{status}")),
+            ..Exchange::default()
+        };
+        self.record(want, now, now, exchange);
+        self.ended(now, want);
+    }
+
+    fn drain_engines(&mut self) {
+        for backend in 0..self.engines.len() {
+            for output in self.engines[backend].take_outputs() {
+                self.output(backend, output);
+            }
+        }
+    }
+
+    fn output(&mut self, backend: usize, output: Output) {
+        match output {
+            Output::Admitted { .. } => {}
+            Output::FirstToken {
+                id,
+                at,
+                cached_tokens,
+                ..
+            } => {
+                let Some(live) = self.live.get_mut(&id) else {
+                    return;
+                };
+                (live.first, live.cached) = (Some(at), cached_tokens);
+                if self.clients.stream {
+                    self.router.answered(&mut live.placement);
+                }
+            }
+            Output::Finished {
+                id,
+                at,
+                output_tokens,
+            } => {
+                let Some(mut live) = self.live.remove(&id) else {
+                    return;
+                };
+                self.router.finished(&mut live.placement);
+                let stream = self.clients.stream;
+                let exchange = Exchange {
+                    backend: Some(self.names[backend].clone()),
+                    ttft: live
+                        .first
+                        .filter(|_| stream)
+                        .map(|f| seconds(f - live.sent)),
+                    usage: Some(Served {
+                        prompt_tokens: live.prompt as u64,
+                        cached_tokens: Some(live.cached as u64),
+                        completion_tokens: output_tokens as u64,
+                    }),
+                    error: None,
+                };
+                let want = Want {
+                    session: live.session,
+                    turn: live.turn,
+                    ready: live.ready,
+                };
+                self.record(want, live.sent, at, exchange);
+                self.ended(at, want);
+            }
+            Output::Rejected { id } => {
+                let Some(mut live) = self.live.remove(&id) else {
+                    return;
+                };
+                self.router.finished(&mut live.placement);
+                let now = self.engines[backend].now();
+                let want = Want {
+                    session: live.session,
+                    turn: live.turn,
+                    ready: live.ready,
+                };
+                let exchange = Exchange {
+                    backend: Some(self.names[backend].clone()),
+                    error: Some("http_400".into()),
+                    ..Exchange::default()
+                };
+                self.record(want, now, now, exchange);
+                self.ended(now, want);
+            }
+        }
+    }
+
+    fn record(&mut self, want: Want, sent: f64, end: f64, exchange: Exchange) {
+        self.last_end = self.last_end.max(end);
+        self.outcomes.push(Outcome {
+            session: want.session as u32,
+            turn: want.turn as u32,
+            lag: seconds(sent - want.ready),
+            e2e: seconds(end - sent),
+            exchange,
+        });
+    }
+
+    /// A request ended at `now`: its slot goes to the next in line, and its session's next
+    /// turn is due a think time later.
+    fn ended(&mut self, now: f64, want: Want) {
+        self.release(now);
+        let turns = self.plan.sessions()[want.session].turns();
+        if let Some(next) = turns.get(want.turn + 1) {
+            let turn = want.turn + 1;
+            self.at(
+                now + next.think_ms() / 1000.0,
+                Event::Turn {
+                    session: want.session,
+                    turn,
+                },
+            );
+        }
+    }
+}
