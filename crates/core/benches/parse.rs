@@ -68,6 +68,7 @@ fn selector() -> (Selector, Vec<Candidate>) {
             ..TreeConfig::default()
         },
         seed: 0,
+        clock: std::sync::Arc::new(prefix_router_core::clock::Monotonic::default()),
     };
     let policy = choose("cache_aware")
         .expect("cache_aware exists")

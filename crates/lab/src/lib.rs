@@ -127,6 +127,10 @@ pub struct LabResult {
     pub backends: usize,
     /// KV blocks per backend.
     pub kv_blocks: usize,
+    /// The best hit rate with the fleet's KV pooled into one LRU cache, requests in
+    /// schedule order with answers taking no time: the same for every policy of a setting
+    /// (the report's own pooled bound follows each run's order).
+    pub pooled_bound: f64,
     /// The replay's report, in virtual time.
     pub report: Report,
     /// KV blocks the engines evicted.
@@ -204,6 +208,7 @@ impl Setting {
             session_ttl: 1800.0,
             eviction_interval: 120.0,
             seed: self.seed,
+            capacity: kv_bytes,
         })
     }
 }
@@ -229,21 +234,20 @@ pub fn compare(
         max_requests: args.max_requests,
         send_session_header: args.send_session_header,
     };
+    let pooled_bound = workload.pooled_bound(args.bound_capacity.unwrap_or(0));
     let mut results = Vec::with_capacity(policies.len());
     for name in policies {
         let router = setting.router(name)?;
         let run = world::run(workload.plan(), &prepared, &names, &sim, &router, &clients);
         let report = prefix_router_replay::report(&args, &workload, &run.result);
-        progress(&format!(
-            "{} {name}: {}",
-            setting.scenario.name,
-            output::summary(&report)
-        ));
+        let line = output::summary(&report, pooled_bound);
+        progress(&format!("{} {name}: {line}", setting.scenario.name));
         results.push(LabResult {
             scenario: setting.scenario.name.clone(),
             policy: name.clone(),
             backends: setting.scenario.backends,
             kv_blocks: setting.scenario.kv_blocks,
+            pooled_bound,
             report,
             kv_evicted_blocks: run.kv_evicted_blocks,
             index_evicted_bytes: run.index_evicted_bytes,

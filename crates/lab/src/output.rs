@@ -21,18 +21,22 @@ fn ratio(value: Option<f64>) -> String {
 }
 
 /// Hit rate over the pooled finite bound.
-pub fn of_finite(report: &Report) -> Option<f64> {
-    let pooled = report.bound.pooled?.hit_rate;
-    report.hit_rate.filter(|_| pooled > 0.0).map(|h| h / pooled)
+pub fn of_finite(result: &LabResult) -> Option<f64> {
+    let pooled = result.pooled_bound;
+    result
+        .report
+        .hit_rate
+        .filter(|_| pooled > 0.0)
+        .map(|h| h / pooled)
 }
 
 /// A one-line summary of a report.
-pub fn summary(report: &Report) -> String {
+pub fn summary(report: &Report, pooled_bound: f64) -> String {
     let ttft = report.ttft_ms.as_ref();
     format!(
         "hit {} (pooled bound {}), TTFT p50 {} p99 {}, {} ok, {} failed",
         pct(report.hit_rate),
-        pct(report.bound.pooled.map(|p| p.hit_rate)),
+        pct(Some(pooled_bound)),
         secs(ttft.map(|p| p.p50)),
         secs(ttft.map(|p| p.p99)),
         report.requests.ok,
@@ -85,8 +89,8 @@ pub fn table(results: &[LabResult]) -> String {
             r.scenario,
             r.policy,
             pct(p.hit_rate),
-            pct(p.bound.pooled.map(|b| b.hit_rate)),
-            pct(of_finite(p)),
+            pct(Some(r.pooled_bound)),
+            pct(of_finite(r)),
             secs(ttft.map(|t| t.p50)),
             secs(ttft.map(|t| t.p90)),
             secs(ttft.map(|t| t.p99)),

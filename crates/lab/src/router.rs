@@ -34,6 +34,9 @@ pub struct RouterSetup {
     pub eviction_interval: f64,
     /// Seed of the policy's tie-breaking.
     pub seed: u64,
+    /// Each backend's KV capacity in routing-text bytes, as the router derives it from
+    /// `vllm:cache_config_info`.
+    pub capacity: usize,
 }
 
 /// One placed request, as the router tracks it until it ends.
@@ -56,6 +59,8 @@ pub struct LabRouter {
     upkeep_due: Arc<AtomicBool>,
     inflight: Vec<usize>,
     pending: Vec<usize>,
+    active: Vec<usize>,
+    capacity: usize,
     hashes: Vec<u64>,
     headers: SessionHeaders,
     last_upkeep: f64,
@@ -71,12 +76,13 @@ pub struct LabRouter {
 impl LabRouter {
     /// A router with `setup` in front of backends named `names`.
     pub fn new(setup: &RouterSetup, names: &[String]) -> Self {
+        let clock = Manual::default();
         let params = PolicyParams {
             tunables: SharedTunables::new(setup.tunables),
             tree: setup.tree.clone(),
             seed: setup.seed,
+            clock: Arc::new(clock.clone()),
         };
-        let clock = Manual::default();
         let upkeep_due = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&upkeep_due);
         let ttl = Duration::from_secs_f64(setup.session_ttl.max(0.0));
@@ -89,6 +95,8 @@ impl LabRouter {
             upkeep_due,
             inflight: vec![0; names.len()],
             pending: vec![0; names.len()],
+            active: vec![0; names.len()],
+            capacity: setup.capacity,
             hashes: names.iter().map(|n| xxh3_64(n.as_bytes())).collect(),
             headers: SessionHeaders::default(),
             last_upkeep: 0.0,
@@ -119,8 +127,10 @@ impl LabRouter {
             session: SessionKey::find(&headers, &self.headers, parsed.session),
         };
         let candidates: Vec<Candidate> = (0..self.inflight.len())
-            .map(|b| {
-                Candidate::new(
+            .map(|b| Candidate {
+                active: self.active[b],
+                capacity: self.capacity,
+                ..Candidate::new(
                     BackendId(b as u32),
                     self.inflight[b],
                     self.pending[b],
@@ -134,6 +144,7 @@ impl LabRouter {
         let backend = decision.index;
         self.inflight[backend] += 1;
         self.pending[backend] += prefill;
+        self.active[backend] += text_len;
         self.matched_bytes += decision.matched as u64;
         self.text_bytes += text_len as u64;
         self.upkeep(now);
@@ -154,6 +165,7 @@ impl LabRouter {
     pub fn finished(&mut self, placement: &mut Placement) {
         self.answered(placement);
         self.inflight[placement.backend] -= 1;
+        self.active[placement.backend] -= placement.text_len;
     }
 
     /// Eviction when the selector asked for it; the full upkeep every interval.

@@ -391,6 +391,7 @@ impl World<'_> {
         self.outcomes.push(Outcome {
             session: want.session as u32,
             turn: want.turn as u32,
+            sent: seconds(sent - self.first_arrival.unwrap_or(0.0)),
             lag: seconds(sent - want.ready),
             e2e: seconds(end - sent),
             exchange,

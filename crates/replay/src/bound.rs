@@ -68,17 +68,16 @@ pub(crate) fn compute<'a>(plan: &Plan, turns: impl Iterator<Item = &'a Turn>) ->
     b
 }
 
-/// The bound over the turns that were sent, `(session, turn)` pairs in any
-/// order, taken in schedule order.
+/// The bound over the turns that were sent, `(session, turn)` pairs in the order they were
+/// sent (the pooled cache's LRU order depends on it: sessions interleave).
 /// With `capacity` tokens, the pooled finite-cache bound is computed too.
 pub(crate) fn compute_sent(
     plan: &Plan,
     sent: impl Iterator<Item = (u32, u32)>,
     capacity: Option<u64>,
 ) -> Bound {
-    let mut sent: Vec<(u32, u32)> = sent.collect();
-    sent.sort_unstable();
-    sent.dedup();
+    let mut seen = std::collections::HashSet::new();
+    let sent: Vec<(u32, u32)> = sent.filter(|pair| seen.insert(*pair)).collect();
     let turns = sent
         .iter()
         .map(|&(s, t)| &plan.sessions[s as usize].turns[t as usize]);
@@ -215,6 +214,49 @@ mod tests {
         assert!((big - plan.bound.hit_rate).abs() < 1e-12);
         assert!((big - 7.0 / 24.0).abs() < 1e-12);
         assert_eq!(super::compute_pooled(&plan, plan.all_turns(), 8), 0.0);
+    }
+
+    /// Two sessions of two turns, each turn adding one 4-token block; sent interleaved.
+    fn two_sessions() -> super::Plan {
+        use super::super::plan::{Session, Turn};
+        let mut plan = super::Plan::default();
+        let turn = |pieces: Vec<u32>, think_ms| Turn {
+            pieces,
+            max_tokens: 1,
+            think_ms,
+            prompt_tokens: 0,
+        };
+        let mut sessions = Vec::new();
+        for s in 0..2u32 {
+            let first = plan.push_piece(format!("s{s}a"), None, 4);
+            let second = plan.push_piece(format!("s{s}b"), None, 4);
+            let mut turns = vec![turn(vec![first], 0.0), turn(vec![first, second], 10.0)];
+            turns[0].prompt_tokens = 5;
+            turns[1].prompt_tokens = 9;
+            sessions.push(Session {
+                id: None,
+                start_ms: f64::from(s),
+                turns,
+            });
+        }
+        plan.sessions = sessions;
+        plan
+    }
+
+    // Regression: the pooled bound took turns session after session, so sessions never
+    // competed for the pooled cache and the finite bound equalled the infinite one.
+    #[test]
+    fn pooled_bound_interleaves_sessions_as_sent() {
+        let plan = two_sessions();
+        let order = plan.schedule_order();
+        assert_eq!(order[1].pieces, plan.sessions[1].turns[0].pieces);
+        // Room for one block: the other session's first turn evicts it in between.
+        assert_eq!(super::compute_pooled(&plan, order.into_iter(), 4), 0.0);
+        let session_major = super::compute_pooled(&plan, plan.all_turns(), 4);
+        assert!(session_major > 0.0);
+        let sent = [(0, 0), (1, 0), (0, 1), (1, 1)].into_iter();
+        let bound = super::compute_sent(&plan, sent, Some(4));
+        assert_eq!(bound.pooled.map(|p| p.hit_rate), Some(0.0));
     }
 
     #[test]

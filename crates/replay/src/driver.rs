@@ -52,6 +52,8 @@ pub struct Outcome {
     pub session: u32,
     /// Turn index in the session.
     pub turn: u32,
+    /// When it was sent, from the start of the run.
+    pub sent: Duration,
     /// Time from the scheduled send to the actual send.
     pub lag: Duration,
     /// Time from send to the end of the answer.
@@ -192,6 +194,7 @@ impl Ctx {
         Outcome {
             session: si as u32,
             turn: ti as u32,
+            sent: sent.saturating_duration_since(self.t0),
             lag: sent.saturating_duration_since(ready),
             e2e: sent.elapsed(),
             exchange,

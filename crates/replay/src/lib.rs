@@ -308,7 +308,9 @@ fn build_report(
 ) -> Report {
     let plan = workload.plan();
     let total = args.max_requests.map_or(plan.len(), |n| n.min(plan.len()));
-    let sent = run.outcomes.iter().map(|o| (o.session, o.turn));
+    let mut order: Vec<&Outcome> = run.outcomes.iter().collect();
+    order.sort_by_key(|o| (o.sent, o.session, o.turn));
+    let sent = order.iter().map(|o| (o.session, o.turn));
     let named = (!args.backend_metrics.is_empty()).then_some(args.backend_metrics.len());
     let ctx = report::Context {
         target: args.url.clone(),

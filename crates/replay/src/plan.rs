@@ -118,12 +118,28 @@ impl Plan {
     pub(crate) fn finish(mut self) -> Self {
         self.sessions
             .sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
-        self.bound = bound::compute(&self, self.all_turns());
+        self.bound = bound::compute(&self, self.schedule_order().into_iter());
         self
     }
 
-    /// Every turn in schedule order (sessions by start, turns in order).
+    /// Every turn, sessions by start and turns in order (session after session).
+    #[cfg(test)]
     pub(crate) fn all_turns(&self) -> impl Iterator<Item = &Turn> + Clone {
         self.sessions.iter().flat_map(|s| s.turns.iter())
+    }
+
+    /// Every turn in the order its schedule sends it if answers took no time: a session's
+    /// turn at its start plus the think times before it. Sessions interleave as in a run.
+    pub(crate) fn schedule_order(&self) -> Vec<&Turn> {
+        let mut timed: Vec<(f64, usize, &Turn)> = Vec::with_capacity(self.len());
+        for session in &self.sessions {
+            let mut at = session.start_ms;
+            for (i, turn) in session.turns.iter().enumerate() {
+                at += if i == 0 { 0.0 } else { turn.think_ms };
+                timed.push((at, timed.len(), turn));
+            }
+        }
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        timed.into_iter().map(|(_, _, turn)| turn).collect()
     }
 }

@@ -80,10 +80,11 @@ impl Workload {
     }
 
     /// The best hit rate with all backends' caches pooled into one LRU cache of
-    /// `capacity_tokens` (see `bound::compute_pooled`).
+    /// `capacity_tokens` (see `bound::compute_pooled`), for requests in schedule order with
+    /// answers taking no time (a run, whose answers take time, interleaves sessions more).
     pub fn pooled_bound(&self, capacity_tokens: u64) -> f64 {
         let plan = self.plan();
-        super::bound::compute_pooled(plan, plan.all_turns(), capacity_tokens)
+        super::bound::compute_pooled(plan, plan.schedule_order().into_iter(), capacity_tokens)
     }
 
     /// The bound with its token and block counts.

@@ -3,9 +3,8 @@
 //! best prefix match if it covers at least `cache_threshold` of the text (ties: least
 //! loaded); else the least loaded. The text is then recorded under the chosen backend.
 
-use super::prefix::{PrefixPolicy, Rule};
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, SharedTunables, Ties, imbalanced};
-use crate::tree::Matches;
+use super::prefix::{Ask, PrefixPolicy, Rule};
+use super::{Decision, Outcome, Policy, PolicyParams, SharedTunables, Ties, imbalanced};
 
 /// The peers' threshold rule.
 pub struct Threshold {
@@ -22,7 +21,8 @@ pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
 }
 
 impl Rule for Threshold {
-    fn decide(&self, matches: &Matches, candidates: &[Candidate]) -> Decision {
+    fn decide(&self, ask: &Ask) -> Decision {
+        let (matches, candidates) = (ask.matches, ask.candidates);
         let matched = |i: usize| matches.matched(candidates[i].id);
         let tunables = self.tunables.get();
         if imbalanced(candidates, &tunables.balance) {

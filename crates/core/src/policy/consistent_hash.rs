@@ -3,10 +3,7 @@
 //! The key is the session key when there is one, else the conversation's anchor (the text
 //! up to its first user message), which stays the same over the turns of a conversation.
 
-use xxhash_rust::xxh3::Xxh3;
-
 use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Ties};
-use crate::request::RoutingText;
 
 /// Highest random weight hashing.
 pub struct ConsistentHash {
@@ -21,21 +18,12 @@ pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
 
 impl Policy for ConsistentHash {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
-        let key = match request.session {
-            Some(session) => session.0,
-            None => anchor_hash(request.text),
-        };
+        let key = request.conversation();
         let index = self
             .ties
             .best(candidates.len(), |i| weight(key, candidates[i].hash));
         Decision::new(index, Outcome::Hashed)
     }
-}
-
-fn anchor_hash(text: &RoutingText) -> u128 {
-    let mut hasher = Xxh3::new();
-    text.for_each_prefix(text.anchor_len(), |b| hasher.update(b));
-    hasher.digest128()
 }
 
 /// The weight of `backend` for `key`: a 64-bit mix of both (splitmix64 finalizer).

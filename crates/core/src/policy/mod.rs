@@ -5,6 +5,8 @@
 mod affinity;
 mod cache_aware;
 mod consistent_hash;
+mod footprint;
+mod kv_aware;
 mod least_load;
 mod power_of_two;
 mod prefill_aware;
@@ -24,6 +26,7 @@ pub use sessions::Sessions;
 pub use ties::Ties;
 
 use crate::BackendId;
+use crate::clock::Clock;
 use crate::request::{RoutingText, SessionKey};
 use crate::tree::{TreeConfig, TreeStats};
 
@@ -53,17 +56,23 @@ pub struct Candidate {
     /// Bytes of routing text its in-flight requests were not expected to find cached and
     /// that have not been answered yet: the prefill work queued there.
     pub pending: usize,
+    /// Bytes of routing text of its requests in flight: the KV they hold while they run.
+    pub active: usize,
+    /// Its KV capacity, in bytes of routing text; 0 when unknown.
+    pub capacity: usize,
     /// A stable hash of its address (same on every router replica).
     pub hash: u64,
 }
 
 impl Candidate {
-    /// A candidate.
+    /// A candidate with nothing known of its KV (`active` and `capacity` 0).
     pub fn new(id: BackendId, load: usize, pending: usize, hash: u64) -> Self {
         Candidate {
             id,
             load,
             pending,
+            active: 0,
+            capacity: 0,
             hash,
         }
     }
@@ -77,6 +86,17 @@ pub struct Request<'r, 'a> {
     pub text: &'r RoutingText<'a>,
     /// The session key, when the client gave one.
     pub session: Option<SessionKey>,
+}
+
+impl Request<'_, '_> {
+    /// What names the conversation across its turns: the session key when the client gave
+    /// one, else a hash of the text up to its first user message.
+    pub fn conversation(&self) -> u128 {
+        match self.session {
+            Some(session) => session.0,
+            None => self.text.anchor_hash(),
+        }
+    }
 }
 
 /// Why a backend was chosen, for logs and stats.
@@ -201,7 +221,7 @@ impl SharedTunables {
 }
 
 /// What policies are built from.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct PolicyParams {
     /// Reloadable parameters.
     pub tunables: SharedTunables,
@@ -209,6 +229,8 @@ pub struct PolicyParams {
     pub tree: TreeConfig,
     /// Seed of the policy's tie-breaking turns and random picks.
     pub seed: u64,
+    /// The clock the policy measures idleness on (the selector's).
+    pub clock: Arc<dyn Clock>,
 }
 
 /// A policy name with its constructor.
@@ -267,6 +289,10 @@ const POLICIES: &[PolicyChoice] = &[
     PolicyChoice {
         name: "prefill_aware",
         build: prefill_aware::build,
+    },
+    PolicyChoice {
+        name: "kv_aware",
+        build: kv_aware::build,
     },
 ];
 

@@ -6,9 +6,8 @@
 
 use std::cmp::Reverse;
 
-use super::prefix::{PrefixPolicy, Rule};
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Ties};
-use crate::tree::Matches;
+use super::prefix::{Ask, PrefixPolicy, Rule};
+use super::{Decision, Outcome, Policy, PolicyParams, Ties};
 
 /// The least-estimated-prefill rule.
 pub struct LeastPrefill {
@@ -23,7 +22,8 @@ pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
 }
 
 impl Rule for LeastPrefill {
-    fn decide(&self, matches: &Matches, candidates: &[Candidate]) -> Decision {
+    fn decide(&self, ask: &Ask) -> Decision {
+        let (matches, candidates) = (ask.matches, ask.candidates);
         let matched = |i: usize| matches.matched(candidates[i].id);
         let cost = |i: usize| candidates[i].pending + matches.total().saturating_sub(matched(i));
         let index = self.ties.best(candidates.len(), |i| {
@@ -46,6 +46,7 @@ impl Rule for LeastPrefill {
 mod tests {
     use super::*;
     use crate::BackendId;
+    use crate::policy::Candidate;
     use crate::policy::testing::*;
 
     fn policy() -> Box<dyn Policy> {

@@ -1,15 +1,31 @@
 //! What the prefix-tree policies share: a tree per model that remembers which backend got
 //! which text, and one atomic match-decide-record step per request. The decision itself
-//! is a [`Rule`]: `cache_aware` and `prefill_aware` differ only in theirs.
+//! is a [`Rule`]: `cache_aware`, `prefill_aware` and `kv_aware` differ only in theirs.
 
 use super::{Candidate, Decision, Policy, PolicyParams, Request};
 use crate::BackendId;
 use crate::tree::{Matches, PrefixTrees, TreeStats};
 
+/// What a rule decides on.
+pub struct Ask<'a, 'r, 't> {
+    /// Per backend, bytes of the text's prefix it was sent.
+    pub matches: &'a Matches,
+    /// The ready backends (never empty).
+    pub candidates: &'a [Candidate],
+    /// The request.
+    pub request: &'a Request<'r, 't>,
+}
+
 /// Picks a candidate from the prefix matches of a request.
 pub trait Rule: Send + Sync {
-    /// Decides among `candidates` (never empty) given each one's matched bytes.
-    fn decide(&self, matches: &Matches, candidates: &[Candidate]) -> Decision;
+    /// Decides among the candidates.
+    fn decide(&self, ask: &Ask) -> Decision;
+
+    /// Learns that `request` went to `backend` (chosen by this rule or by session affinity).
+    fn placed(&self, _request: &Request, _backend: BackendId) {}
+
+    /// Forgets what it holds of backends for which `live` is false.
+    fn retain(&self, _live: &dyn Fn(BackendId) -> bool) {}
 }
 
 /// A policy that routes on prefix matches with rule `R`.
@@ -31,11 +47,19 @@ impl<R: Rule> PrefixPolicy<R> {
 impl<R: Rule> Policy for PrefixPolicy<R> {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
         let mut decision = Decision::new(0, super::Outcome::PrefixMiss);
-        self.trees
+        let routed = self
+            .trees
             .route(request.model, request.text.parts(), |matches| {
-                decision = self.rule.decide(matches, candidates);
+                decision = self.rule.decide(&Ask {
+                    matches,
+                    candidates,
+                    request,
+                });
                 candidates.get(decision.index).map(|c| c.id)
             });
+        if let Some(routed) = routed {
+            self.rule.placed(request, routed.backend);
+        }
         decision
     }
 
@@ -43,11 +67,13 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
         let routed = self
             .trees
             .route(request.model, request.text.parts(), |_| Some(backend));
+        self.rule.placed(request, backend);
         routed.map_or(0, |r| r.matched)
     }
 
     fn maintain(&self, live: &dyn Fn(BackendId) -> bool) -> usize {
         self.trees.retain_backends(live);
+        self.rule.retain(live);
         self.trees.evict().bytes_removed
     }
 

@@ -41,5 +41,6 @@ pub fn params(threshold: f64, abs: usize) -> PolicyParams {
         tunables,
         tree: TreeConfig::default(),
         seed: 0,
+        clock: std::sync::Arc::new(crate::clock::Monotonic::default()),
     }
 }

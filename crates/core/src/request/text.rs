@@ -171,6 +171,13 @@ impl<'a> RoutingText<'a> {
         self.anchor.unwrap_or(self.len)
     }
 
+    /// A 128-bit hash of the anchor: the same over every turn of a conversation.
+    pub fn anchor_hash(&self) -> u128 {
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        self.for_each_prefix(self.anchor_len(), |b| hasher.update(b));
+        hasher.digest128()
+    }
+
     /// Feeds the first `limit` bytes of the text to `sink`, part by part.
     pub fn for_each_prefix(&self, limit: usize, mut sink: impl FnMut(&[u8])) {
         let mut left = limit;

@@ -17,6 +17,7 @@ use pingora_core::server::Server;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::services::background::background_service;
 use pingora_core::services::listening::Service;
+use prefix_router_core::clock::{Clock, Monotonic};
 use prefix_router_core::policy::{PolicyParams, Selector, SharedTunables};
 
 use crate::config::{Config, Settings};
@@ -104,14 +105,16 @@ fn server_conf(config: &Config) -> ServerConf {
 }
 
 fn selector(config: &Config, upkeep: &Upkeep) -> Selector {
+    let clock: Arc<dyn Clock> = Arc::new(Monotonic::default());
     let params = PolicyParams {
         tunables: SharedTunables::new(config.tunables),
         tree: config.tree.clone(),
         seed: seed(),
+        clock: Arc::clone(&clock),
     };
     let policy = config.policy.build(&params);
     let wake = upkeep.waker();
-    Selector::new(policy, params.tunables, config.session_ttl)
+    Selector::with_clock(policy, params.tunables, config.session_ttl, clock)
         .on_upkeep_due(move || wake.notify_one())
 }
 
