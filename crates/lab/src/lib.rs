@@ -139,6 +139,10 @@ pub struct LabResult {
     pub index_evicted_bytes: u64,
     /// Hit rate the router predicted (matched / routed text).
     pub predicted_hit_rate: Option<f64>,
+    /// The router's decisions by outcome (`prefix_hit`, `placed`, `session`, ...).
+    pub decisions: std::collections::BTreeMap<String, u64>,
+    /// Routing text routed, bytes (over the prompt tokens reported: bytes per token).
+    pub text_bytes: u64,
 }
 
 /// One setting to run every policy on.
@@ -189,6 +193,15 @@ impl Setting {
                 args.synthetic = Some(Synthetic::Agent);
                 (args.sessions, args.session_rate) = (*sessions, *session_rate);
                 args.system_prompts = *system_prompts;
+            }
+            Source::Template {
+                requests,
+                rate,
+                templates,
+            } => {
+                args.synthetic = Some(Synthetic::Template);
+                (args.sessions, args.session_rate) = (*requests, *rate);
+                args.system_prompts = *templates;
             }
             Source::Trace(path) => args.trace = Some(path.clone()),
         }
@@ -252,6 +265,10 @@ pub fn compare(
             kv_evicted_blocks: run.kv_evicted_blocks,
             index_evicted_bytes: run.index_evicted_bytes,
             predicted_hit_rate: run.predicted_hit_rate,
+            decisions: (run.outcomes.iter())
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+            text_bytes: run.text_bytes,
         });
     }
     Ok(results)
@@ -311,21 +328,29 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
         for kv_blocks in or(&args.kv_blocks, scenario.kv_blocks) {
             let sessions = match &scenario.source {
                 Source::Agent { sessions, .. } => or(&args.sessions, *sessions),
+                Source::Template { requests, .. } => or(&args.sessions, *requests),
                 Source::Trace(_) => vec![0],
             };
             for n in sessions {
                 let mut s = scenario.clone();
                 (s.backends, s.kv_blocks) = (backends, kv_blocks);
                 s.concurrency = args.concurrency.unwrap_or(s.concurrency);
-                if let Source::Agent {
-                    sessions,
-                    session_rate,
-                    system_prompts,
-                } = &mut s.source
-                {
-                    *sessions = n;
-                    *session_rate = args.session_rate.unwrap_or(*session_rate);
-                    *system_prompts = args.system_prompts.unwrap_or(*system_prompts);
+                match &mut s.source {
+                    Source::Agent {
+                        sessions,
+                        session_rate,
+                        system_prompts,
+                    }
+                    | Source::Template {
+                        requests: sessions,
+                        rate: session_rate,
+                        templates: system_prompts,
+                    } => {
+                        *sessions = n;
+                        *session_rate = args.session_rate.unwrap_or(*session_rate);
+                        *system_prompts = args.system_prompts.unwrap_or(*system_prompts);
+                    }
+                    Source::Trace(_) => {}
                 }
                 let swept =
                     args.backends.len() > 1 || args.kv_blocks.len() > 1 || args.sessions.len() > 1;
@@ -345,7 +370,12 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
 
 fn session_label(source: &Source) -> String {
     match source {
-        Source::Agent { sessions, .. } => format!(" s={sessions}"),
+        Source::Agent { sessions, .. }
+        | Source::Template {
+            requests: sessions, ..
+        } => {
+            format!(" s={sessions}")
+        }
         Source::Trace(_) => String::new(),
     }
 }

@@ -71,6 +71,8 @@ pub struct LabRouter {
     pub matched_bytes: u64,
     /// Routing text routed, bytes.
     pub text_bytes: u64,
+    /// Decisions by outcome.
+    pub outcomes: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl LabRouter {
@@ -104,6 +106,7 @@ impl LabRouter {
             evicted_bytes: 0,
             matched_bytes: 0,
             text_bytes: 0,
+            outcomes: Default::default(),
         }
     }
 
@@ -147,6 +150,7 @@ impl LabRouter {
         self.active[backend] += text_len;
         self.matched_bytes += decision.matched as u64;
         self.text_bytes += text_len as u64;
+        *self.outcomes.entry(decision.outcome.label()).or_default() += 1;
         self.upkeep(now);
         Ok(Placement {
             backend,

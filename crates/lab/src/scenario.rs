@@ -15,6 +15,15 @@ pub enum Source {
         /// Distinct system prompts the sessions share.
         system_prompts: usize,
     },
+    /// The built-in few-shot generator: single requests sharing a template.
+    Template {
+        /// Requests.
+        requests: usize,
+        /// Mean requests per second.
+        rate: f64,
+        /// Distinct templates.
+        templates: usize,
+    },
     /// A Mooncake JSONL trace.
     Trace(PathBuf),
 }
@@ -120,6 +129,18 @@ pub fn all(traces: &std::path::Path) -> Vec<Scenario> {
     );
     c256.concurrency = 256;
     list.extend([c64, c256]);
+    list.push(Scenario {
+        name: "template".into(),
+        about: "12,000 few-shot requests at 200/s sharing one template beyond the first user message",
+        source: Source::Template {
+            requests: 12_000,
+            rate: 200.0,
+            templates: 1,
+        },
+        backends: 4,
+        kv_blocks: KV_BLOCKS,
+        concurrency: 1024,
+    });
     list.extend([
         trace(
             "conversation",

@@ -40,6 +40,10 @@ pub struct Run {
     pub index_evicted_bytes: u64,
     /// The router's predicted hit rate: matched / routed text bytes.
     pub predicted_hit_rate: Option<f64>,
+    /// The router's decisions by outcome.
+    pub outcomes: std::collections::BTreeMap<&'static str, u64>,
+    /// Routing text routed, bytes.
+    pub text_bytes: u64,
 }
 
 /// Runs `plan` (with its `prepared` shapes) through a router set up as `router` in front
@@ -79,6 +83,8 @@ pub fn run(
     Run {
         kv_evicted_blocks: world.engines.iter().map(|e| e.cache().evicted()).sum(),
         index_evicted_bytes: r.evicted_bytes,
+        outcomes: r.outcomes.clone(),
+        text_bytes: r.text_bytes,
         predicted_hit_rate: (r.text_bytes > 0)
             .then(|| r.matched_bytes as f64 / r.text_bytes as f64),
         result: RunResult {

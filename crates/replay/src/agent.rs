@@ -81,14 +81,14 @@ pub(crate) fn plan_agent(cfg: &AgentConfig) -> Plan {
 }
 
 /// Exponential inter-arrival time with the given rate (per second).
-fn exponential(rng: &mut Rng, rate: f64) -> f64 {
+pub(crate) fn exponential(rng: &mut Rng, rate: f64) -> f64 {
     if rate <= 0.0 {
         return 0.0;
     }
     -(1.0 - rng.unit()).ln() / rate
 }
 
-fn tokens(bytes: usize, bpt: u64) -> u32 {
+pub(crate) fn tokens(bytes: usize, bpt: u64) -> u32 {
     u32::try_from(bytes as u64 / bpt).unwrap_or(u32::MAX)
 }
 

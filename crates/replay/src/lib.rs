@@ -19,6 +19,7 @@ mod progress;
 mod report;
 mod sse;
 mod table;
+mod template;
 mod text;
 mod trace;
 mod workload;
@@ -86,6 +87,9 @@ pub enum ReplayError {
 pub enum Synthetic {
     /// Coding-agent sessions: shared long system prompts and tools, growing contexts.
     Agent,
+    /// Few-shot traffic: single requests sharing a system prompt and example turns (a hot
+    /// prefix beyond the first user message), each with its own question.
+    Template,
 }
 
 /// Options of the `replay` command.

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use super::agent::{AgentConfig, plan_agent};
 use super::bound::Bound;
 use super::plan::Plan;
+use super::template::plan_template;
 use super::trace::{plan_trace, read_trace};
 use super::{ReplayArgs, ReplayError, Synthetic};
 
@@ -23,6 +24,13 @@ pub enum Workload {
     },
     /// Generated coding-agent sessions.
     Agent {
+        /// The generator settings.
+        config: AgentConfig,
+        /// The generated requests.
+        plan: Arc<Plan>,
+    },
+    /// Generated few-shot requests (sessions are requests, system prompts are templates).
+    Template {
         /// The generator settings.
         config: AgentConfig,
         /// The generated requests.
@@ -59,6 +67,11 @@ impl Workload {
                 let plan = Arc::new(plan_agent(&config));
                 Workload::Agent { config, plan }
             }
+            (None, Some(Synthetic::Template)) => {
+                let config = args.agent_config();
+                let plan = Arc::new(plan_template(&config));
+                Workload::Template { config, plan }
+            }
         };
         if w.is_empty() {
             return Err(ReplayError::EmptyWorkload);
@@ -69,7 +82,9 @@ impl Workload {
     /// The prepared plan.
     pub fn plan(&self) -> &Arc<Plan> {
         match self {
-            Workload::Trace { plan, .. } | Workload::Agent { plan, .. } => plan,
+            Workload::Trace { plan, .. }
+            | Workload::Agent { plan, .. }
+            | Workload::Template { plan, .. } => plan,
         }
     }
 
@@ -116,6 +131,12 @@ impl Workload {
                 "synthetic agent ({} sessions, {} requests, seed {})",
                 plan.sessions.len(),
                 self.len(),
+                config.seed
+            ),
+            Workload::Template { config, .. } => format!(
+                "synthetic template ({} requests over {} templates, seed {})",
+                self.len(),
+                config.system_prompts,
                 config.seed
             ),
         }

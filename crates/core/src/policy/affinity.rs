@@ -73,6 +73,9 @@ impl Selector {
     }
 
     fn by_session(&self, request: &Request, candidates: &[Candidate]) -> Option<Decision> {
+        if self.policy.keeps_sessions() {
+            return None;
+        }
         let key = request.session?;
         let backend = self.sessions.get(key)?;
         let index = candidates.iter().position(|c| c.id == backend)?;

@@ -1,8 +1,9 @@
-//! Live conversations and where they are: for each backend, the sum of the latest routing
-//! text size of the conversations placed on it that were seen within a horizon. That is
-//! what the backend's KV must hold for its conversations to keep hitting, to weigh against
-//! its capacity when a new conversation is placed. Bounded in entries like the session
-//! table; stale entries leave as time passes (amortized on every note).
+//! Conversations and where they are: which backend each conversation was last placed on
+//! (remembered for a time-to-live), and for each backend the sum of the latest routing
+//! text size of its *live* conversations, those seen within a shorter horizon. That sum
+//! is what the backend's KV must hold for its conversations to keep hitting, to weigh
+//! against its capacity when a new conversation is placed. Bounded in entries like the
+//! session table; entries leave as time passes (amortized on every note).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,31 +22,38 @@ struct Entry {
     backend: BackendId,
     bytes: usize,
     seen: Duration,
+    /// Whether `bytes` counts in its backend's sum (seen within the horizon).
+    live: bool,
 }
 
 #[derive(Default)]
 struct Inner {
     entries: HashMap<u128, Entry>,
-    /// Notes in time order: (when, conversation); stale when the entry was seen later.
-    notes: VecDeque<(Duration, u128)>,
+    /// Notes in time order, (when, conversation), once to leave the sums at the horizon
+    /// and once to leave the table at the time-to-live; stale when seen again later.
+    live: VecDeque<(Duration, u128)>,
+    kept: VecDeque<(Duration, u128)>,
     /// Bytes of live conversations, by backend id.
     per_backend: Vec<usize>,
 }
 
-/// Conversation -> (backend, size), with per-backend sums.
+/// Conversation -> (backend, size), with per-backend sums of live conversations.
 pub struct Footprints {
     inner: Mutex<Inner>,
     horizon: Duration,
+    ttl: Duration,
     max: usize,
     clock: Arc<dyn Clock>,
 }
 
 impl Footprints {
-    /// A table where a conversation idle for `horizon` on `clock` no longer counts.
-    pub fn new(horizon: Duration, max: usize, clock: Arc<dyn Clock>) -> Self {
+    /// A table where a conversation idle for `horizon` on `clock` no longer counts in its
+    /// backend's sum, and one idle for `ttl` is forgotten.
+    pub fn new(horizon: Duration, ttl: Duration, max: usize, clock: Arc<dyn Clock>) -> Self {
         Footprints {
             inner: Mutex::new(Inner::default()),
             horizon,
+            ttl: ttl.max(horizon),
             max,
             clock,
         }
@@ -53,9 +61,8 @@ impl Footprints {
 
     /// `conversation` is now `bytes` long and on `backend`.
     pub fn note(&self, conversation: u128, backend: BackendId, bytes: usize) {
-        let now = self.clock.now();
+        let now = self.expire();
         let mut inner = self.inner.lock();
-        inner.expire(now.saturating_sub(self.horizon));
         if inner.entries.len() >= self.max && !inner.entries.contains_key(&conversation) {
             return;
         }
@@ -63,22 +70,42 @@ impl Footprints {
             backend,
             bytes,
             seen: now,
+            live: true,
         };
         if let Some(old) = inner.entries.insert(conversation, entry) {
             inner.sub(old);
         }
         inner.add(entry);
-        inner.notes.push_back((now, conversation));
+        inner.live.push_back((now, conversation));
+        inner.kept.push_back((now, conversation));
     }
 
     /// Bytes of live conversations on each of `backends`, in that order.
     pub fn of(&self, backends: impl Iterator<Item = BackendId>) -> Vec<usize> {
-        let now = self.clock.now();
-        let mut inner = self.inner.lock();
-        inner.expire(now.saturating_sub(self.horizon));
+        self.expire();
+        let inner = self.inner.lock();
         backends
             .map(|b| inner.per_backend.get(b.0 as usize).copied().unwrap_or(0))
             .collect()
+    }
+
+    /// The backend `conversation` was last placed on, if it was seen within the TTL.
+    pub fn backend_of(&self, conversation: u128) -> Option<BackendId> {
+        self.expire();
+        self.inner
+            .lock()
+            .entries
+            .get(&conversation)
+            .map(|e| e.backend)
+    }
+
+    /// Lets time pass: sums and table drop what went idle. Returns the time now.
+    fn expire(&self) -> Duration {
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        inner.expire_live(now.saturating_sub(self.horizon));
+        inner.expire_kept(now.saturating_sub(self.ttl));
+        now
     }
 
     /// Forgets the conversations of backends for which `live` is false.
@@ -97,6 +124,9 @@ impl Footprints {
 
 impl Inner {
     fn add(&mut self, e: Entry) {
+        if !e.live {
+            return;
+        }
         let i = e.backend.0 as usize;
         if self.per_backend.len() <= i {
             self.per_backend.resize(i + 1, 0);
@@ -105,18 +135,32 @@ impl Inner {
     }
 
     fn sub(&mut self, e: Entry) {
+        if !e.live {
+            return;
+        }
         if let Some(sum) = self.per_backend.get_mut(e.backend.0 as usize) {
             *sum = sum.saturating_sub(e.bytes);
         }
     }
 
-    /// Drops conversations last seen before `cutoff`.
-    fn expire(&mut self, cutoff: Duration) {
-        while let Some(&(at, key)) = self.notes.front() {
-            if at >= cutoff {
-                return;
+    /// Conversations last seen before `cutoff` stop counting in the sums.
+    fn expire_live(&mut self, cutoff: Duration) {
+        while let Some((at, key)) = self.live.front().copied().filter(|&(at, _)| at < cutoff) {
+            self.live.pop_front();
+            let Some(entry) = self.entries.get(&key).copied().filter(|e| e.seen == at) else {
+                continue;
+            };
+            self.sub(entry);
+            if let Some(e) = self.entries.get_mut(&key) {
+                e.live = false;
             }
-            self.notes.pop_front();
+        }
+    }
+
+    /// Conversations last seen before `cutoff` are forgotten.
+    fn expire_kept(&mut self, cutoff: Duration) {
+        while let Some((at, key)) = self.kept.front().copied().filter(|&(at, _)| at < cutoff) {
+            self.kept.pop_front();
             if let Some(entry) = self.entries.get(&key).copied().filter(|e| e.seen == at) {
                 self.entries.remove(&key);
                 self.sub(entry);
@@ -132,7 +176,8 @@ mod tests {
 
     fn table() -> (Footprints, Manual) {
         let clock = Manual::default();
-        let t = Footprints::new(Duration::from_secs(60), 100, Arc::new(clock.clone()));
+        let ttl = Duration::from_secs(600);
+        let t = Footprints::new(Duration::from_secs(60), ttl, 100, Arc::new(clock.clone()));
         (t, clock)
     }
 
@@ -159,5 +204,8 @@ mod tests {
         assert_eq!(t.of([BackendId(0)].into_iter()), [10]);
         clock.set(Duration::from_secs(95));
         assert_eq!(t.of([BackendId(0)].into_iter()), [0]);
+        assert_eq!(t.backend_of(1), Some(BackendId(0)));
+        clock.set(Duration::from_secs(700));
+        assert_eq!(t.backend_of(1), None);
     }
 }

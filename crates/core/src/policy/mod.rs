@@ -114,6 +114,8 @@ pub enum Outcome {
     Balanced,
     /// Placed by hashing a key.
     Hashed,
+    /// A new conversation, placed by the room its backend has for it.
+    Placed,
 }
 
 impl Outcome {
@@ -126,6 +128,7 @@ impl Outcome {
             Outcome::Session => "session",
             Outcome::Balanced => "balanced",
             Outcome::Hashed => "hashed",
+            Outcome::Placed => "placed",
         }
     }
 }
@@ -178,6 +181,12 @@ pub trait Policy: Send + Sync {
     /// Prefix-tree figures, for policies that keep a tree.
     fn tree_stats(&self) -> Option<TreeStats> {
         None
+    }
+
+    /// Whether the policy keeps sessions on their backends itself (weighing when to move
+    /// one), so that the selector's own session affinity must not override it.
+    fn keeps_sessions(&self) -> bool {
+        false
     }
 }
 

@@ -26,6 +26,11 @@ pub trait Rule: Send + Sync {
 
     /// Forgets what it holds of backends for which `live` is false.
     fn retain(&self, _live: &dyn Fn(BackendId) -> bool) {}
+
+    /// Whether the rule keeps sessions on their backends itself (see [`Policy::keeps_sessions`]).
+    fn keeps_sessions(&self) -> bool {
+        false
+    }
 }
 
 /// A policy that routes on prefix matches with rule `R`.
@@ -83,5 +88,9 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
 
     fn tree_stats(&self) -> Option<TreeStats> {
         Some(self.trees.stats())
+    }
+
+    fn keeps_sessions(&self) -> bool {
+        self.rule.keeps_sessions()
     }
 }

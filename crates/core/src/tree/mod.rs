@@ -47,6 +47,8 @@ pub struct TreeConfig {
     pub shards: usize,
     /// Leading bytes of the text that choose its shard. Default 64.
     pub shard_key_bytes: usize,
+    /// Continuations that make a prefix hot (see [`Matches::hot`]). Default 16.
+    pub hot_children: usize,
 }
 
 impl Default for TreeConfig {
@@ -55,6 +57,7 @@ impl Default for TreeConfig {
             max_bytes_per_backend: 4 << 20,
             shards: 32,
             shard_key_bytes: 64,
+            hot_children: 16,
         }
     }
 }
@@ -64,6 +67,11 @@ impl Default for TreeConfig {
 pub struct Matches {
     /// Length of the whole text, bytes.
     total: usize,
+    /// Length of the longest matched prefix that texts recorded earlier continue in more
+    /// than one way (a branching point of the tree), bytes.
+    shared: usize,
+    /// Like `shared`, for prefixes continued in at least `hot_children` ways, bytes.
+    hot: usize,
     /// (backend, matched bytes > 0), sorted by backend.
     per_backend: SmallVec<[(BackendId, usize); 8]>,
 }
@@ -73,6 +81,8 @@ impl Matches {
     fn empty(total: usize) -> Self {
         Matches {
             total,
+            shared: 0,
+            hot: 0,
             per_backend: SmallVec::new(),
         }
     }
@@ -109,6 +119,20 @@ impl Matches {
     /// (backend, matched bytes) for each backend with a match, by backend id.
     pub fn iter(&self) -> impl Iterator<Item = (BackendId, usize)> + '_ {
         self.per_backend.iter().copied()
+    }
+
+    /// Length of the longest prefix of the text that earlier texts continue in more than
+    /// one way, bytes: a prefix shared by several conversations (a system prompt, a
+    /// template), as opposed to one conversation's own history below it.
+    pub fn shared(&self) -> usize {
+        self.shared
+    }
+
+    /// Length of the longest prefix of the text that earlier texts continue in at least
+    /// [`TreeConfig::hot_children`] ways, bytes: a prefix so much in demand that every
+    /// backend will soon hold it anyway.
+    pub fn hot(&self) -> usize {
+        self.hot
     }
 
     /// The longest match over all backends, bytes; 0 if none.
@@ -235,7 +259,7 @@ impl PrefixTrees {
         let mut radix = tree.shard(shard).lock();
         let mut cur = Cursor::new(text, total);
         let mut matches = Matches::empty(total);
-        let walk = radix.walk(&mut cur, &mut matches);
+        let walk = radix.walk(&mut cur, &mut matches, self.config.hot_children);
         let backend = choose(&matches)?;
         let tick = self.clock.fetch_add(1, Ordering::Relaxed);
         radix.record(&walk, &cur, backend, tick);
@@ -261,7 +285,11 @@ impl PrefixTrees {
         let models = self.models.read();
         if let Some(tree) = models.get(model) {
             let radix = tree.shard(self.shard_index(text, total)).lock();
-            radix.walk(&mut Cursor::new(text, total), &mut matches);
+            radix.walk(
+                &mut Cursor::new(text, total),
+                &mut matches,
+                self.config.hot_children,
+            );
         }
         matches
     }

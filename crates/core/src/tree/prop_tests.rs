@@ -55,6 +55,7 @@ fn config() -> impl Strategy<Value = TreeConfig> {
         max_bytes_per_backend: usize::MAX,
         shards,
         shard_key_bytes,
+        ..TreeConfig::default()
     })
 }
 

@@ -100,11 +100,14 @@ impl Radix {
     }
 
     /// Walk the text at `cur` down from the root, noting in `matches` the
-    /// depth reached on each node for each backend present there.
+    /// depth reached on each node for each backend present there, and the depth of
+    /// the deepest fully matched node with more than one child (`shared`) and with at
+    /// least `hot_children` children (`hot`).
     pub(crate) fn walk<P: AsRef<[u8]>>(
         &self,
         cur: &mut Cursor<'_, P>,
         matches: &mut Matches,
+        hot_children: usize,
     ) -> Walk {
         let mut walk = Walk::default();
         let mut node = ROOT;
@@ -119,6 +122,12 @@ impl Radix {
             if k < n.edge.len() {
                 walk.split = Some(k);
                 break;
+            }
+            if n.children.len() > 1 {
+                matches.shared = cur.consumed();
+            }
+            if n.children.len() >= hot_children {
+                matches.hot = cur.consumed();
             }
             node = child;
         }

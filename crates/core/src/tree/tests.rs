@@ -13,7 +13,7 @@ fn one_shard(budget: usize) -> PrefixTrees {
     PrefixTrees::new(TreeConfig {
         max_bytes_per_backend: budget,
         shards: 1,
-        shard_key_bytes: 64,
+        ..TreeConfig::default()
     })
 }
 
