@@ -69,6 +69,7 @@ fn selector() -> (Selector, Vec<Candidate>) {
         },
         seed: 0,
         clock: std::sync::Arc::new(prefix_router_core::clock::Monotonic::default()),
+        calibrate: true,
     };
     let policy = choose("cache_aware")
         .expect("cache_aware exists")

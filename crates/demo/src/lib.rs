@@ -22,7 +22,7 @@ pub struct DemoArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,consistent_hash,cache_aware,prefill_aware"
+        default_value = "round_robin,consistent_hash,cache_aware,prefill_aware,kv_aware"
     )]
     pub policies: Vec<String>,
     /// Simulated backends.

@@ -71,7 +71,7 @@ pub struct LabArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "round_robin,consistent_hash,cache_aware,prefill_aware"
+        default_value = "round_robin,consistent_hash,cache_aware,prefill_aware,kv_aware"
     )]
     pub policies: Vec<String>,
     /// A Mooncake trace to run instead of the agent workload.
@@ -101,10 +101,17 @@ pub struct LabArgs {
     /// Send session ids as `x-session-id`.
     #[arg(long)]
     pub send_session_header: bool,
-    /// The router's index budget per backend, bytes [default: the backend's KV in bytes,
-    /// as the router sizes it from `vllm:cache_config_info`].
+    /// The router's configured index budget per backend, bytes, for backends that do not
+    /// publish their KV capacity [default: the router's default].
     #[arg(long)]
     pub max_tree_size: Option<usize>,
+    /// Backends do not publish their KV capacity (`vllm:cache_config_info`): the router
+    /// knows no capacity and sizes every index by `--max-tree-size`.
+    #[arg(long)]
+    pub unknown_capacity: bool,
+    /// The router does not learn index budgets from the cached tokens backends report.
+    #[arg(long)]
+    pub no_calibration: bool,
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -150,8 +157,12 @@ pub struct LabResult {
 pub struct Setting {
     /// The scenario this setting comes from.
     pub scenario: Scenario,
-    /// The index budget, bytes per backend (none: sized from the KV).
+    /// The configured index budget, bytes per backend (none: the router's default).
     pub max_tree_size: Option<usize>,
+    /// Whether backends keep their KV capacity to themselves.
+    pub unknown_capacity: bool,
+    /// Whether the router learns index budgets from reported cached tokens.
+    pub calibrate: bool,
     /// Seed.
     pub seed: u64,
     /// Stop after this many requests.
@@ -210,18 +221,19 @@ impl Setting {
 
     fn router(&self, policy: &str) -> Result<RouterSetup, LabError> {
         let sim = self.sim();
-        let kv_bytes = sim.kv_blocks * sim.block_tokens * sim.bytes_per_token;
+        let defaults = TreeConfig::default();
         Ok(RouterSetup {
             policy: policy::choose(policy)?,
             tunables: Tunables::default(),
             tree: TreeConfig {
-                max_bytes_per_backend: self.max_tree_size.unwrap_or(kv_bytes),
-                ..TreeConfig::default()
+                max_bytes_per_backend: self.max_tree_size.unwrap_or(defaults.max_bytes_per_backend),
+                ..defaults
             },
             session_ttl: 1800.0,
             eviction_interval: 120.0,
             seed: self.seed,
-            capacity: kv_bytes,
+            kv_tokens: (!self.unknown_capacity).then_some(sim.kv_blocks * sim.block_tokens),
+            calibrate: self.calibrate,
         })
     }
 }
@@ -297,6 +309,8 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
             out.push(Setting {
                 scenario: s,
                 max_tree_size: args.max_tree_size,
+                unknown_capacity: args.unknown_capacity,
+                calibrate: !args.no_calibration,
                 seed: args.seed,
                 max_requests: args.max_requests,
                 send_session_header: args.send_session_header,

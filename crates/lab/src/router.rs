@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
-use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
 use prefix_router_core::policy::{
     Candidate, Decision, PolicyChoice, PolicyParams, Request, Selector, SharedTunables, Tunables,
 };
 use prefix_router_core::request::{self, Endpoint, ParseError, SessionHeaders, SessionKey};
 use prefix_router_core::tree::TreeConfig;
+use prefix_router_core::{BackendId, TEXT_BYTES_PER_TOKEN};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// How the lab's router is set up: what the router's config would say.
@@ -34,9 +34,11 @@ pub struct RouterSetup {
     pub eviction_interval: f64,
     /// Seed of the policy's tie-breaking.
     pub seed: u64,
-    /// Each backend's KV capacity in routing-text bytes, as the router derives it from
-    /// `vllm:cache_config_info`.
-    pub capacity: usize,
+    /// Each backend's KV capacity in tokens, as it publishes it in
+    /// `vllm:cache_config_info`; `None` when backends do not say.
+    pub kv_tokens: Option<usize>,
+    /// Whether the index budgets learn from the cached tokens backends report.
+    pub calibrate: bool,
 }
 
 /// One placed request, as the router tracks it until it ends.
@@ -84,6 +86,7 @@ impl LabRouter {
             tree: setup.tree.clone(),
             seed: setup.seed,
             clock: Arc::new(clock.clone()),
+            calibrate: setup.calibrate,
         };
         let upkeep_due = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&upkeep_due);
@@ -91,6 +94,12 @@ impl LabRouter {
         let policy = setup.policy.build(&params);
         let selector = Selector::with_clock(policy, params.tunables, ttl, Arc::new(clock.clone()))
             .on_upkeep_due(move || flag.store(true, Relaxed));
+        // As the router's upkeep does once it has read each backend's capacity.
+        if let Some(tokens) = setup.kv_tokens {
+            for b in 0..names.len() {
+                selector.set_budget(BackendId(b as u32), Some(tokens * TEXT_BYTES_PER_TOKEN));
+            }
+        }
         LabRouter {
             selector,
             clock,
@@ -98,7 +107,7 @@ impl LabRouter {
             inflight: vec![0; names.len()],
             pending: vec![0; names.len()],
             active: vec![0; names.len()],
-            capacity: setup.capacity,
+            capacity: setup.kv_tokens.unwrap_or(0) * TEXT_BYTES_PER_TOKEN,
             hashes: names.iter().map(|n| xxh3_64(n.as_bytes())).collect(),
             headers: SessionHeaders::default(),
             last_upkeep: 0.0,
@@ -163,6 +172,14 @@ impl LabRouter {
     /// The placed request's first response byte arrived.
     pub fn answered(&mut self, placement: &mut Placement) {
         self.pending[placement.backend] -= std::mem::take(&mut placement.prefill);
+    }
+
+    /// The placed request's response reported `cached_tokens` cached: the router learns
+    /// from it as the proxy does.
+    pub fn reported(&mut self, placement: &Placement, cached_tokens: u64) {
+        let backend = BackendId(placement.backend as u32);
+        self.selector
+            .observe(backend, placement.decision.matched, cached_tokens);
     }
 
     /// The placed request's response ended.

@@ -347,6 +347,7 @@ impl World<'_> {
                 let Some(mut live) = self.live.remove(&id) else {
                     return;
                 };
+                self.router.reported(&live.placement, live.cached as u64);
                 self.router.finished(&mut live.placement);
                 let stream = self.clients.stream;
                 let exchange = Exchange {

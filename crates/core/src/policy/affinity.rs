@@ -108,6 +108,20 @@ impl Selector {
         self.policy.maintain(&|_| true)
     }
 
+    /// Sizes what the policy remembers of `backend` to `bytes` of routing text (its KV
+    /// capacity), or back to the configured size (`None`).
+    pub fn set_budget(&self, backend: BackendId, bytes: Option<usize>) {
+        self.policy.set_budget(backend, bytes);
+    }
+
+    /// Learns from a response: `backend` reported `cached_tokens` cached where the policy
+    /// predicted `predicted` bytes of routing text (a decision's `matched`).
+    pub fn observe(&self, backend: BackendId, predicted: usize, cached_tokens: u64) {
+        let delivered = usize::try_from(cached_tokens).unwrap_or(usize::MAX);
+        let delivered = delivered.saturating_mul(crate::TEXT_BYTES_PER_TOKEN);
+        self.policy.observe(backend, predicted, delivered);
+    }
+
     /// Prefix-tree figures, if the policy keeps a tree.
     pub fn tree_stats(&self) -> Option<TreeStats> {
         self.policy.tree_stats()

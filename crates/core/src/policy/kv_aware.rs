@@ -164,3 +164,107 @@ impl Rule for KvAware {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::*;
+    use crate::policy::{Candidate, Selector};
+    use crate::request::RoutingText;
+
+    const PROMPT: &str = include_str!("kv_aware.rs");
+
+    /// The shared prompt, then `user`'s first message (the anchor ends there), then `more`.
+    fn conversation(user: &'static str, more: &[&'static str]) -> RoutingText<'static> {
+        let mut t = RoutingText::default();
+        t.push(PROMPT.as_bytes());
+        t.push(user.as_bytes());
+        t.mark_anchor();
+        more.iter().for_each(|m| t.push(m.as_bytes()));
+        t
+    }
+
+    fn selector() -> Selector {
+        let params = params(0.3, 64);
+        Selector::new(build(&params), params.tunables, Duration::from_secs(60))
+    }
+
+    /// `n` idle candidates with `capacity` bytes of KV each.
+    fn fleet(n: usize, capacity: usize) -> Vec<Candidate> {
+        let mut c = candidates(&vec![0; n]);
+        c.iter_mut().for_each(|c| c.capacity = capacity);
+        c
+    }
+
+    fn user(i: usize) -> &'static str {
+        Box::leak(format!("user {i}: {}", "a distinct first question ".repeat(20)).into_boxed_str())
+    }
+
+    #[test]
+    fn new_conversations_sharing_a_hot_prompt_spread_over_the_fleet() {
+        let s = selector();
+        let fleet = fleet(4, 3 * PROMPT.len());
+        let mut per_backend = [0; 4];
+        for i in 0..8 {
+            let t = conversation(user(i), &[]);
+            per_backend[s.select(&request(&t, None), &fleet).index] += 1;
+        }
+        assert!(per_backend.iter().all(|&n| n == 2), "{per_backend:?}");
+    }
+
+    #[test]
+    fn a_conversation_stays_with_its_own_context_even_on_a_busier_backend() {
+        let s = selector();
+        let mut fleet = fleet(3, 100 * PROMPT.len());
+        for i in 0..3 {
+            let first = conversation(user(i), &[]);
+            s.select(&request(&first, None), &fleet);
+        }
+        let first = conversation(user(7), &[]);
+        let home = s.select(&request(&first, None), &fleet).index;
+        fleet[home].pending = 4 * PROMPT.len();
+        fleet[home].load = 5;
+        let turn = "assistant: a long answer and a tool result ".repeat(30);
+        let next = conversation(user(7), &[Box::leak(turn.into_boxed_str())]);
+        let d = s.select(&request(&next, None), &fleet);
+        assert_eq!((d.index, d.outcome), (home, Outcome::PrefixHit));
+        assert!(d.matched > PROMPT.len());
+    }
+
+    #[test]
+    fn a_full_backend_sheds_new_conversations_and_moves_one_that_overflows_it() {
+        let s = selector();
+        let p = PROMPT.len();
+        let fleet = fleet(3, p * 7 / 2);
+        let first = |i| conversation(user(i), &[]);
+        let home = s.select(&request(&first(0), None), &fleet).index;
+        // The second conversation on the prompt goes where the prompt is, while it fits.
+        assert_eq!(s.select(&request(&first(1), None), &fleet).index, home);
+        // Conversation 0 grows until the two overflow their backend's KV.
+        let output: &'static str = Box::leak("tool output ".repeat(p * 3 / 24).into_boxed_str());
+        let grown = conversation(user(0), &[output]);
+        assert_eq!(s.select(&request(&grown, None), &fleet).index, home);
+        // A new conversation holding the same prompt goes to a backend with room.
+        let third = s.select(&request(&first(2), None), &fleet);
+        assert_ne!(third.index, home);
+        assert_eq!(third.outcome, Outcome::Placed);
+        // Conversation 0's next turn leaves the overflowing backend for one with room.
+        let next = conversation(user(0), &[output, "and the next question"]);
+        let moved = s.select(&request(&next, None), &fleet);
+        assert_eq!(moved.outcome, Outcome::Imbalance);
+        assert!(
+            moved.index != home && moved.index != third.index,
+            "{moved:?}"
+        );
+    }
+
+    #[test]
+    fn an_explicit_session_stays_even_when_its_text_is_not_remembered() {
+        let s = selector();
+        let fleet = fleet(3, 100 * PROMPT.len());
+        let a = text("first text of the session");
+        let first = s.select(&request(&a, Some("s1")), &fleet).index;
+        let b = text("entirely different text");
+        assert_eq!(s.select(&request(&b, Some("s1")), &fleet).index, first);
+    }
+}

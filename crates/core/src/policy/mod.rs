@@ -4,6 +4,7 @@
 
 mod affinity;
 mod cache_aware;
+mod calibration;
 mod consistent_hash;
 mod footprint;
 mod kv_aware;
@@ -58,7 +59,8 @@ pub struct Candidate {
     pub pending: usize,
     /// Bytes of routing text of its requests in flight: the KV they hold while they run.
     pub active: usize,
-    /// Its KV capacity, in bytes of routing text; 0 when unknown.
+    /// Its KV capacity, in bytes of routing text; 0 when unknown (prefix policies then take
+    /// its index budget instead).
     pub capacity: usize,
     /// A stable hash of its address (same on every router replica).
     pub hash: u64,
@@ -183,6 +185,14 @@ pub trait Policy: Send + Sync {
         None
     }
 
+    /// Sizes what the policy remembers of `backend` to `bytes` of routing text (its KV
+    /// capacity), or back to the configured size (`None`).
+    fn set_budget(&self, _backend: BackendId, _bytes: Option<usize>) {}
+
+    /// Learns from a response: `backend` reported `delivered` bytes' worth of cached
+    /// tokens where the policy predicted `predicted` bytes.
+    fn observe(&self, _backend: BackendId, _predicted: usize, _delivered: usize) {}
+
     /// Whether the policy keeps sessions on their backends itself (weighing when to move
     /// one), so that the selector's own session affinity must not override it.
     fn keeps_sessions(&self) -> bool {
@@ -240,6 +250,9 @@ pub struct PolicyParams {
     pub seed: u64,
     /// The clock the policy measures idleness on (the selector's).
     pub clock: Arc<dyn Clock>,
+    /// Whether prefix policies correct each backend's index budget from the cached tokens
+    /// it reports ([`calibration`](self)). Default true.
+    pub calibrate: bool,
 }
 
 /// A policy name with its constructor.
@@ -269,8 +282,15 @@ impl PartialEq for PolicyChoice {
     }
 }
 
+/// The policy used when none is configured.
+pub const DEFAULT: &str = "kv_aware";
+
 /// Every policy, by name. Adding a policy: a file and one line here.
 const POLICIES: &[PolicyChoice] = &[
+    PolicyChoice {
+        name: "kv_aware",
+        build: kv_aware::build,
+    },
     PolicyChoice {
         name: "cache_aware",
         build: cache_aware::build,
@@ -298,10 +318,6 @@ const POLICIES: &[PolicyChoice] = &[
     PolicyChoice {
         name: "prefill_aware",
         build: prefill_aware::build,
-    },
-    PolicyChoice {
-        name: "kv_aware",
-        build: kv_aware::build,
     },
 ];
 

@@ -2,7 +2,10 @@
 //! which text, and one atomic match-decide-record step per request. The decision itself
 //! is a [`Rule`]: `cache_aware`, `prefill_aware` and `kv_aware` differ only in theirs.
 
+use super::calibration::Calibration;
 use super::{Candidate, Decision, Policy, PolicyParams, Request};
+use smallvec::SmallVec;
+
 use crate::BackendId;
 use crate::tree::{Matches, PrefixTrees, TreeStats};
 
@@ -37,6 +40,10 @@ pub trait Rule: Send + Sync {
 pub struct PrefixPolicy<R> {
     trees: PrefixTrees,
     rule: R,
+    /// Each backend's budget ceiling (published capacity), when it differs from the
+    /// configured one; the tree's budget is the ceiling times the learned scale.
+    ceilings: parking_lot::Mutex<std::collections::HashMap<BackendId, usize>>,
+    calibration: Option<Calibration>,
 }
 
 impl<R: Rule> PrefixPolicy<R> {
@@ -45,12 +52,34 @@ impl<R: Rule> PrefixPolicy<R> {
         PrefixPolicy {
             trees: PrefixTrees::new(params.tree.clone()),
             rule,
+            ceilings: Default::default(),
+            calibration: params.calibrate.then(Calibration::default),
         }
+    }
+
+    fn apply_budget(&self, backend: BackendId) {
+        let ceiling = self.ceilings.lock().get(&backend).copied();
+        let ceiling = ceiling.unwrap_or(self.trees.config().max_bytes_per_backend);
+        let scale = self.calibration.as_ref().map_or(1.0, |c| c.scale(backend));
+        let budget = (ceiling as f64 * scale) as usize;
+        self.trees.set_budget(backend, Some(budget));
     }
 }
 
 impl<R: Rule> Policy for PrefixPolicy<R> {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        // A backend that did not say how much KV it has is taken to hold what its index
+        // may remember: the configured budget is the operator's word for it.
+        let sized: SmallVec<[Candidate; 16]> = (candidates.iter())
+            .map(|c| match c.capacity {
+                0 => Candidate {
+                    capacity: self.trees.budget(c.id),
+                    ..*c
+                },
+                _ => *c,
+            })
+            .collect();
+        let candidates = &sized[..];
         let mut decision = Decision::new(0, super::Outcome::PrefixMiss);
         let routed = self
             .trees
@@ -79,6 +108,9 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
     fn maintain(&self, live: &dyn Fn(BackendId) -> bool) -> usize {
         self.trees.retain_backends(live);
         self.rule.retain(live);
+        if let Some(c) = &self.calibration {
+            c.retain(live);
+        }
         self.trees.evict().bytes_removed
     }
 
@@ -92,5 +124,23 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
 
     fn keeps_sessions(&self) -> bool {
         self.rule.keeps_sessions()
+    }
+
+    fn set_budget(&self, backend: BackendId, bytes: Option<usize>) {
+        match bytes {
+            Some(b) => self.ceilings.lock().insert(backend, b),
+            None => self.ceilings.lock().remove(&backend),
+        };
+        self.apply_budget(backend);
+    }
+
+    fn observe(&self, backend: BackendId, predicted: usize, delivered: usize) {
+        let learned = self
+            .calibration
+            .as_ref()
+            .and_then(|c| c.observe(backend, predicted, delivered));
+        if learned.is_some() {
+            self.apply_budget(backend);
+        }
     }
 }

@@ -42,5 +42,6 @@ pub fn params(threshold: f64, abs: usize) -> PolicyParams {
         tree: TreeConfig::default(),
         seed: 0,
         clock: std::sync::Arc::new(crate::clock::Monotonic::default()),
+        calibrate: true,
     }
 }

@@ -39,12 +39,9 @@ impl PrefixTrees {
     /// drop nodes no backend is on any more; drop empty model trees. Returns what it did.
     pub fn evict(&self) -> EvictReport {
         self.grown.store(0, std::sync::atomic::Ordering::Relaxed);
-        let budget = self.config.max_bytes_per_backend;
-        let mut plan: Plan = self
-            .usage_totals()
-            .into_iter()
-            .filter(|&(_, used)| used > budget)
-            .map(|(b, used)| (b, used - budget, 0))
+        let mut plan: Plan = (self.usage_totals().into_iter())
+            .filter_map(|(b, used)| Some((b, used.checked_sub(self.budget(b))?, 0)))
+            .filter(|&(_, excess, _)| excess > 0)
             .collect();
         let mut report = EvictReport::default();
         if !plan.is_empty() {

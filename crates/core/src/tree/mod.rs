@@ -200,6 +200,10 @@ type ModelMap = HashMap<Box<[u8]>, Arc<ModelTree>>;
 /// drop empty ones.
 pub struct PrefixTrees {
     config: TreeConfig,
+    /// Budgets that differ from the configured one, by backend (sized from its KV).
+    budgets: RwLock<HashMap<BackendId, usize>>,
+    /// The smallest budget of any backend, bytes.
+    smallest: AtomicUsize,
     models: RwLock<ModelMap>,
     /// Logical clock: one tick per recorded route or insert.
     clock: AtomicU64,
@@ -211,7 +215,9 @@ impl PrefixTrees {
     /// Empty trees sized by `config`.
     pub fn new(config: TreeConfig) -> Self {
         PrefixTrees {
+            smallest: AtomicUsize::new(config.max_bytes_per_backend),
             config,
+            budgets: RwLock::new(HashMap::new()),
             models: RwLock::new(HashMap::new()),
             clock: AtomicU64::new(1),
             grown: AtomicUsize::new(0),
@@ -294,18 +300,42 @@ impl PrefixTrees {
         matches
     }
 
+    /// Sets `backend`'s budget in bytes (`None`: the configured one). The next eviction
+    /// brings it down to a smaller one.
+    pub fn set_budget(&self, backend: BackendId, bytes: Option<usize>) {
+        let mut budgets = self.budgets.write();
+        match bytes.filter(|&b| b != self.config.max_bytes_per_backend) {
+            Some(b) => budgets.insert(backend, b.max(1)),
+            None => budgets.remove(&backend),
+        };
+        let smallest = budgets.values().copied().min().unwrap_or(usize::MAX);
+        let smallest = smallest.min(self.config.max_bytes_per_backend);
+        self.smallest.store(smallest, Ordering::Relaxed);
+    }
+
+    /// `backend`'s budget, bytes.
+    pub fn budget(&self, backend: BackendId) -> usize {
+        let budgets = self.budgets.read();
+        budgets
+            .get(&backend)
+            .copied()
+            .unwrap_or(self.config.max_bytes_per_backend)
+    }
+
     /// True when the text recorded since the last eviction could have put a backend 10%
     /// over its budget: time to call [`Self::evict`]. One atomic load, for the request path.
     pub fn eviction_due(&self) -> bool {
-        self.grown.load(Ordering::Relaxed) > self.config.max_bytes_per_backend / 10
+        self.grown.load(Ordering::Relaxed) > self.smallest.load(Ordering::Relaxed) / 10
     }
 
     /// True when any backend is over 110% of its budget. Cheap: reads the
     /// per-shard counters (one short lock per shard), no tree walk.
     pub fn over_budget(&self) -> bool {
-        let limit = self.config.max_bytes_per_backend;
-        let limit = limit.saturating_add(limit / 10);
-        self.usage_totals().iter().any(|&(_, used)| used > limit)
+        let over = |b: BackendId, used: usize| {
+            let limit = self.budget(b);
+            used > limit.saturating_add(limit / 10)
+        };
+        self.usage_totals().iter().any(|&(b, used)| over(b, used))
     }
 
     /// Figures for stats: per model (name, text bytes stored, node count) and per backend bytes.

@@ -365,3 +365,19 @@ fn evicting_most_of_a_tree_renumbers_what_is_left_densely() {
     assert_eq!(radix.nodes.len(), radix.live + 1);
     assert!(radix.free.is_empty());
 }
+
+#[test]
+fn a_backend_with_a_budget_of_its_own_is_evicted_down_to_it() {
+    let t = one_shard(1000);
+    let long = "x".repeat(600);
+    let other = "y".repeat(600);
+    t.insert(M, &[long.as_str()], b(0));
+    t.insert(M, &[other.as_str()], b(1));
+    t.set_budget(b(1), Some(100));
+    assert!(t.eviction_due() || t.over_budget());
+    t.evict();
+    assert_eq!(matched(&t, &[long.as_str()], 0), 600);
+    assert_eq!(matched(&t, &[other.as_str()], 1), 0);
+    t.set_budget(b(1), None);
+    assert_eq!(t.budget(b(1)), 1000);
+}

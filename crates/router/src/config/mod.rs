@@ -57,7 +57,7 @@ pub struct Config {
     pub connect_timeout: Duration,
     /// Health checks.
     pub health: HealthSettings,
-    /// The routing policy. Default `cache_aware`.
+    /// The routing policy. Default `kv_aware` ([`policy::DEFAULT`]).
     pub policy: PolicyChoice,
     /// The policy's reloadable parameters (match threshold, imbalance bounds).
     pub tunables: Tunables,
@@ -140,7 +140,7 @@ impl Config {
             workers,
             connect_timeout: seconds("connect_timeout", s.connect_timeout, 5.0)?,
             health: health(&s)?,
-            policy: policy::choose(s.policy.as_deref().unwrap_or(DEFAULT_POLICY))
+            policy: policy::choose(s.policy.as_deref().unwrap_or(policy::DEFAULT))
                 .map_err(|e| invalid("policy", e.to_string()))?,
             tunables: tunables(&s)?,
             tree: tree(&s)?,
@@ -153,9 +153,6 @@ impl Config {
         })
     }
 }
-
-/// The policy used when none is configured.
-pub const DEFAULT_POLICY: &str = "cache_aware";
 
 fn tunables(s: &Settings) -> Result<Tunables, ConfigError> {
     let defaults = Tunables::default();

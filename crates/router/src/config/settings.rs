@@ -3,6 +3,7 @@
 //! so an option has one name everywhere (`max_tree_size` in the file, `--max-tree-size` on
 //! the command line). Defaults and checks live in [`super::Config`], not here.
 
+use prefix_router_core::policy;
 use serde::Deserialize;
 
 /// Every option of the router, unvalidated. See `conf/prefix-router.toml` for the defaults.
@@ -30,8 +31,8 @@ pub struct Settings {
     /// Backend base URLs, e.g. http://10.0.0.5:8000 (space or comma separated)
     #[arg(long, num_args = 1.., value_delimiter = ',')]
     pub worker_urls: Option<Vec<String>>,
-    /// cache_aware | round_robin | random | least_load | power_of_two | consistent_hash [default: cache_aware]
-    #[arg(long)]
+    /// The routing policy [default: kv_aware]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(policy::names()))]
     pub policy: Option<String>,
     /// Minimum prefix match ratio (0..=1) for cache_aware to follow the match [default: 0.3]
     #[arg(long)]
@@ -45,7 +46,7 @@ pub struct Settings {
     /// Seconds between prefix-tree eviction runs [default: 120]
     #[arg(long)]
     pub eviction_interval: Option<f64>,
-    /// Bytes of prefix text remembered per backend; about 4 x its KV cache in tokens [default: 4194304]
+    /// Bytes of prefix text remembered per backend that does not publish its KV capacity (vLLM does) [default: 4194304]
     #[arg(long)]
     pub max_tree_size: Option<usize>,
     /// Headers carrying a session id, in order of preference [default: x-session-id]

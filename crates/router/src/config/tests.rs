@@ -23,7 +23,7 @@ fn example_file_documents_the_defaults() {
     let from_file = Config::load(Some(example()), Settings::default()).unwrap();
     let defaults = Config::from_settings(Settings::default()).unwrap();
     assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
-    assert_eq!(defaults.policy.name, "cache_aware");
+    assert_eq!(defaults.policy.name, "kv_aware");
     assert_eq!(defaults.limits.max_body_bytes, 32 << 20);
     assert_eq!(defaults.session_ttl, Duration::from_secs(1800));
     assert_eq!(defaults.listen, "0.0.0.0:8080");
@@ -157,4 +157,23 @@ fn unknown_file_keys_are_errors() {
     std::fs::write(&path, "balance_abs_threshold = -1\n").unwrap();
     assert!(Config::load(Some(&path), Settings::default()).is_err());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn help_names_every_policy_and_the_default_the_config_uses() {
+    use clap::{CommandFactory, Parser};
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: Settings,
+    }
+    let help = Flags::command().render_long_help().to_string();
+    for name in policy::names() {
+        assert!(help.contains(name), "--help does not name {name}");
+    }
+    let default = Config::from_settings(Settings::default())
+        .unwrap()
+        .policy
+        .name;
+    assert!(help.contains(&format!("[default: {default}]")), "{help}");
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use pingora_core::protocols::l4::socket::SocketAddr as PingoraAddr;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_load_balancing::Backend as Probe;
-use prefix_router_core::BackendId;
+use prefix_router_core::{BackendId, TEXT_BYTES_PER_TOKEN};
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::Worker;
@@ -33,6 +33,13 @@ pub struct Backend {
     pub(super) probe: Probe,
     inflight: AtomicUsize,
     pending_prefill: AtomicUsize,
+    active_text: AtomicUsize,
+    /// KV cache tokens it published (`vllm:cache_config_info`); 0 when unknown.
+    kv_tokens: AtomicUsize,
+    /// When its capacity was last asked for, ms since the fleet's origin; 0 never.
+    kv_probed_ms: std::sync::atomic::AtomicU64,
+    /// The capacity its index budget was last sized from, tokens.
+    budget_tokens: AtomicUsize,
     checked: AtomicBool,
     healthy: AtomicBool,
     /// Active checks in a row whose result disagrees with `healthy`.
@@ -62,6 +69,10 @@ impl Backend {
             },
             inflight: AtomicUsize::new(0),
             pending_prefill: AtomicUsize::new(0),
+            active_text: AtomicUsize::new(0),
+            kv_tokens: AtomicUsize::new(0),
+            kv_probed_ms: std::sync::atomic::AtomicU64::new(0),
+            budget_tokens: AtomicUsize::new(0),
             checked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             streak: AtomicUsize::new(0),
@@ -78,6 +89,37 @@ impl Backend {
     /// Bytes of routing text sent here, expected uncached, and not answered yet.
     pub fn pending_prefill(&self) -> usize {
         self.pending_prefill.load(Relaxed)
+    }
+
+    /// Bytes of routing text of its requests in flight.
+    pub fn active_text(&self) -> usize {
+        self.active_text.load(Relaxed)
+    }
+
+    /// Its KV cache capacity in tokens, as it published it; 0 when unknown.
+    pub fn kv_tokens(&self) -> usize {
+        self.kv_tokens.load(Relaxed)
+    }
+
+    /// Records the KV capacity it published, if any, asked for at `now_ms`.
+    pub fn set_kv_tokens(&self, tokens: Option<usize>, now_ms: u64) {
+        self.kv_tokens.store(tokens.unwrap_or(0), Relaxed);
+        self.kv_probed_ms.store(now_ms.max(1), Relaxed);
+    }
+
+    /// The index budget to give it, in bytes of routing text, when that changed since last
+    /// asked: `Some(None)` for the configured one (capacity unknown).
+    pub fn budget_change(&self) -> Option<Option<usize>> {
+        let tokens = self.kv_tokens();
+        let before = self.budget_tokens.swap(tokens, Relaxed);
+        (before != tokens).then(|| (tokens > 0).then(|| tokens * TEXT_BYTES_PER_TOKEN))
+    }
+
+    /// Whether its capacity is to be asked for again at `now_ms`: never asked, or asked
+    /// `every_ms` ago or more.
+    pub fn kv_probe_due(&self, now_ms: u64, every_ms: u64) -> bool {
+        let last = self.kv_probed_ms.load(Relaxed);
+        last == 0 || now_ms.saturating_sub(last) >= every_ms
     }
 
     /// Whether it may get requests: its first check passed and it is healthy.
@@ -143,13 +185,15 @@ impl Backend {
         self.healthy.store(healthy, Relaxed);
     }
 
-    /// Counts one more request in flight until the guard drops, and `prefill` bytes of
-    /// pending prefill until it is answered.
-    pub fn acquire(self: &Arc<Self>, prefill: usize) -> LoadGuard {
+    /// Counts one more request of `text` routing text bytes in flight until the guard
+    /// drops, and `prefill` of them as pending prefill until it is answered.
+    pub fn acquire(self: &Arc<Self>, text: usize, prefill: usize) -> LoadGuard {
         self.inflight.fetch_add(1, Relaxed);
+        self.active_text.fetch_add(text, Relaxed);
         self.pending_prefill.fetch_add(prefill, Relaxed);
         LoadGuard {
             backend: Arc::clone(self),
+            text,
             prefill: AtomicUsize::new(prefill),
         }
     }
@@ -159,6 +203,7 @@ impl Backend {
 #[derive(Debug)]
 pub struct LoadGuard {
     backend: Arc<Backend>,
+    text: usize,
     prefill: AtomicUsize,
 }
 
@@ -178,6 +223,7 @@ impl LoadGuard {
 impl Drop for LoadGuard {
     fn drop(&mut self) {
         self.answered();
+        self.backend.active_text.fetch_sub(self.text, Relaxed);
         self.backend.inflight.fetch_sub(1, Relaxed);
     }
 }

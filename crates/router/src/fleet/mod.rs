@@ -3,6 +3,7 @@
 //! module: they get [`Candidate`]s built from the ready backends.
 
 mod backend;
+mod capacity;
 mod discovery;
 mod health;
 mod worker;
@@ -15,8 +16,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pingora_core::upstreams::peer::HttpPeer;
-use prefix_router_core::BackendId;
 use prefix_router_core::policy::Candidate;
+use prefix_router_core::{BackendId, TEXT_BYTES_PER_TOKEN};
 use smallvec::SmallVec;
 use tokio::sync::watch;
 
@@ -88,7 +89,11 @@ impl Fleet {
         for (i, b) in snapshot.backends.iter().enumerate() {
             if b.is_ready() && !exclude.contains(&b.id) {
                 members.push(i);
-                candidates.push(Candidate::new(b.id, b.load(), b.pending_prefill(), b.hash));
+                candidates.push(Candidate {
+                    active: b.active_text(),
+                    capacity: b.kv_tokens() * TEXT_BYTES_PER_TOKEN,
+                    ..Candidate::new(b.id, b.load(), b.pending_prefill(), b.hash)
+                });
             }
         }
         Ready {
@@ -203,13 +208,14 @@ mod tests {
         let fleet = fleet();
         assert!(fleet.replace(&[member(1), member(2)]));
         let first = fleet.snapshot();
-        let guard = first.backends[0].acquire(10);
+        let guard = first.backends[0].acquire(30, 10);
         assert_eq!(first.backends[0].pending_prefill(), 10);
         assert!(!fleet.replace(&[member(1), member(2)]));
         assert!(fleet.replace(&[member(1), member(3)]));
         let second = fleet.snapshot();
         assert_eq!(second.backends[0].id, first.backends[0].id);
         assert_eq!(second.backends[0].load(), 1);
+        assert_eq!(second.backends[0].active_text(), 30);
         assert_ne!(second.backends[1].id, first.backends[1].id);
         guard.answered();
         assert_eq!(second.backends[0].pending_prefill(), 0);

@@ -61,7 +61,7 @@ pub async fn dispatch(
         let backend = ready
             .backend(decision.index)
             .ok_or(RouterError::NoBackend)?;
-        let load = backend.acquire(text_len.saturating_sub(decision.matched));
+        let load = backend.acquire(text_len, text_len.saturating_sub(decision.matched));
         state.stats.decision(
             state.policy_name,
             decision.outcome.label(),
@@ -74,7 +74,8 @@ pub async fn dispatch(
         });
         let exchanged =
             relay::exchange(&state.connector, session, &load, out, &limits.exchange).await;
-        note(state, limits, backend, &exchanged);
+        let predicted = matches!(route, Route::Policy(_)).then_some(decision.matched);
+        note(state, limits, backend, &exchanged, predicted);
         match exchanged.result {
             Ok(()) => return Ok(()),
             Err(Failure::Retryable(e)) if tried.len() < limits.retries => {
@@ -108,8 +109,15 @@ fn choose(state: &State, route: &Route, candidates: &[Candidate]) -> Decision {
 }
 
 /// Passive health counts transport failures (not the client's, not statuses); stats get
-/// what was seen of the response.
-fn note(state: &State, limits: &Limits, backend: &Backend, exchanged: &Exchanged) {
+/// what was seen of the response, and the policy what the backend reported it had cached
+/// against what it `predicted` (routed requests).
+fn note(
+    state: &State,
+    limits: &Limits,
+    backend: &Backend,
+    exchanged: &Exchanged,
+    predicted: Option<usize>,
+) {
     let failed = exchanged
         .result
         .as_ref()
@@ -121,6 +129,9 @@ fn note(state: &State, limits: &Limits, backend: &Backend, exchanged: &Exchanged
         );
     }
     if let Some(trace) = &exchanged.trace {
+        if let (Some(predicted), Some(usage)) = (predicted, trace.usage) {
+            state.selector.observe(backend.id, predicted, usage.cached);
+        }
         let url = backend.worker.url.as_str();
         state
             .stats

@@ -111,6 +111,7 @@ fn selector(config: &Config, upkeep: &Upkeep) -> Selector {
         tree: config.tree.clone(),
         seed: seed(),
         clock: Arc::clone(&clock),
+        calibrate: true,
     };
     let policy = config.policy.build(&params);
     let wake = upkeep.waker();

@@ -1,7 +1,8 @@
 //! Upkeep of the prefix index and the session table: eviction and session expiry every
 //! `eviction_interval`, eviction alone as soon as the selector says the tree grew by a tenth
-//! of its budget, and a sweep within a second of a fleet change (to drop removed
-//! backends' entries).
+//! of its budget, a sweep within a second of a fleet change (to drop removed backends'
+//! entries), and each backend's index budget sized from the KV capacity it published
+//! (within a second of learning it).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -62,6 +63,11 @@ impl BackgroundService for Running {
                 _ = shutdown.changed() => return,
             };
             let snapshot = self.state.fleet.snapshot();
+            for backend in &snapshot.backends {
+                if let Some(bytes) = backend.budget_change() {
+                    selector.set_budget(backend.id, bytes);
+                }
+            }
             let evicted =
                 if last.elapsed() >= self.upkeep.interval || snapshot.generation != generation {
                     (last, generation) = (Instant::now(), snapshot.generation);
