@@ -109,7 +109,7 @@ async fn metrics_count_requests_and_what_backends_reported() {
         sum(
             &scrape,
             "prefix_router_decisions_total",
-            &[("policy", "cache_aware")]
+            &[("policy", "kv_aware")]
         ),
         12.0
     );

@@ -9,6 +9,7 @@ mod demo;
 mod errors;
 mod faults;
 mod health;
+mod lab;
 mod ops;
 mod replay;
 mod routing;

@@ -177,6 +177,10 @@ async fn handle(
         };
         return Ok(status_only(status));
     }
+    if req.uri().path() == "/metrics" {
+        // The router asks for the KV capacity a vLLM publishes there; this backend has none.
+        return Ok(status_only(404));
+    }
     let (parts, body) = req.into_parts();
     let body = body
         .collect()

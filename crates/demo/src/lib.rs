@@ -49,8 +49,8 @@ pub struct DemoArgs {
     /// KV cache capacity of each simulated backend, in 16-token blocks.
     #[arg(long, default_value_t = SimConfig::default().kv_blocks)]
     pub kv_blocks: usize,
-    /// The router's `max_tree_size`; by default the simulated KV cache in bytes
-    /// (`kv_blocks` x 16 tokens x 4 bytes), as an operator should size it.
+    /// The router's `max_tree_size` [default: the router's; the simulated backends publish
+    /// their KV capacity, which sizes their indexes anyway].
     #[arg(long)]
     pub max_tree_size: Option<usize>,
     /// Requests in flight at most.
@@ -164,8 +164,6 @@ async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
 }
 
 fn router_config(args: &DemoArgs, policy: &str, urls: &[String]) -> anyhow::Result<Config> {
-    let sim = SimConfig::default();
-    let kv_bytes = args.kv_blocks * sim.block_tokens * sim.bytes_per_token;
     let addr = free_loopback_addr()?;
     let (host, port) = addr
         .rsplit_once(':')
@@ -180,7 +178,7 @@ fn router_config(args: &DemoArgs, policy: &str, urls: &[String]) -> anyhow::Resu
         admin_port: Some(admin_port.parse()?),
         worker_urls: Some(urls.to_vec()),
         policy: Some(policy.to_string()),
-        max_tree_size: Some(args.max_tree_size.unwrap_or(kv_bytes)),
+        max_tree_size: args.max_tree_size,
         health_check_interval: Some(0.5),
         threads: Some(2),
         grace_period: Some(0.0),

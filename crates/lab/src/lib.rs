@@ -435,3 +435,64 @@ fn write(args: &LabArgs, results: &[LabResult]) -> Result<(), LabError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small agent setting: 4 sessions on 2 backends with little KV.
+    pub fn small() -> Setting {
+        Setting {
+            scenario: Scenario {
+                name: "small".into(),
+                about: "test",
+                source: Source::Agent {
+                    sessions: 4,
+                    session_rate: 0.5,
+                    system_prompts: 2,
+                },
+                backends: 2,
+                kv_blocks: 4_000,
+                concurrency: 64,
+            },
+            max_tree_size: None,
+            unknown_capacity: false,
+            calibrate: true,
+            seed: 3,
+            max_requests: Some(120),
+            send_session_header: false,
+        }
+    }
+
+    #[test]
+    fn the_same_inputs_give_byte_identical_results() {
+        let policies: Vec<String> = policy::names().iter().map(|p| p.to_string()).collect();
+        let run = || {
+            let results = compare(&small(), &policies, &mut |_| {}).unwrap();
+            serde_json::to_string(&results).unwrap()
+        };
+        let first = run();
+        assert!(first.contains("kv_aware") && first.contains("hit_rate"));
+        assert_eq!(first, run());
+        let mut other = small();
+        other.seed = 4;
+        let differs =
+            serde_json::to_string(&compare(&other, &policies, &mut |_| {}).unwrap()).unwrap();
+        assert_ne!(first, differs);
+    }
+
+    #[test]
+    fn every_request_is_answered_and_counted() {
+        let results = compare(&small(), &["kv_aware".to_string()], &mut |_| {}).unwrap();
+        let report = &results[0].report;
+        assert_eq!((report.requests.sent, report.requests.ok), (120, 120));
+        assert!(
+            report.hit_rate.is_some_and(|h| h > 0.3),
+            "{:?}",
+            report.hit_rate
+        );
+        let backends = report.backends.as_ref().unwrap();
+        assert_eq!(backends.rows.len(), 2);
+        assert_eq!(results[0].decisions.values().sum::<u64>(), 120);
+    }
+}

@@ -114,6 +114,11 @@ impl Selector {
         self.policy.set_budget(backend, bytes);
     }
 
+    /// The bytes of routing text the policy remembers at most for `backend`, if any.
+    pub fn budget(&self, backend: BackendId) -> Option<usize> {
+        self.policy.budget(backend)
+    }
+
     /// Learns from a response: `backend` reported `cached_tokens` cached where the policy
     /// predicted `predicted` bytes of routing text (a decision's `matched`).
     pub fn observe(&self, backend: BackendId, predicted: usize, cached_tokens: u64) {

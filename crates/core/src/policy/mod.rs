@@ -189,6 +189,12 @@ pub trait Policy: Send + Sync {
     /// capacity), or back to the configured size (`None`).
     fn set_budget(&self, _backend: BackendId, _bytes: Option<usize>) {}
 
+    /// The bytes of routing text the policy remembers at most for `backend`, if it
+    /// remembers any.
+    fn budget(&self, _backend: BackendId) -> Option<usize> {
+        None
+    }
+
     /// Learns from a response: `backend` reported `delivered` bytes' worth of cached
     /// tokens where the policy predicted `predicted` bytes.
     fn observe(&self, _backend: BackendId, _predicted: usize, _delivered: usize) {}

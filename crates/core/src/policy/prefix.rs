@@ -134,6 +134,10 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
         self.apply_budget(backend);
     }
 
+    fn budget(&self, backend: BackendId) -> Option<usize> {
+        Some(self.trees.budget(backend))
+    }
+
     fn observe(&self, backend: BackendId, predicted: usize, delivered: usize) {
         let learned = self
             .calibration

@@ -57,6 +57,27 @@ impl Discovery {
         self.fleet.replace(&members)
     }
 
+    /// Resolves every worker with the system's blocking resolver and publishes the fleet:
+    /// at start, so that requests accepted before the first asynchronous refresh find the
+    /// backends (and wait for their first health checks) instead of an empty fleet.
+    pub fn publish_blocking(&self) {
+        use std::net::ToSocketAddrs;
+        let workers = self.workers.load_full();
+        let mut members = Vec::with_capacity(workers.len());
+        for worker in workers.iter() {
+            match (worker.host.as_str(), worker.port).to_socket_addrs() {
+                Ok(addrs) => {
+                    let mut addrs: Vec<SocketAddr> = addrs.collect();
+                    addrs.sort();
+                    addrs.dedup();
+                    members.extend(addrs.into_iter().map(|a| (worker.clone(), a)));
+                }
+                Err(e) => warn!("cannot resolve worker {}: {e}", worker.url),
+            }
+        }
+        self.fleet.replace(&members);
+    }
+
     fn previous_addresses(&self) -> HashMap<String, Vec<SocketAddr>> {
         let mut map: HashMap<String, Vec<SocketAddr>> = HashMap::new();
         for backend in &self.fleet.snapshot().backends {

@@ -54,6 +54,7 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     server.bootstrap();
     let fleet = Arc::new(Fleet::new(config.connect_timeout));
     let discovery = Arc::new(Discovery::new(Arc::clone(&fleet), config.workers.clone()));
+    discovery.publish_blocking();
     let upkeep = Upkeep::new(config.eviction_interval);
     let state = Arc::new(State::new(
         Arc::clone(&fleet),

@@ -1,0 +1,145 @@
+//! The lab against the real-time path, and the index sized from what backends publish.
+
+use std::time::Duration;
+
+use prefix_router_demo::{DemoArgs, compare as real_time};
+use prefix_router_lab::scenario::{Scenario, Source};
+use prefix_router_lab::{Setting, compare as lab};
+use serde_json::Value;
+
+use crate::support::*;
+
+/// The same small agent workload in real time (the demo's path: simulated backends, the
+/// router, the replay, on loopback) and in the lab: hit rates must agree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
+    let policies = vec!["consistent_hash".to_string(), "kv_aware".to_string()];
+    let dir = std::env::temp_dir().join(format!("prefix-router-lab-{}", std::process::id()));
+    let demo = DemoArgs {
+        policies: policies.clone(),
+        backends: 2,
+        trace: None,
+        speedup: 20.0,
+        sessions: 4,
+        session_rate: 0.5,
+        max_requests: Some(120),
+        send_session_header: false,
+        kv_blocks: 4_000,
+        max_tree_size: None,
+        concurrency: 64,
+        out_dir: dir,
+    };
+    let real = real_time(&demo, |_| {}).await.unwrap();
+    let setting = Setting {
+        scenario: Scenario {
+            name: "small".into(),
+            about: "test",
+            source: Source::Agent {
+                sessions: 4,
+                session_rate: 0.5,
+                system_prompts: 4,
+            },
+            backends: 2,
+            kv_blocks: 4_000,
+            concurrency: 64,
+        },
+        max_tree_size: None,
+        unknown_capacity: false,
+        calibrate: true,
+        seed: 1,
+        max_requests: Some(120),
+        send_session_header: false,
+    };
+    let virtual_time = tokio::task::spawn_blocking(move || lab(&setting, &policies, &mut |_| {}))
+        .await
+        .unwrap()
+        .unwrap();
+    for (r, v) in real.iter().zip(&virtual_time) {
+        let (real_hit, lab_hit) = (r.report.hit_rate.unwrap(), v.report.hit_rate.unwrap());
+        eprintln!("{}: real time {real_hit:.3}, lab {lab_hit:.3}", r.policy);
+        assert_eq!(r.report.requests.ok, 120);
+        assert_eq!(v.report.requests.ok, 120);
+        assert!(
+            (real_hit - lab_hit).abs() <= 0.05,
+            "{}: real time {real_hit:.3} vs lab {lab_hit:.3}",
+            r.policy
+        );
+    }
+}
+
+async fn workers(router: &TestRouter) -> Vec<Value> {
+    let body = client()
+        .get(format!("{}/workers", router.admin_url))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    body["workers"].as_array().unwrap().clone()
+}
+
+/// A backend that publishes `vllm:cache_config_info` gets an index sized from it; one that
+/// does not keeps the configured `max_tree_size`; what is remembered stays within them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = prefix_router_sim::SimConfig {
+        kv_blocks: 1_000,
+        time_scale: 100.0,
+        ..prefix_router_sim::SimConfig::default()
+    };
+    let sim = prefix_router_sim::start(config, listener).await.unwrap();
+    let plain = Upstream::start("plain").await;
+    let mut s = settings(&[&plain]);
+    s.worker_urls = Some(vec![format!("http://{}", sim.addr), plain.url()]);
+    s.max_tree_size = Some(100_000);
+    let router = TestRouter::start(s, 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let sized = loop {
+        let rows = workers(&router).await;
+        if rows
+            .iter()
+            .any(|w| w["kv_tokens"] == 16_000 && w["index_budget_bytes"] == 64_000)
+        {
+            break rows;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never sized: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let other = sized.iter().find(|w| w["url"] == plain.url()).unwrap();
+    assert_eq!(
+        (
+            other["kv_tokens"].clone(),
+            other["index_budget_bytes"].clone()
+        ),
+        (Value::Null, 100_000.into())
+    );
+    // Far more text than the sim's index may hold: it stays within its budget.
+    let sim_url = format!("http://{}", sim.addr);
+    for i in 0..40 {
+        let text = format!("conversation {i} {}", "w".repeat(6_000));
+        let body = serde_json::json!({"model": prefix_router_sim::DEFAULT_MODEL, "max_tokens": 1,
+            "messages": [{"role": "user", "content": text}]});
+        let (status, _) = post(&router.url, "/v1/chat/completions", &body).await;
+        assert_eq!(status, 200);
+    }
+    router.wait_until("the sim's index is within its budget", |r| {
+        let tree = r.state().selector.tree_stats().unwrap_or_default();
+        let sim_id = r
+            .state()
+            .fleet
+            .snapshot()
+            .backends
+            .iter()
+            .find(|b| b.worker.url == sim_url)
+            .unwrap()
+            .id;
+        tree.backends
+            .iter()
+            .all(|&(b, bytes)| b != sim_id || bytes <= 64_000 * 11 / 10)
+    });
+}
