@@ -63,6 +63,9 @@ fn body(conn: u64, i: u64, big: &[String]) -> serde_json::Value {
     }
 }
 
+/// The router's budget for buffered bodies in the soak, bytes.
+const SOAK_BUDGET: u64 = 256 << 20;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_keeps_memory_flat_and_loses_nothing() {
     let (secs, conns) = (env_or("SOAK_SECS", 15).max(12), env_or("SOAK_CONNS", 200));
@@ -75,6 +78,8 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
             &urls.join(","),
             "--max-tree-size",
             "1680000",
+            "--max-buffered-bytes",
+            &SOAK_BUDGET.to_string(),
         ])
         .env("RUST_LOG", "warn")
         .spawn()
@@ -157,6 +162,10 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
     assert_eq!(failed, 0, "requests failed");
     assert!(ok > conns, "too few requests completed");
     assert_eq!(inflight, 0.0, "requests left in flight");
+    assert!(
+        rss_end <= (SOAK_BUDGET >> 10) + (100 << 10),
+        "RSS {rss_end} KiB is over the body budget plus 100 MiB"
+    );
     assert!(
         rss_end as f64 <= rss_at_10 as f64 * 1.10,
         "RSS grew from {rss_at_10} to {rss_end} KiB"

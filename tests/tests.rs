@@ -11,6 +11,7 @@ mod faults;
 mod health;
 mod lab;
 mod ops;
+mod overload;
 mod replay;
 mod routing;
 mod security;

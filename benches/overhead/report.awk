@@ -1,13 +1,13 @@
 # Reads run.sh's result lines ("name kb conns ticks clk_tck rss_kb idle_rss_kb {json}") and
-# prints one row per run, with the router's CPU, p99 and req/s as ratios to the nginx run
-# just before it.
+# prints one row per run, with the router's CPU and p99 as ratios to the nginx run and to
+# the Pingora pass-through run just before it.
 function field(key,   m) {
   if (match($0, "\"" key "\":[0-9.]+")) return substr($0, RSTART + length(key) + 3, RLENGTH - length(key) - 3)
   return 0
 }
 BEGIN {
-  printf "%-7s %7s %5s %9s %9s %9s %10s %9s %9s %7s %20s\n", "forward", "body", "conns",
-    "req/s", "p50", "p99", "CPU/req", "RSS idle", "RSS load", "errors", "router/nginx"
+  printf "%-7s %7s %5s %9s %9s %9s %10s %9s %9s %7s %34s\n", "forward", "body", "conns",
+    "req/s", "p50", "p99", "CPU/req", "RSS idle", "RSS load", "errors", "router: x nginx, x pingora"
 }
 {
   reqs = field("requests"); secs = field("seconds")
@@ -15,7 +15,8 @@ BEGIN {
   p50 = field("p50_us") / 1000; p99 = field("p99_us") / 1000
   ratio = ""
   if ($1 == "nginx") { n_cpu = cpu; n_p99 = p99; n_rate = rate }
-  else if (n_cpu > 0) ratio = sprintf("cpu %.2fx p99 %.2fx", cpu / n_cpu, p99 / n_p99)
-  printf "%-7s %5d KB %5d %9.0f %7.2fms %7.2fms %8.1fus %6.1f MB %6.1f MB %7d %20s\n", $1, $2, $3,
+  else if ($1 == "pingora") { p_cpu = cpu; p_p99 = p99 }
+  else if (n_cpu > 0 && p_cpu > 0) ratio = sprintf("cpu %.2fx %.2fx, p99 %.2fx %.2fx", cpu / n_cpu, cpu / p_cpu, p99 / n_p99, p99 / p_p99)
+  printf "%-7s %5d KB %5d %9.0f %7.2fms %7.2fms %8.1fus %6.1f MB %6.1f MB %7d %34s\n", $1, $2, $3,
     rate, p50, p99, cpu, $7 / 1024, $6 / 1024, field("errors"), ratio
 }

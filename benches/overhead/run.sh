@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# Overhead benchmark: what the router costs per request next to nginx as a plain proxy.
+# Overhead benchmark: what the router costs per request next to nginx as a plain proxy and
+# next to a bare Pingora pass-through (benches/passthrough: `upstream_peer` only).
 #
 # Starts one nginx worker as the upstream (two ports, each answering a fixed chat
-# completion), nginx as a reference proxy (one worker, proxy_pass, keepalive 64) and the
-# router (cache_aware, both upstream ports as backends), then drives each with wrk for 1 KB
-# chat bodies on 32 connections and 400 KB bodies (40 messages) on 8. Prints req/s, latency
-# p50/p99, CPU microseconds per request of the forwarding process (/proc/PID/stat over the
-# run) and resident memory, with the router's figures as ratios to nginx's.
+# completion), nginx as a reference proxy (one worker, proxy_pass, keepalive 64), the
+# Pingora pass-through and the router (cache_aware, both upstream ports as backends), then
+# drives each with wrk for 1 KB chat bodies on 32 connections and 400 KB bodies (40
+# messages) on 8. Prints req/s, latency p50/p99, CPU microseconds per request of the
+# forwarding process (/proc/PID/stat over the run) and resident memory, with the router's
+# figures as ratios to nginx's and to the pass-through's.
 #
 # Usage: benches/overhead/run.sh   (or: make overhead)
-# Env: DURATION (seconds per run, default 15), ROUNDS (default 1), THREADS (router data
-# plane threads, default 1, as nginx's one worker), PROFILE (a directory: record each router
-# run with `perf record -g` into PROFILE/router-<KB>.data).
+# Env: DURATION (seconds per run, default 15), ROUNDS (default 1), THREADS (data plane
+# threads of the router and the pass-through, default: the number of CPUs, their default),
+# PROFILE (a directory: record each router run with `perf record -g` into
+# PROFILE/router-<KB>.data).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 duration=${DURATION:-15}
 rounds=${ROUNDS:-1}
-threads=${THREADS:-1}
+threads=${THREADS:-$(nproc)}
 
 install() {
   command -v wrk >/dev/null && command -v nginx >/dev/null && return
@@ -61,11 +64,12 @@ CONF
 }
 
 install
-cargo build --release --quiet --manifest-path "$root/Cargo.toml"
+cargo build --release --quiet --manifest-path "$root/Cargo.toml" -p prefix-router-cli -p prefix-router-passthrough
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
 
 up1=$(free_port); up2=$(free_port); proxy=$(free_port); router=$(free_port); admin=$(free_port)
+pass=$(free_port)
 answer='{"id":"cmpl-1","object":"chat.completion","model":"bench","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":256,"completion_tokens":1,"total_tokens":257}}'
 nginx_conf upstream "server { listen 127.0.0.1:$up1; listen 127.0.0.1:$up2;
     location / { default_type application/json; return 200 '$answer'; } }"
@@ -79,10 +83,12 @@ RUST_LOG=warn "$root/target/release/prefix-router" serve --host 127.0.0.1 --port
   --admin-port "$admin" --threads "$threads" --policy cache_aware \
   --upgrade-socket "$work/upgrade.sock" \
   --worker-urls "http://127.0.0.1:$up1,http://127.0.0.1:$up2" & router_pid=$!
-wait_port "$router"; sleep 1
-declare -A idle=([nginx]=$(rss_kb "$nginx_pid") [router]=$(rss_kb "$router_pid"))
-declare -A pid=([nginx]=$nginx_pid [router]=$router_pid)
-declare -A port=([nginx]=$proxy [router]=$router)
+"$root/target/release/prefix-router-passthrough" --listen "127.0.0.1:$pass" --threads "$threads" \
+  --upstreams "127.0.0.1:$up1,127.0.0.1:$up2" & pass_pid=$!
+wait_port "$router"; wait_port "$pass"; sleep 1
+declare -A idle=([nginx]=$(rss_kb "$nginx_pid") [pingora]=$(rss_kb "$pass_pid") [router]=$(rss_kb "$router_pid"))
+declare -A pid=([nginx]=$nginx_pid [pingora]=$pass_pid [router]=$router_pid)
+declare -A port=([nginx]=$proxy [pingora]=$pass [router]=$router)
 
 run() { # forwarder, body KB, connections -> one result line
   local name=$1 kb=$2 conns=$3 url="http://127.0.0.1:${port[$1]}"
@@ -102,7 +108,7 @@ run() { # forwarder, body KB, connections -> one result line
 results=$work/results
 for _ in $(seq "$rounds"); do
   for load in "1 32" "400 8"; do
-    for name in nginx router; do run "$name" $load | tee -a "$results" >&2; done
+    for name in nginx pingora router; do run "$name" $load | tee -a "$results" >&2; done
   done
 done
 curl -s "http://127.0.0.1:$admin/metrics" | grep -E '^prefix_router_(tree_bytes|requests_total)' >&2 || true

@@ -55,6 +55,8 @@ struct Shared {
     name: String,
     connections: std::sync::atomic::AtomicUsize,
     received: Mutex<Vec<Received>>,
+    inflight: std::sync::atomic::AtomicUsize,
+    max_inflight: std::sync::atomic::AtomicUsize,
     healthy: AtomicBool,
     reply: Mutex<Reply>,
 }
@@ -80,6 +82,8 @@ impl Upstream {
             name: name.to_string(),
             connections: Default::default(),
             received: Mutex::new(Vec::new()),
+            inflight: Default::default(),
+            max_inflight: Default::default(),
             healthy: AtomicBool::new(true),
             reply: Mutex::new(Reply::Json),
         });
@@ -106,6 +110,11 @@ impl Upstream {
     /// Requests received so far, health checks excluded.
     pub fn received(&self) -> Vec<Received> {
         self.shared.received.lock().clone()
+    }
+
+    /// The most requests it had in flight at once (JSON and slow replies).
+    pub fn max_inflight(&self) -> usize {
+        self.shared.max_inflight.load(SeqCst)
     }
 
     /// How many requests it received, health checks excluded.
@@ -199,7 +208,10 @@ async fn handle(
     Ok(match reply {
         Reply::Json => json(&shared.name, len),
         Reply::Slow(wait) => {
+            let now = shared.inflight.fetch_add(1, SeqCst) + 1;
+            shared.max_inflight.fetch_max(now, SeqCst);
             tokio::time::sleep(wait).await;
+            shared.inflight.fetch_sub(1, SeqCst);
             json(&shared.name, len)
         }
         Reply::Status(status) => status_only(status),

@@ -112,6 +112,10 @@ pub struct LabArgs {
     /// The router does not learn index budgets from the cached tokens backends report.
     #[arg(long)]
     pub no_calibration: bool,
+    /// Requests in flight per backend at most; beyond, the router holds them in its queue
+    /// and places them when a backend frees a slot (0: no limit, the router's default).
+    #[arg(long, default_value_t = 0)]
+    pub max_inflight_per_backend: usize,
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -163,6 +167,8 @@ pub struct Setting {
     pub unknown_capacity: bool,
     /// Whether the router learns index budgets from reported cached tokens.
     pub calibrate: bool,
+    /// The router's in-flight limit per backend (0: none).
+    pub max_inflight_per_backend: usize,
     /// Seed.
     pub seed: u64,
     /// Stop after this many requests.
@@ -234,6 +240,7 @@ impl Setting {
             seed: self.seed,
             kv_tokens: (!self.unknown_capacity).then_some(sim.kv_blocks * sim.block_tokens),
             calibrate: self.calibrate,
+            max_inflight_per_backend: self.max_inflight_per_backend,
         })
     }
 }
@@ -311,6 +318,7 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
                 max_tree_size: args.max_tree_size,
                 unknown_capacity: args.unknown_capacity,
                 calibrate: !args.no_calibration,
+                max_inflight_per_backend: args.max_inflight_per_backend,
                 seed: args.seed,
                 max_requests: args.max_requests,
                 send_session_header: args.send_session_header,
@@ -458,6 +466,7 @@ mod tests {
             max_tree_size: None,
             unknown_capacity: false,
             calibrate: true,
+            max_inflight_per_backend: 0,
             seed: 3,
             max_requests: Some(120),
             send_session_header: false,

@@ -39,6 +39,9 @@ pub struct RouterSetup {
     pub kv_tokens: Option<usize>,
     /// Whether the index budgets learn from the cached tokens backends report.
     pub calibrate: bool,
+    /// Requests in flight per backend at most (0: no limit); beyond, the router holds
+    /// requests in its queue and places them when a backend frees a slot.
+    pub max_inflight_per_backend: usize,
 }
 
 /// One placed request, as the router tracks it until it ends.
@@ -63,6 +66,7 @@ pub struct LabRouter {
     pending: Vec<usize>,
     active: Vec<usize>,
     capacity: usize,
+    limit: usize,
     hashes: Vec<u64>,
     headers: SessionHeaders,
     last_upkeep: f64,
@@ -108,6 +112,7 @@ impl LabRouter {
             pending: vec![0; names.len()],
             active: vec![0; names.len()],
             capacity: setup.kv_tokens.unwrap_or(0) * TEXT_BYTES_PER_TOKEN,
+            limit: setup.max_inflight_per_backend,
             hashes: names.iter().map(|n| xxh3_64(n.as_bytes())).collect(),
             headers: SessionHeaders::default(),
             last_upkeep: 0.0,
@@ -138,7 +143,9 @@ impl LabRouter {
             text: &parsed.text,
             session: SessionKey::find(&headers, &self.headers, parsed.session),
         };
+        let below = |b: &usize| self.limit == 0 || self.inflight[*b] < self.limit;
         let candidates: Vec<Candidate> = (0..self.inflight.len())
+            .filter(below)
             .map(|b| Candidate {
                 active: self.active[b],
                 capacity: self.capacity,
@@ -153,7 +160,7 @@ impl LabRouter {
         let decision = self.selector.select(&request, &candidates);
         let text_len = parsed.text.len();
         let prefill = text_len.saturating_sub(decision.matched);
-        let backend = decision.index;
+        let backend = candidates[decision.index].id.0 as usize;
         self.inflight[backend] += 1;
         self.pending[backend] += prefill;
         self.active[backend] += text_len;
@@ -172,6 +179,11 @@ impl LabRouter {
     /// The placed request's first response byte arrived.
     pub fn answered(&mut self, placement: &mut Placement) {
         self.pending[placement.backend] -= std::mem::take(&mut placement.prefill);
+    }
+
+    /// Whether every backend is at its in-flight limit (never, without a limit).
+    pub fn full(&self) -> bool {
+        self.limit > 0 && self.inflight.iter().all(|&n| n >= self.limit)
     }
 
     /// The placed request's response reported `cached_tokens` cached: the router learns

@@ -72,6 +72,7 @@ pub fn run(
         budget: clients.max_requests.unwrap_or(usize::MAX),
         next_session: 0,
         live: HashMap::new(),
+        held: VecDeque::new(),
         next_id: 0,
         outcomes: Vec::new(),
         first_arrival: None,
@@ -138,6 +139,9 @@ struct World<'w> {
     budget: usize,
     next_session: usize,
     live: HashMap<u64, Live>,
+    /// Requests the router holds while every backend is at its limit, with the time the
+    /// client sent each.
+    held: VecDeque<(Want, f64)>,
     next_id: u64,
     outcomes: Vec<Outcome>,
     first_arrival: Option<f64>,
@@ -251,7 +255,28 @@ impl World<'_> {
         self.send(now, want);
     }
 
+    /// The client sends at `now`: placed at once, or held in the router's queue while
+    /// every backend is at its in-flight limit.
     fn send(&mut self, now: f64, want: Want) {
+        if self.router.full() {
+            self.held.push_back((want, now));
+        } else {
+            self.dispatch(now, want, now);
+        }
+    }
+
+    /// Places queued requests while backends have room, by the policy at `now`.
+    fn drain_held(&mut self, now: f64) {
+        while !self.router.full() {
+            let Some((want, sent)) = self.held.pop_front() else {
+                return;
+            };
+            self.dispatch(now, want, sent);
+        }
+    }
+
+    /// Places the request the client sent at `sent`, at `now`.
+    fn dispatch(&mut self, now: f64, want: Want, sent: f64) {
         let session = &self.plan.sessions()[want.session];
         let turn = &session.turns()[want.turn];
         let body = self
@@ -272,11 +297,11 @@ impl World<'_> {
                     let Shape::Refused(status) = shape else {
                         return;
                     };
-                    return self.refused(now, want, Some(placement), *status);
+                    return self.refused(now, sent, want, Some(placement), *status);
                 }
             },
-            (Ok(placement), None) => return self.refused(now, want, Some(placement), 500),
-            (Err(_), _) => return self.refused(now, want, None, 400),
+            (Ok(placement), None) => return self.refused(now, sent, want, Some(placement), 500),
+            (Err(_), _) => return self.refused(now, sent, want, None, 400),
         };
         let engine = &mut self.engines[placement.backend];
         engine.advance(now);
@@ -288,7 +313,7 @@ impl World<'_> {
                 session: want.session,
                 turn: want.turn,
                 ready: want.ready,
-                sent: now,
+                sent,
                 placement,
                 first: None,
                 cached: 0,
@@ -299,8 +324,15 @@ impl World<'_> {
     }
 
     /// A request answered with an error status at once (the router's 400, the
-    /// simulator's refusal).
-    fn refused(&mut self, now: f64, want: Want, placement: Option<Placement>, status: u16) {
+    /// simulator's refusal), sent by the client at `sent`.
+    fn refused(
+        &mut self,
+        now: f64,
+        sent: f64,
+        want: Want,
+        placement: Option<Placement>,
+        status: u16,
+    ) {
         let backend = placement.map(|mut p| {
             self.router.finished(&mut p);
             self.names[p.backend].clone()
@@ -310,7 +342,7 @@ impl World<'_> {
             error: Some(format!("http_{status}")),
             ..Exchange::default()
         };
-        self.record(want, now, now, exchange);
+        self.record(want, sent, now, exchange);
         self.ended(now, want);
     }
 
@@ -405,9 +437,11 @@ impl World<'_> {
         });
     }
 
-    /// A request ended at `now`: its slot goes to the next in line, and its session's next
-    /// turn is due a think time later.
+    /// A request ended at `now`: a request held by the router may take its backend slot,
+    /// its client slot goes to the next in line, and its session's next turn is due a think
+    /// time later.
     fn ended(&mut self, now: f64, want: Want) {
+        self.drain_held(now);
         self.release(now);
         let turns = self.plan.sessions()[want.session].turns();
         if let Some(next) = turns.get(want.turn + 1) {

@@ -6,6 +6,36 @@ use bytes::Bytes;
 
 use prefix_router_core::request::ParseError;
 
+/// Why a request was shed before reaching a backend (metrics label: [`Shed::label`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shed {
+    /// Its body did not get buffer budget within `admission_timeout`.
+    Budget,
+    /// Every backend was at its limit and the router's queue was full.
+    QueueFull,
+    /// It waited in the router's queue for `queue_timeout`.
+    QueueTimeout,
+}
+
+impl Shed {
+    /// A short label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Shed::Budget => "budget",
+            Shed::QueueFull => "queue_full",
+            Shed::QueueTimeout => "queue_timeout",
+        }
+    }
+
+    fn explain(self) -> &'static str {
+        match self {
+            Shed::Budget => "the router holds as many request bodies as it may",
+            Shed::QueueFull => "every backend is at its limit and the queue is full",
+            Shed::QueueTimeout => "every backend stayed at its limit while the request waited",
+        }
+    }
+}
+
 /// Why a request was not (fully) served.
 #[derive(Debug, thiserror::Error)]
 pub enum RouterError {
@@ -30,6 +60,9 @@ pub enum RouterError {
     /// No backend is healthy.
     #[error("no healthy backend is available")]
     NoBackend,
+    /// The router is at its limits; the client should come back after `retry_after` s.
+    #[error("overloaded: {}; retry after {retry_after} s", shed.explain())]
+    Overloaded { shed: Shed, retry_after: u64 },
     /// Every backend tried failed before answering.
     #[error("upstream failed: {0}")]
     Upstream(String),
@@ -58,7 +91,7 @@ impl RouterError {
             RouterError::NotFound(_) => 404,
             RouterError::BodyTooLarge { .. } => 413,
             RouterError::ClientTimeout => 408,
-            RouterError::NoBackend => 503,
+            RouterError::NoBackend | RouterError::Overloaded { .. } => 503,
             RouterError::Upstream(_) => 502,
             RouterError::UpstreamTimeout => 504,
             RouterError::ClientGone(_) | RouterError::Aborted(_) => 0,
@@ -83,9 +116,18 @@ impl RouterError {
             RouterError::ClientTimeout => "client_timeout",
             RouterError::ClientGone(_) => "client_gone",
             RouterError::NoBackend => "no_healthy_backend",
+            RouterError::Overloaded { .. } => "overloaded",
             RouterError::Upstream(_) => "upstream_failed",
             RouterError::UpstreamTimeout => "upstream_timeout",
             RouterError::Aborted(_) => "response_aborted",
+        }
+    }
+
+    /// Seconds to send as `Retry-After`, for errors that should be retried later.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            RouterError::Overloaded { retry_after, .. } => Some(*retry_after),
+            _ => None,
         }
     }
 

@@ -10,7 +10,7 @@ use pingora_core::connectors::TransportConnector;
 use prefix_router_core::policy::{Selector, Ties};
 
 use crate::fleet::Fleet;
-use crate::proxy::Limits;
+use crate::proxy::{Budget, Limits, Queue};
 use crate::stats::Stats;
 
 /// Everything requests share.
@@ -27,6 +27,10 @@ pub struct State {
     pub connector: TransportConnector,
     /// Turns among equally loaded backends for requests placed without the policy.
     pub ties: Ties,
+    /// Bytes of request bodies held, bounded.
+    pub budget: Arc<Budget>,
+    /// Requests waiting for a backend below its in-flight limit.
+    pub queue: Queue,
     limits: ArcSwap<Limits>,
     active: AtomicUsize,
     draining: AtomicBool,
@@ -43,12 +47,13 @@ impl Drop for Active {
 
 impl State {
     /// State over `fleet`, placing with `selector` (whose policy is `policy_name`) and
-    /// serving within `limits`.
+    /// serving within `limits` and `budget`.
     pub fn new(
         fleet: Arc<Fleet>,
         selector: Selector,
         policy_name: &'static str,
         limits: Limits,
+        budget: Arc<Budget>,
         stats: Arc<Stats>,
     ) -> Self {
         State {
@@ -58,6 +63,8 @@ impl State {
             policy_name,
             connector: TransportConnector::new(None),
             ties: Ties::new(0),
+            budget,
+            queue: Queue::default(),
             limits: ArcSwap::from_pointee(limits),
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),

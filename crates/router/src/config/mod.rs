@@ -67,8 +67,11 @@ pub struct Config {
     pub eviction_interval: Duration,
     /// Idle time after which a session forgets its backend. Default 30 min.
     pub session_ttl: Duration,
-    /// What each request may take and do: body size, timeouts, retries, session headers.
+    /// What each request may take and do: body size, timeouts, retries, session headers,
+    /// admission to the fleet.
     pub limits: Limits,
+    /// Bytes of request bodies held at most, summed over requests. Default 1 GiB.
+    pub max_buffered_bytes: usize,
     /// Data plane worker threads. Default: the number of CPUs.
     pub threads: usize,
     /// Longest drain of in-flight requests after SIGTERM or an upgrade; the process exits
@@ -147,6 +150,10 @@ impl Config {
             eviction_interval: seconds("eviction_interval", s.eviction_interval, 120.0)?,
             session_ttl: seconds("session_ttl", s.session_ttl, 1800.0)?,
             limits: limits(&s)?,
+            max_buffered_bytes: positive(
+                "max_buffered_bytes",
+                s.max_buffered_bytes.unwrap_or(1 << 30),
+            )?,
             threads: positive("threads", s.threads.unwrap_or_else(cpus))?,
             grace_period: seconds_or_zero("grace_period", s.grace_period, 60.0)?,
             shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout, 5.0)?,
@@ -198,6 +205,10 @@ fn limits(s: &Settings) -> Result<Limits, ConfigError> {
             write: seconds("upstream_write_timeout", s.upstream_write_timeout, 60.0)?,
             pool_idle: seconds("pool_idle_timeout", s.pool_idle_timeout, 60.0)?,
         },
+        admission_timeout: seconds("admission_timeout", s.admission_timeout, 10.0)?,
+        max_inflight_per_backend: s.max_inflight_per_backend.unwrap_or(0),
+        max_queued: s.max_queued.unwrap_or(1024),
+        queue_timeout: seconds("queue_timeout", s.queue_timeout, 30.0)?,
     })
 }
 

@@ -73,6 +73,21 @@ pub struct Settings {
     /// Largest accepted request body in bytes [default: 33554432]
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
+    /// Request body bytes held at most, over all requests; beyond, bodies wait (TCP backpressure) [default: 1073741824]
+    #[arg(long)]
+    pub max_buffered_bytes: Option<usize>,
+    /// Seconds a body may wait for buffer room before 503 overloaded [default: 10]
+    #[arg(long)]
+    pub admission_timeout: Option<f64>,
+    /// Requests in flight per backend at most; beyond, requests wait in the router's queue; 0 disables [default: 0]
+    #[arg(long)]
+    pub max_inflight_per_backend: Option<usize>,
+    /// Requests waiting in the router's queue at most; beyond, 503 overloaded at once [default: 1024]
+    #[arg(long)]
+    pub max_queued: Option<usize>,
+    /// Seconds a request may wait in the router's queue before 503 overloaded [default: 30]
+    #[arg(long)]
+    pub queue_timeout: Option<f64>,
     /// Other backends tried after a failed connection [default: 2]
     #[arg(long)]
     pub retries: Option<usize>,
@@ -145,6 +160,11 @@ overlay_fields!(
     health_check_successes,
     health_check_failures,
     max_body_bytes,
+    max_buffered_bytes,
+    admission_timeout,
+    max_inflight_per_backend,
+    max_queued,
+    queue_timeout,
     retries,
     connect_timeout,
     upstream_first_byte_timeout,

@@ -31,6 +31,8 @@ pub struct Backend {
     pub authority: String,
     /// The target Pingora's health check probes.
     pub(super) probe: Probe,
+    /// Woken when one of its requests ends (the fleet's router queue).
+    freed: Arc<tokio::sync::Notify>,
     inflight: AtomicUsize,
     pending_prefill: AtomicUsize,
     active_text: AtomicUsize,
@@ -49,8 +51,15 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// A backend that is not ready until its first health check passes.
-    pub fn new(id: BackendId, worker: Worker, addr: SocketAddr, peer: HttpPeer) -> Self {
+    /// A backend that is not ready until its first health check passes; `freed` is woken
+    /// whenever one of its requests ends.
+    pub fn new(
+        id: BackendId,
+        worker: Worker,
+        addr: SocketAddr,
+        peer: HttpPeer,
+        freed: Arc<tokio::sync::Notify>,
+    ) -> Self {
         let authority = match worker.port {
             80 => worker.host.clone(),
             port => format!("{}:{port}", worker.host),
@@ -62,6 +71,7 @@ impl Backend {
             addr,
             peer,
             authority,
+            freed,
             probe: Probe {
                 addr: PingoraAddr::Inet(addr),
                 weight: 1,
@@ -189,6 +199,27 @@ impl Backend {
     /// drops, and `prefill` of them as pending prefill until it is answered.
     pub fn acquire(self: &Arc<Self>, text: usize, prefill: usize) -> LoadGuard {
         self.inflight.fetch_add(1, Relaxed);
+        self.guard(text, prefill)
+    }
+
+    /// Like [`Self::acquire`], only while fewer than `limit` requests are in flight (0: no
+    /// limit): the check and the count are one atomic step, so concurrent requests never
+    /// push a backend past its limit.
+    pub fn acquire_below(
+        self: &Arc<Self>,
+        limit: usize,
+        text: usize,
+        prefill: usize,
+    ) -> Option<LoadGuard> {
+        if limit == 0 {
+            return Some(self.acquire(text, prefill));
+        }
+        let below = |n: usize| (n < limit).then_some(n + 1);
+        self.inflight.fetch_update(Relaxed, Relaxed, below).ok()?;
+        Some(self.guard(text, prefill))
+    }
+
+    fn guard(self: &Arc<Self>, text: usize, prefill: usize) -> LoadGuard {
         self.active_text.fetch_add(text, Relaxed);
         self.pending_prefill.fetch_add(prefill, Relaxed);
         LoadGuard {
@@ -225,5 +256,6 @@ impl Drop for LoadGuard {
         self.answered();
         self.backend.active_text.fetch_sub(self.text, Relaxed);
         self.backend.inflight.fetch_sub(1, Relaxed);
+        self.backend.freed.notify_one();
     }
 }

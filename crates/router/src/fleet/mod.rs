@@ -44,6 +44,17 @@ pub struct Ready {
 }
 
 impl Ready {
+    /// Those of the candidates with fewer than `limit` requests in flight.
+    pub fn below(&self, limit: usize) -> Ready {
+        let keep = |i: &usize| self.candidates[*i].load < limit;
+        let kept: SmallVec<[usize; 16]> = (0..self.candidates.len()).filter(keep).collect();
+        Ready {
+            snapshot: Arc::clone(&self.snapshot),
+            members: kept.iter().map(|&i| self.members[i]).collect(),
+            candidates: kept.iter().map(|&i| self.candidates[i]).collect(),
+        }
+    }
+
     /// The backend of candidate `index`.
     pub fn backend(&self, index: usize) -> Option<&Arc<Backend>> {
         let member = *self.members.get(index)?;
@@ -61,6 +72,8 @@ pub struct Fleet {
     connect_timeout: Mutex<Duration>,
     /// Bumped whenever a backend's readiness may have changed.
     readiness: watch::Sender<u64>,
+    /// Woken (one waiter) whenever a request in flight ends.
+    freed: Arc<tokio::sync::Notify>,
 }
 
 impl Fleet {
@@ -73,7 +86,13 @@ impl Fleet {
             generation: AtomicU64::new(0),
             connect_timeout: Mutex::new(connect_timeout),
             readiness: watch::Sender::new(0),
+            freed: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Resolves when a request in flight ends (the longest waiter first): a slot freed.
+    pub fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
     }
 
     /// The current snapshot.
@@ -169,7 +188,14 @@ impl Fleet {
             Some(backend) => Arc::clone(backend),
             None => {
                 let id = BackendId(self.next_id.fetch_add(1, Relaxed));
-                Arc::new(Backend::new(id, worker.clone(), addr, self.peer(addr)))
+                let freed = Arc::clone(&self.freed);
+                Arc::new(Backend::new(
+                    id,
+                    worker.clone(),
+                    addr,
+                    self.peer(addr),
+                    freed,
+                ))
             }
         }
     }

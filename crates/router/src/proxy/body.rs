@@ -1,8 +1,11 @@
 //! Reading the whole request body before a backend is chosen: framing checked and the size
-//! cap enforced before anything is read, `100 Continue` answered, and the body gathered in
-//! one buffer sized from Content-Length (a body that arrives in one piece is kept as it is).
+//! cap enforced before anything is read, the bytes taken from the router's [`Budget`]
+//! (declared ones before `100 Continue` is answered and before reading, chunked ones as
+//! they come), and the body gathered in one buffer sized from Content-Length (a body that
+//! arrives in one piece is kept as it is).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING};
@@ -10,7 +13,29 @@ use pingora_core::{Error, ErrorType};
 use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 
-use crate::error::RouterError;
+use super::budget::{self, Budget, Permit};
+use crate::error::{RouterError, Shed};
+
+/// A body read whole, with the budget bytes it holds until it drops.
+pub struct Body {
+    /// The bytes, as the client sent them.
+    pub bytes: Bytes,
+    _permit: Permit,
+}
+
+/// How a body may be read.
+pub struct Reading<'r> {
+    /// Largest body, bytes.
+    pub limit: usize,
+    /// Silence allowed between reads.
+    pub pause: Duration,
+    /// Time for the whole body.
+    pub total: Duration,
+    /// Longest wait for budget bytes.
+    pub admission: Duration,
+    /// The budget the bytes come from.
+    pub budget: &'r Arc<Budget>,
+}
 
 /// The declared body length, after refusing ambiguous framing (request smuggling): two
 /// Content-Length values, or Content-Length together with Transfer-Encoding.
@@ -42,20 +67,22 @@ fn expects_continue(req: &RequestHeader) -> bool {
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
 }
 
-/// Reads the whole body, at most `limit` bytes, allowing `pause` between reads and `total`
-/// for all of it.
-pub async fn read(
-    session: &mut Session,
-    limit: usize,
-    pause: Duration,
-    total: Duration,
-) -> Result<Bytes, RouterError> {
+/// Reads the whole body as `how` allows.
+pub async fn read(session: &mut Session, how: &Reading<'_>) -> Result<Body, RouterError> {
+    let mut permit = Permit::new(how.budget);
     let declared = declared_length(session.req_header())?;
-    if declared.is_some_and(|n| n > limit) {
-        return Err(RouterError::BodyTooLarge { limit });
+    if declared.is_some_and(|n| n > how.limit) {
+        return Err(RouterError::BodyTooLarge { limit: how.limit });
     }
     if session.is_body_empty() {
-        return Ok(Bytes::new());
+        return Ok(Body {
+            bytes: Bytes::new(),
+            _permit: permit,
+        });
+    }
+    let admission = budget::deadline(how.admission);
+    if let Some(n) = declared {
+        take(&mut permit, n, admission, how).await?;
     }
     if expects_continue(session.req_header()) {
         session
@@ -63,18 +90,37 @@ pub async fn read(
             .await
             .map_err(client_error)?;
     }
-    session.set_read_timeout(Some(pause));
-    match tokio::time::timeout(total, gather(session, declared, limit)).await {
-        Ok(body) => body,
-        Err(_) => Err(RouterError::ClientTimeout),
-    }
+    session.set_read_timeout(Some(how.pause));
+    let gathered =
+        tokio::time::timeout(how.total, gather(session, declared, &mut permit, how)).await;
+    let bytes = gathered.map_err(|_| RouterError::ClientTimeout)??;
+    Ok(Body {
+        bytes,
+        _permit: permit,
+    })
+}
+
+/// Takes `more` budget bytes, waiting at most until `deadline`.
+async fn take(
+    permit: &mut Permit,
+    more: usize,
+    deadline: Instant,
+    how: &Reading<'_>,
+) -> Result<(), RouterError> {
+    let waited = permit.grow(more, deadline).await;
+    waited.map_err(|_| RouterError::Overloaded {
+        shed: Shed::Budget,
+        retry_after: how.admission.as_secs().max(1),
+    })
 }
 
 async fn gather(
     session: &mut Session,
     declared: Option<usize>,
-    limit: usize,
+    permit: &mut Permit,
+    how: &Reading<'_>,
 ) -> Result<Bytes, RouterError> {
+    let limit = how.limit;
     let Some(first) = session.read_request_body().await.map_err(client_error)? else {
         return Ok(Bytes::new());
     };
@@ -82,15 +128,19 @@ async fn gather(
         return Ok(first);
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(first.len() * 2).min(limit));
-    buf.extend_from_slice(&first);
-    while let Some(chunk) = session.read_request_body().await.map_err(client_error)? {
+    let mut append = async |buf: &mut BytesMut, chunk: Bytes| {
         if buf.len() + chunk.len() > limit {
             return Err(RouterError::BodyTooLarge { limit });
         }
+        // A chunked body takes its bytes as they come; a declared one took them up front.
+        let more = (buf.len() + chunk.len()).saturating_sub(permit.bytes());
+        take(permit, more, budget::deadline(how.admission), how).await?;
         buf.extend_from_slice(&chunk);
-    }
-    if buf.len() > limit {
-        return Err(RouterError::BodyTooLarge { limit });
+        Ok(())
+    };
+    append(&mut buf, first).await?;
+    while let Some(chunk) = session.read_request_body().await.map_err(client_error)? {
+        append(&mut buf, chunk).await?;
     }
     Ok(buf.freeze())
 }

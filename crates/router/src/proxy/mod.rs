@@ -4,10 +4,14 @@
 //! the one place errors become HTTP responses; `logging` writes one line per request.
 
 mod body;
+mod budget;
 mod dispatch;
 mod headers;
+mod queue;
 mod relay;
 
+pub use budget::Budget;
+pub use queue::Queue;
 pub use relay::ExchangeTimeouts;
 
 use std::sync::Arc;
@@ -28,8 +32,8 @@ use prefix_router_core::request::{self, Endpoint, SessionHeaders, SessionKey};
 use crate::error::RouterError;
 use crate::serve::admin;
 use crate::state::{Active, State};
-use dispatch::{Placed, Route};
-use relay::Outbound;
+use dispatch::{Answered, Placed, Route};
+use relay::{Outbound, Reply};
 
 /// What each request may take and do, replaced as a whole on reload.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,6 +53,14 @@ pub struct Limits {
     pub session_headers: SessionHeaders,
     /// Timeouts of each exchange with a backend.
     pub exchange: ExchangeTimeouts,
+    /// Longest wait of a body for buffer budget before 503. Default 10 s.
+    pub admission_timeout: Duration,
+    /// Requests in flight per backend at most; 0: no limit. Default 0.
+    pub max_inflight_per_backend: usize,
+    /// Requests waiting in the router's queue at most. Default 1024.
+    pub max_queued: usize,
+    /// Longest wait in the router's queue before 503. Default 30 s.
+    pub queue_timeout: Duration,
 }
 
 /// The proxy service.
@@ -147,27 +159,50 @@ impl Router {
             .then(|| Endpoint::from_path(path))
             .flatten();
         ctx.route = endpoint.map_or("other", Endpoint::label);
-        let (pause, total) = (limits.client_read, limits.client_body);
-        let body = body::read(session, limits.max_body_bytes, pause, total).await?;
-        state.stats.body(body.len());
-        let out = Outbound {
-            head: headers::upstream_request(session.req_header()),
-            body: &body,
+        let reading = body::Reading {
+            limit: limits.max_body_bytes,
+            pause: limits.client_read,
+            total: limits.client_body,
+            admission: limits.admission_timeout,
+            budget: &state.budget,
+        };
+        let read = body::read(session, &reading).await;
+        let body = read.inspect_err(|e| note_shed(state, e))?;
+        state.stats.body(body.bytes.len());
+        let answered = self
+            .place(session, ctx, &limits, endpoint, &body.bytes)
+            .await;
+        let answered = answered.inspect_err(|e| note_shed(state, e))?;
+        // No retry can need the body any more: its memory and budget go back now, before
+        // the response streams.
+        drop(body);
+        let reply = Reply {
             request_id: &ctx.request_id,
             closing: state.draining(),
         };
-        let Some(endpoint) = endpoint else {
-            return dispatch::dispatch(
-                state,
-                &limits,
-                session,
-                &out,
-                Route::AnyBackend,
-                &mut ctx.placed,
-            )
-            .await;
+        dispatch::finish(state, &limits, session, answered, reply).await
+    }
+
+    /// Parses a routed body and places the request, until its backend answers.
+    async fn place(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        limits: &Limits,
+        endpoint: Option<Endpoint>,
+        body: &Bytes,
+    ) -> Result<Answered, RouterError> {
+        let state = &*self.state;
+        let out = Outbound {
+            head: headers::upstream_request(session.req_header()),
+            body,
+            request_id: &ctx.request_id,
         };
-        let parsed = request::parse(endpoint, &body)?;
+        let Some(endpoint) = endpoint else {
+            let route = Route::AnyBackend;
+            return dispatch::dispatch(state, limits, session, &out, route, &mut ctx.placed).await;
+        };
+        let parsed = request::parse(endpoint, body)?;
         let headers = &session.req_header().headers;
         let request = Request {
             model: parsed.model,
@@ -176,7 +211,14 @@ impl Router {
         };
         ctx.text_len = parsed.text.len();
         let route = Route::Policy(&request);
-        dispatch::dispatch(state, &limits, session, &out, route, &mut ctx.placed).await
+        dispatch::dispatch(state, limits, session, &out, route, &mut ctx.placed).await
+    }
+}
+
+/// Counts a request shed for overload.
+fn note_shed(state: &State, error: &RouterError) {
+    if let RouterError::Overloaded { shed, .. } = error {
+        state.stats.shed(shed.label());
     }
 }
 
@@ -188,7 +230,7 @@ async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
         return 0;
     }
     let body = error.body();
-    let Ok(head) = error_header(status, &body) else {
+    let Ok(head) = error_header(status, &body, error.retry_after()) else {
         return 0;
     };
     let downstream = session.as_downstream_mut();
@@ -198,8 +240,11 @@ async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
     status
 }
 
-fn error_header(status: u16, body: &Bytes) -> Result<ResponseHeader> {
-    let mut head = ResponseHeader::build(status, Some(3))?;
+fn error_header(status: u16, body: &Bytes, retry_after: Option<u64>) -> Result<ResponseHeader> {
+    let mut head = ResponseHeader::build(status, Some(4))?;
+    if let Some(secs) = retry_after {
+        head.insert_header(http::header::RETRY_AFTER, secs)?;
+    }
     head.insert_header(http::header::CONTENT_TYPE, "application/json")?;
     head.insert_header(http::header::CONTENT_LENGTH, body.len())?;
     head.insert_header(http::header::CACHE_CONTROL, "no-store")?;

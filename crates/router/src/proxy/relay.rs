@@ -54,6 +54,13 @@ impl Failure {
             Failure::Retryable(e) | Failure::Final(e) => e,
         }
     }
+
+    /// The error, whichever kind.
+    pub fn into_error(self) -> RouterError {
+        match self {
+            Failure::Retryable(e) | Failure::Final(e) => e,
+        }
+    }
 }
 
 /// The request to send: the client's head made ready for upstream, and its whole body.
@@ -62,10 +69,8 @@ pub struct Outbound<'o> {
     pub head: RequestHeader,
     /// The body, forwarded byte for byte.
     pub body: &'o Bytes,
-    /// The request's id, sent to the backend and back to the client.
+    /// The request's id, sent to the backend.
     pub request_id: &'o str,
-    /// Whether the response should close the client connection (shutdown or upgrade).
-    pub closing: bool,
 }
 
 /// What was seen of a response on its way through.
@@ -87,28 +92,21 @@ pub struct Exchanged {
     pub result: Result<(), Failure>,
 }
 
-/// Sends `out` to the backend `load` holds and streams its response to the client.
-/// The first response body byte marks the request answered on `load`.
-pub async fn exchange(
-    connector: &TransportConnector,
-    session: &mut Session,
-    load: &LoadGuard,
-    out: &Outbound<'_>,
-    timeouts: &ExchangeTimeouts,
-) -> Exchanged {
-    let mut trace = None;
-    let result = attempt(connector, session, load, out, timeouts, &mut trace).await;
-    Exchanged { trace, result }
+/// A response whose final head arrived from the backend: no retry can need the request's
+/// body any more.
+pub struct Answering {
+    upstream: HttpSession,
+    sent: Instant,
 }
 
-async fn attempt(
+/// Sends `out` to the backend `load` holds and waits for its final response head.
+pub async fn send(
     connector: &TransportConnector,
     session: &mut Session,
     load: &LoadGuard,
     out: &Outbound<'_>,
     timeouts: &ExchangeTimeouts,
-    trace: &mut Option<Trace>,
-) -> Result<(), Failure> {
+) -> Result<Answering, Failure> {
     let backend = load.backend();
     let (mut stream, reused) = connector
         .get_stream(&backend.peer)
@@ -129,41 +127,78 @@ async fn attempt(
     upstream.set_read_timeout(Some(timeouts.first_byte));
     upstream.set_write_timeout(Some(timeouts.write));
     if one.is_none() {
-        send(&mut upstream, req, out.body)
+        send_request(&mut upstream, req, out.body)
             .await
             .map_err(Failure::Retryable)?;
     }
     let head = until_client_gone(session, read_final_header(&mut upstream)).await;
     match head.map_err(Failure::Final)? {
-        Ok(()) => {}
-        Err(e) if reused => return Err(Failure::Retryable(upstream_error(&e))),
-        Err(e) => return Err(Failure::Final(upstream_error(&e))),
+        Ok(()) => Ok(Answering { upstream, sent }),
+        Err(e) if reused => Err(Failure::Retryable(upstream_error(&e))),
+        Err(e) => Err(Failure::Final(upstream_error(&e))),
     }
-    if out.closing {
-        session.set_keepalive(None);
-    }
-    let seen = trace.insert(Trace::default());
-    let mut response = Response {
-        load,
-        sent,
-        seen,
-        usage: UsageScanner::default(),
-        idle: timeouts.idle,
-    };
-    let streamed = response
-        .stream(session, &mut upstream, out.request_id)
-        .await;
-    response.seen.total = sent.elapsed();
-    response.seen.usage = response.usage.usage();
-    streamed.map_err(Failure::Final)?;
-    if let HttpSession::H1(mut h1) = upstream {
-        h1.respect_keepalive();
-        if let Some(stream) = h1.reuse().await {
-            let hash = backend.peer.reuse_hash();
-            connector.release_stream(stream, hash, Some(timeouts.pool_idle));
+}
+
+impl Answering {
+    /// Streams the response to the client (closing its connection when `closing`); the
+    /// first body byte marks the request answered on `load`. The connection goes back to
+    /// the pool when the response ended cleanly.
+    pub async fn relay(
+        mut self,
+        connector: &TransportConnector,
+        session: &mut Session,
+        load: &LoadGuard,
+        reply: Reply<'_>,
+        timeouts: &ExchangeTimeouts,
+    ) -> Exchanged {
+        if reply.closing {
+            session.set_keepalive(None);
+        }
+        let mut seen = Trace::default();
+        let mut response = Response {
+            load,
+            sent: self.sent,
+            seen: &mut seen,
+            usage: UsageScanner::default(),
+            idle: timeouts.idle,
+        };
+        let streamed = response
+            .stream(session, &mut self.upstream, reply.request_id)
+            .await;
+        response.seen.total = self.sent.elapsed();
+        response.seen.usage = response.usage.usage();
+        if streamed.is_ok() {
+            self.pool(connector, load, timeouts).await;
+        }
+        Exchanged {
+            trace: Some(seen),
+            result: streamed.map_err(Failure::Final),
         }
     }
-    Ok(())
+
+    async fn pool(
+        self,
+        connector: &TransportConnector,
+        load: &LoadGuard,
+        timeouts: &ExchangeTimeouts,
+    ) {
+        if let HttpSession::H1(mut h1) = self.upstream {
+            h1.respect_keepalive();
+            if let Some(stream) = h1.reuse().await {
+                let hash = load.backend().peer.reuse_hash();
+                connector.release_stream(stream, hash, Some(timeouts.pool_idle));
+            }
+        }
+    }
+}
+
+/// What the client's response needs besides the backend's.
+#[derive(Clone, Copy)]
+pub struct Reply<'r> {
+    /// The request's id, sent back to the client.
+    pub request_id: &'r str,
+    /// Whether the response should close the client connection (shutdown or upgrade).
+    pub closing: bool,
 }
 
 /// Bodies up to this size go upstream in the same write as the head (one copy of at most
@@ -200,7 +235,7 @@ async fn write_all(stream: &mut Stream, wire: &[u8], timeout: Duration) -> Resul
 }
 
 /// Writes the request through Pingora's HTTP/1 client (large, chunked or HEAD requests).
-async fn send(
+async fn send_request(
     upstream: &mut HttpSession,
     req: RequestHeader,
     body: &Bytes,
@@ -284,7 +319,7 @@ impl Response<'_> {
 }
 
 /// Runs `work` unless the client disconnects first.
-async fn until_client_gone<T>(
+pub async fn until_client_gone<T>(
     session: &mut Session,
     work: impl Future<Output = T>,
 ) -> Result<T, RouterError> {

@@ -112,6 +112,7 @@ impl Control {
     /// Applies what of `config` can change while serving, workers aside.
     fn apply(&self, config: &Config) {
         self.state.set_limits(config.limits.clone());
+        self.state.budget.set_limit(config.max_buffered_bytes);
         self.state.selector.tunables().set(config.tunables);
         self.state.fleet.set_connect_timeout(config.connect_timeout);
     }

@@ -22,7 +22,7 @@ use prefix_router_core::policy::{PolicyParams, Selector, SharedTunables};
 
 use crate::config::{Config, Settings};
 use crate::fleet::{Discovery, Fleet, HealthChecks};
-use crate::proxy::Router;
+use crate::proxy::{Budget, Router};
 use crate::state::State;
 use crate::stats::Stats;
 use admin::Admin;
@@ -61,6 +61,7 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
         selector(config, &upkeep),
         config.policy.name,
         config.limits.clone(),
+        Budget::new(config.max_buffered_bytes),
         Arc::new(Stats::new()),
     ));
     let mut proxy =

@@ -39,6 +39,11 @@ pub struct Stats {
     /// Requests by backend alone, for `/stats` (not exported: `requests` has them by route
     /// and status too).
     backend_requests: IntCounterVec,
+    buffered_bytes: IntGauge,
+    budget_waiting: IntGauge,
+    queued: IntGauge,
+    queue_wait: Histogram,
+    shed: IntCounterVec,
 }
 
 /// What `/stats` shows of one backend.
@@ -147,13 +152,36 @@ impl Stats {
             tree_nodes: gauge_vec("tree_nodes", "Prefix-tree nodes", &["model"]),
             sessions: gauge("sessions", "Sessions remembered"),
             backend_requests: counter_vec("backend_requests", "Requests by backend", &["backend"]),
+            buffered_bytes: gauge("buffered_bytes", "Request body bytes held"),
+            budget_waiting: gauge(
+                "budget_waiting_requests",
+                "Requests waiting for body budget",
+            ),
+            queued: gauge("queued_requests", "Requests waiting in the router's queue"),
+            queue_wait: Histogram::with_opts(seconds(
+                "queue_wait_seconds",
+                "Time requests waited in the router's queue",
+            ))
+            .unwrap_or_else(|_| unreachable_metric()),
+            shed: counter_vec(
+                "shed_total",
+                "Requests refused with 503 overloaded, by reason",
+                &["reason"],
+            ),
         };
         stats.register_all();
         stats.generation.set(1);
+        // Every label value exists from the start, so dashboards have series to show.
+        for result in ["ok", "failed"] {
+            stats.reloads.with_label_values(&[result]);
+        }
+        for reason in ["budget", "queue_full", "queue_timeout"] {
+            stats.shed.with_label_values(&[reason]);
+        }
         stats
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 18] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 23] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
@@ -173,6 +201,11 @@ impl Stats {
             Box::new(self.tree_bytes.clone()),
             Box::new(self.tree_nodes.clone()),
             Box::new(self.sessions.clone()),
+            Box::new(self.buffered_bytes.clone()),
+            Box::new(self.budget_waiting.clone()),
+            Box::new(self.queued.clone()),
+            Box::new(self.queue_wait.clone()),
+            Box::new(self.shed.clone()),
         ]
     }
 
@@ -242,6 +275,24 @@ impl Stats {
                 .with_label_values(&[backend])
                 .inc_by(usage.cached);
         }
+    }
+
+    /// A request left the router's queue after waiting `waited`.
+    pub fn queued(&self, waited: Duration) {
+        self.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// A request was refused with 503 overloaded, for `reason`.
+    pub fn shed(&self, reason: &str) {
+        self.shed.with_label_values(&[reason]).inc();
+    }
+
+    /// Sets the overload gauges: body bytes held and requests waiting for them, requests
+    /// waiting in the queue.
+    pub fn set_load(&self, buffered: usize, waiting_for_budget: usize, queued: usize) {
+        self.buffered_bytes.set(buffered as i64);
+        self.budget_waiting.set(waiting_for_budget as i64);
+        self.queued.set(queued as i64);
     }
 
     /// An attempt failed in a way that allowed another backend to be tried.

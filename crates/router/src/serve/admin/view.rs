@@ -29,6 +29,8 @@ pub fn refresh_gauges(state: &State) {
     state
         .stats
         .set_state(&backends, &trees, state.selector.sessions());
+    let budget = &state.budget;
+    (state.stats).set_load(budget.held(), budget.waiting(), state.queue.len());
 }
 
 fn ratio(part: u64, whole: u64) -> Option<f64> {
@@ -37,6 +39,7 @@ fn ratio(part: u64, whole: u64) -> Option<f64> {
 
 /// The backends with health, load and tree bytes (`GET /workers`).
 pub fn workers(state: &State) -> Value {
+    let limit = state.limits().max_inflight_per_backend;
     let tree_bytes: HashMap<_, _> = state
         .selector
         .tree_stats()
@@ -53,6 +56,7 @@ pub fn workers(state: &State) -> Value {
                 "healthy": b.is_healthy(), "inflight": b.load(), "pending_prefill_bytes": b.pending_prefill(),
                 "kv_tokens": (b.kv_tokens() > 0).then_some(b.kv_tokens()),
                 "index_budget_bytes": state.selector.budget(b.id),
+                "limit": (limit > 0).then_some(limit),
                 "tree_bytes": tree_bytes.get(&b.id).copied().unwrap_or(0),
             })
         })
