@@ -102,7 +102,7 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
         let rows = workers(&router).await;
         if rows
             .iter()
-            .any(|w| w["kv_tokens"] == 16_000 && w["index_budget_bytes"] == 64_000)
+            .any(|w| w["kv_tokens"] == 16_000 && w["index_budget_tokens"] == 16_000)
         {
             break rows;
         }
@@ -116,7 +116,7 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
     assert_eq!(
         (
             other["kv_tokens"].clone(),
-            other["index_budget_bytes"].clone()
+            other["index_budget_tokens"].clone()
         ),
         (Value::Null, 100_000.into())
     );
@@ -142,6 +142,6 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
             .id;
         tree.backends
             .iter()
-            .all(|&(b, bytes)| b != sim_id || bytes <= 64_000 * 11 / 10)
+            .all(|&(b, bytes)| b != sim_id || bytes <= 8_000 * 11 / 10)
     });
 }

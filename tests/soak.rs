@@ -68,6 +68,7 @@ const SOAK_BUDGET: u64 = 256 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_keeps_memory_flat_and_loses_nothing() {
+    let _heavy = heavy().await;
     let (secs, conns) = (env_or("SOAK_SECS", 15).max(12), env_or("SOAK_CONNS", 200));
     let sims = start_sims(4).await;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
@@ -77,7 +78,7 @@ async fn soak_keeps_memory_flat_and_loses_nothing() {
             "--worker-urls",
             &urls.join(","),
             "--max-tree-size",
-            "1680000",
+            "420000",
             "--max-buffered-bytes",
             &SOAK_BUDGET.to_string(),
         ])

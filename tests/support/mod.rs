@@ -21,6 +21,13 @@ pub fn free_loopback_addr() -> std::io::Result<String> {
     Ok(listener.local_addr()?.to_string())
 }
 
+/// Held by the tests that load the machine most (the soak, the held 32 MiB bodies) for
+/// their whole run, so that their timings and memory figures are not each other's noise.
+pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
+    static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    HEAVY.lock().await
+}
+
 /// An HTTP client with a bounded timeout.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

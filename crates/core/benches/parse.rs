@@ -11,7 +11,7 @@ use prefix_router_core::policy::Balance;
 use prefix_router_core::policy::{
     Candidate, PolicyParams, Request, Selector, SharedTunables, Tunables, choose,
 };
-use prefix_router_core::request::{Endpoint, parse};
+use prefix_router_core::request::{Endpoint, blocks, parse};
 use prefix_router_core::tree::TreeConfig;
 use serde_json::json;
 
@@ -51,6 +51,10 @@ fn bench_parse(c: &mut Criterion) {
     group.throughput(Throughput::Bytes(body.len() as u64));
     group.bench_function("400KB_dense_escapes", |b| {
         b.iter(|| parse(Endpoint::Chat, std::hint::black_box(&body)).map(|p| p.text.len()))
+    });
+    let parsed = parse(Endpoint::Chat, &body).expect("a valid body");
+    group.bench_function("400KB_dense_escapes_block_hashes", |b| {
+        b.iter(|| blocks::chain(std::hint::black_box(&parsed.text)).len())
     });
     group.finish();
 }

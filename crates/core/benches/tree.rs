@@ -1,4 +1,6 @@
-//! Route latency of the prefix trees on a realistic fleet-sized tree.
+//! Route latency of the prefix trees on a realistic fleet-sized tree, keyed as the router
+//! keys them: by the chain of block hashes of each text (`request::blocks`), hashed inside
+//! the timed part.
 //!
 //! Target: match plus insert of a 400 KB text against a tree already holding
 //! 1,000 such conversations in at most 200 microseconds. The tree holds
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use prefix_router_core::BackendId;
+use prefix_router_core::request::RoutingText;
+use prefix_router_core::request::blocks;
 use prefix_router_core::tree::{Matches, PrefixTrees, TreeConfig};
 
 const MODEL: &[u8] = b"meta-llama/Llama-3.1-8B-Instruct";
@@ -100,6 +104,13 @@ fn warm(text: &Text) {
     black_box(sum);
 }
 
+/// The text's chain of block hashes, the tree's key.
+fn keys(text: &Text) -> Vec<[u8; 8]> {
+    let mut routing = RoutingText::with_capacity(text.len());
+    text.iter().for_each(|part| routing.push(part));
+    blocks::chain(&routing)
+}
+
 /// The backend with the longest match, preferring `hint` among equals.
 fn pick(m: &Matches, hint: u32) -> Option<BackendId> {
     let best = m.best();
@@ -113,7 +124,7 @@ fn pick(m: &Matches, hint: u32) -> Option<BackendId> {
 /// spread evenly over the backends.
 fn build(corpus: &mut Corpus) -> (PrefixTrees, Vec<(Text, u32)>) {
     let trees = PrefixTrees::new(TreeConfig {
-        max_bytes_per_backend: 160 << 20,
+        max_bytes_per_backend: blocks::key_bytes(40 << 20),
         ..TreeConfig::default()
     });
     let started = Instant::now();
@@ -122,7 +133,8 @@ fn build(corpus: &mut Corpus) -> (PrefixTrees, Vec<(Text, u32)>) {
         let text = corpus.conversation(i);
         let backend = (i % BACKENDS as usize) as u32;
         for end in [17, 33, 49, 65, text.len()] {
-            trees.insert(MODEL, &text[..end], BackendId(backend));
+            let chain = keys(&text[..end].to_vec());
+            trees.insert(MODEL, &[chain.as_flattened()], BackendId(backend));
         }
         convs.push((text, backend));
     }
@@ -157,7 +169,10 @@ fn routes(c: &mut Criterion) {
                 warm(text);
                 (text.clone(), *backend)
             },
-            |(text, backend)| trees.route(MODEL, &text, |m| pick(m, backend)),
+            |(text, backend)| {
+                let chain = keys(&text);
+                trees.route(MODEL, &[chain.as_flattened()], |m| pick(m, backend))
+            },
             BatchSize::PerIteration,
         )
     });
@@ -170,7 +185,10 @@ fn routes(c: &mut Criterion) {
                 warm(&convs[i].0);
                 &convs[i].0
             },
-            |text| trees.matches(MODEL, text).best(),
+            |text| {
+                let chain = keys(text);
+                trees.matches(MODEL, &[chain.as_flattened()]).best()
+            },
             BatchSize::PerIteration,
         )
     });
@@ -184,7 +202,10 @@ fn routes(c: &mut Criterion) {
                 warm(&text);
                 (text, (n % 4) as u32)
             },
-            |(text, backend)| trees.route(MODEL, &text, |m| pick(m, backend)),
+            |(text, backend)| {
+                let chain = keys(&text);
+                trees.route(MODEL, &[chain.as_flattened()], |m| pick(m, backend))
+            },
             BatchSize::SmallInput,
         )
     });
@@ -210,7 +231,10 @@ fn routes(c: &mut Criterion) {
                 warm(&text);
                 (text, (n % 4) as u32)
             },
-            |(text, backend)| trees.route(MODEL, &text, |m| pick(m, backend)),
+            |(text, backend)| {
+                let chain = keys(&text);
+                trees.route(MODEL, &[chain.as_flattened()], |m| pick(m, backend))
+            },
             BatchSize::PerIteration,
         )
     });

@@ -1,7 +1,8 @@
 //! Guard against copies of request bodies: counts the bytes this thread allocates while a
-//! 400 KB agent conversation is parsed and routed. Parsing must borrow the body (no copy),
-//! and routing a known conversation must store only its new turn; the one copy a request
-//! makes is the proxy gathering the body into one buffer sized from Content-Length.
+//! 400 KB agent conversation is parsed and routed. Parsing must borrow the body (no copy);
+//! routing allocates the chain of block hashes (an eighth of the text) and stores only the
+//! hashes of blocks the index did not hold; the one copy a request makes is the proxy
+//! gathering the body into one buffer sized from Content-Length.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -82,24 +83,43 @@ fn parsing_a_400_kb_body_copies_none_of_it() {
     );
 }
 
-#[test]
-fn routing_the_next_turn_stores_only_the_new_turn() {
+fn selector() -> Selector {
     let params = params(0.3, 64);
-    let selector = Selector::new(
+    Selector::new(
         choose("cache_aware").unwrap().build(&params),
         params.tunables,
         Duration::from_secs(60),
-    );
-    let mut messages = conversation(40);
-    let route = |body: &[u8]| {
-        let parsed = parse(Endpoint::Chat, body).unwrap();
-        let request = Request {
-            model: parsed.model,
-            text: &parsed.text,
-            session: None,
-        };
-        selector.select(&request, &candidates(&[0, 0]))
+    )
+}
+
+fn route(selector: &Selector, body: &[u8]) {
+    let parsed = parse(Endpoint::Chat, body).unwrap();
+    let request = Request {
+        model: parsed.model,
+        text: &parsed.text,
+        session: None,
     };
+    selector.select(&request, &candidates(&[0, 0]));
+}
+
+#[test]
+fn routing_a_new_conversation_stores_its_hashes_not_its_text() {
+    let selector = selector();
+    let body = body(&conversation(40));
+    let allocated = allocated_by(|| route(&selector, &body));
+    // The parts list, the chain (an eighth of the text) and the index's copy of the chain.
+    assert!(
+        allocated < body.len() * 3 / 8,
+        "routing a new {} byte conversation allocated {allocated} bytes: is the text stored?",
+        body.len()
+    );
+}
+
+#[test]
+fn routing_the_next_turn_stores_only_the_new_turn() {
+    let selector = selector();
+    let mut messages = conversation(40);
+    let route = |body: &[u8]| route(&selector, body);
     route(&body(&messages));
     messages.extend(conversation(1).into_iter().skip(1));
     let next = body(&messages);

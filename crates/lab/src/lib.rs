@@ -19,6 +19,7 @@ pub mod world;
 use std::path::PathBuf;
 
 use prefix_router_core::policy::{self, Tunables};
+use prefix_router_core::request::blocks;
 use prefix_router_core::tree::TreeConfig;
 use prefix_router_replay::{ReplayArgs, ReplayError, Report, Synthetic, Workload};
 use prefix_router_sim::SimConfig;
@@ -101,8 +102,8 @@ pub struct LabArgs {
     /// Send session ids as `x-session-id`.
     #[arg(long)]
     pub send_session_header: bool,
-    /// The router's configured index budget per backend, bytes, for backends that do not
-    /// publish their KV capacity [default: the router's default].
+    /// The router's configured index budget per backend, tokens of KV, for backends that do
+    /// not publish their KV capacity [default: the router's default].
     #[arg(long)]
     pub max_tree_size: Option<usize>,
     /// Backends do not publish their KV capacity (`vllm:cache_config_info`): the router
@@ -161,7 +162,7 @@ pub struct LabResult {
 pub struct Setting {
     /// The scenario this setting comes from.
     pub scenario: Scenario,
-    /// The configured index budget, bytes per backend (none: the router's default).
+    /// The configured index budget, tokens per backend (none: the router's default).
     pub max_tree_size: Option<usize>,
     /// Whether backends keep their KV capacity to themselves.
     pub unknown_capacity: bool,
@@ -232,7 +233,8 @@ impl Setting {
             policy: policy::choose(policy)?,
             tunables: Tunables::default(),
             tree: TreeConfig {
-                max_bytes_per_backend: self.max_tree_size.unwrap_or(defaults.max_bytes_per_backend),
+                max_bytes_per_backend: (self.max_tree_size.map(blocks::key_bytes))
+                    .unwrap_or(defaults.max_bytes_per_backend),
                 ..defaults
             },
             session_ttl: 1800.0,

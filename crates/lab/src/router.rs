@@ -101,7 +101,7 @@ impl LabRouter {
         // As the router's upkeep does once it has read each backend's capacity.
         if let Some(tokens) = setup.kv_tokens {
             for b in 0..names.len() {
-                selector.set_budget(BackendId(b as u32), Some(tokens * TEXT_BYTES_PER_TOKEN));
+                selector.set_budget(BackendId(b as u32), Some(tokens));
             }
         }
         LabRouter {

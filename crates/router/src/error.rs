@@ -66,9 +66,9 @@ pub enum RouterError {
     /// Every backend tried failed before answering.
     #[error("upstream failed: {0}")]
     Upstream(String),
-    /// The backend did not answer in time.
-    #[error("upstream did not answer in time")]
-    UpstreamTimeout,
+    /// The backend did not answer in time; says whether while connecting or waiting.
+    #[error("upstream did not answer in time ({0})")]
+    UpstreamTimeout(&'static str),
     /// The response had started when the exchange failed; the client sees a cut stream.
     #[error("response aborted after it started: {0}")]
     Aborted(String),
@@ -80,7 +80,7 @@ impl RouterError {
     pub fn is_upstream_fault(&self) -> bool {
         matches!(
             self,
-            RouterError::Upstream(_) | RouterError::UpstreamTimeout | RouterError::Aborted(_)
+            RouterError::Upstream(_) | RouterError::UpstreamTimeout(_) | RouterError::Aborted(_)
         )
     }
 
@@ -93,7 +93,7 @@ impl RouterError {
             RouterError::ClientTimeout => 408,
             RouterError::NoBackend | RouterError::Overloaded { .. } => 503,
             RouterError::Upstream(_) => 502,
-            RouterError::UpstreamTimeout => 504,
+            RouterError::UpstreamTimeout(_) => 504,
             RouterError::ClientGone(_) | RouterError::Aborted(_) => 0,
         }
     }
@@ -118,7 +118,7 @@ impl RouterError {
             RouterError::NoBackend => "no_healthy_backend",
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Upstream(_) => "upstream_failed",
-            RouterError::UpstreamTimeout => "upstream_timeout",
+            RouterError::UpstreamTimeout(_) => "upstream_timeout",
             RouterError::Aborted(_) => "response_aborted",
         }
     }

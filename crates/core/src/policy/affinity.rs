@@ -108,13 +108,13 @@ impl Selector {
         self.policy.maintain(&|_| true)
     }
 
-    /// Sizes what the policy remembers of `backend` to `bytes` of routing text (its KV
-    /// capacity), or back to the configured size (`None`).
-    pub fn set_budget(&self, backend: BackendId, bytes: Option<usize>) {
-        self.policy.set_budget(backend, bytes);
+    /// Sizes what the policy remembers of `backend` to `tokens` of KV (its capacity), or
+    /// back to the configured size (`None`).
+    pub fn set_budget(&self, backend: BackendId, tokens: Option<usize>) {
+        self.policy.set_budget(backend, tokens);
     }
 
-    /// The bytes of routing text the policy remembers at most for `backend`, if any.
+    /// The tokens of KV the policy remembers at most for `backend`, if any.
     pub fn budget(&self, backend: BackendId) -> Option<usize> {
         self.policy.budget(backend)
     }

@@ -185,12 +185,11 @@ pub trait Policy: Send + Sync {
         None
     }
 
-    /// Sizes what the policy remembers of `backend` to `bytes` of routing text (its KV
-    /// capacity), or back to the configured size (`None`).
-    fn set_budget(&self, _backend: BackendId, _bytes: Option<usize>) {}
+    /// Sizes what the policy remembers of `backend` to `tokens` of KV (its capacity), or
+    /// back to the configured size (`None`).
+    fn set_budget(&self, _backend: BackendId, _tokens: Option<usize>) {}
 
-    /// The bytes of routing text the policy remembers at most for `backend`, if it
-    /// remembers any.
+    /// The tokens of KV the policy remembers at most for `backend`, if it remembers any.
     fn budget(&self, _backend: BackendId) -> Option<usize> {
         None
     }

@@ -1,12 +1,15 @@
 //! What the prefix-tree policies share: a tree per model that remembers which backend got
-//! which text, and one atomic match-decide-record step per request. The decision itself
-//! is a [`Rule`]: `cache_aware`, `prefill_aware` and `kv_aware` differ only in theirs.
+//! which text, as chains of block hashes ([`blocks`]), and one atomic match-decide-record
+//! step per request. Matches reach rules in bytes of text (whole blocks), budgets are in
+//! tokens of KV. The decision itself is a [`Rule`]: `cache_aware`, `prefill_aware` and
+//! `kv_aware` differ only in theirs.
 
 use super::calibration::Calibration;
 use super::{Candidate, Decision, Policy, PolicyParams, Request};
 use smallvec::SmallVec;
 
 use crate::BackendId;
+use crate::request::blocks::{self, BLOCK_BYTES, KEY_BYTES};
 use crate::tree::{Matches, PrefixTrees, TreeStats};
 
 /// What a rule decides on.
@@ -40,8 +43,8 @@ pub trait Rule: Send + Sync {
 pub struct PrefixPolicy<R> {
     trees: PrefixTrees,
     rule: R,
-    /// Each backend's budget ceiling (published capacity), when it differs from the
-    /// configured one; the tree's budget is the ceiling times the learned scale.
+    /// Each backend's budget ceiling in key bytes (its published capacity), when it differs
+    /// from the configured one; the tree's budget is the ceiling times the learned scale.
     ceilings: parking_lot::Mutex<std::collections::HashMap<BackendId, usize>>,
     calibration: Option<Calibration>,
 }
@@ -70,10 +73,11 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
         // A backend that did not say how much KV it has is taken to hold what its index
         // may remember: the configured budget is the operator's word for it.
+        let text_bytes = |b: BackendId| blocks::tokens(self.trees.budget(b)) * crate::TEXT_BYTES_PER_TOKEN;
         let sized: SmallVec<[Candidate; 16]> = (candidates.iter())
             .map(|c| match c.capacity {
                 0 => Candidate {
-                    capacity: self.trees.budget(c.id),
+                    capacity: text_bytes(c.id),
                     ..*c
                 },
                 _ => *c,
@@ -81,16 +85,17 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
             .collect();
         let candidates = &sized[..];
         let mut decision = Decision::new(0, super::Outcome::PrefixMiss);
-        let routed = self
-            .trees
-            .route(request.model, request.text.parts(), |matches| {
-                decision = self.rule.decide(&Ask {
-                    matches,
-                    candidates,
-                    request,
-                });
-                candidates.get(decision.index).map(|c| c.id)
+        let chain = blocks::chain(request.text);
+        let total = request.text.len();
+        let routed = self.trees.route(request.model, &[chain.as_flattened()], |keys| {
+            let matches = keys.per_block(KEY_BYTES, BLOCK_BYTES, total);
+            decision = self.rule.decide(&Ask {
+                matches: &matches,
+                candidates,
+                request,
             });
+            candidates.get(decision.index).map(|c| c.id)
+        });
         if let Some(routed) = routed {
             self.rule.placed(request, routed.backend);
         }
@@ -98,11 +103,10 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
     }
 
     fn record(&self, request: &Request, backend: BackendId) -> usize {
-        let routed = self
-            .trees
-            .route(request.model, request.text.parts(), |_| Some(backend));
+        let chain = blocks::chain(request.text);
+        let routed = (self.trees).route(request.model, &[chain.as_flattened()], |_| Some(backend));
         self.rule.placed(request, backend);
-        routed.map_or(0, |r| r.matched)
+        routed.map_or(0, |r| r.matched / KEY_BYTES * BLOCK_BYTES)
     }
 
     fn maintain(&self, live: &dyn Fn(BackendId) -> bool) -> usize {
@@ -126,16 +130,16 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
         self.rule.keeps_sessions()
     }
 
-    fn set_budget(&self, backend: BackendId, bytes: Option<usize>) {
-        match bytes {
-            Some(b) => self.ceilings.lock().insert(backend, b),
+    fn set_budget(&self, backend: BackendId, tokens: Option<usize>) {
+        match tokens {
+            Some(t) => self.ceilings.lock().insert(backend, blocks::key_bytes(t)),
             None => self.ceilings.lock().remove(&backend),
         };
         self.apply_budget(backend);
     }
 
     fn budget(&self, backend: BackendId) -> Option<usize> {
-        Some(self.trees.budget(backend))
+        Some(blocks::tokens(self.trees.budget(backend)))
     }
 
     fn observe(&self, backend: BackendId, predicted: usize, delivered: usize) {

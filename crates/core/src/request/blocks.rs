@@ -6,7 +6,7 @@
 //! full blocks too). The text is read in place, part by part; the hashes are the only
 //! allocation.
 
-use xxhash_rust::xxh3::xxh3_64_with_seed;
+use xxhash_rust::xxh3::xxh3_64;
 
 use super::RoutingText;
 
@@ -14,8 +14,34 @@ use super::RoutingText;
 /// measures (`crate::TEXT_BYTES_PER_TOKEN`).
 pub const BLOCK_BYTES: usize = 64;
 
-/// Seed of the first block's hash.
+/// Bytes of index key per block: one hash.
+pub const KEY_BYTES: usize = 8;
+
+/// Hash of the empty prefix, linked to the first block.
 const ROOT: u64 = 0x9a7c_1d2e_5b3f_4061;
+
+/// Bytes of index keys that `tokens` of KV cache stand for.
+pub fn key_bytes(tokens: usize) -> usize {
+    tokens.saturating_mul(crate::TEXT_BYTES_PER_TOKEN) / BLOCK_BYTES * KEY_BYTES
+}
+
+/// Tokens of KV cache that `key_bytes` of index keys stand for.
+pub fn tokens(key_bytes: usize) -> usize {
+    key_bytes / KEY_BYTES * BLOCK_BYTES / crate::TEXT_BYTES_PER_TOKEN
+}
+
+/// The hash of the prefix ending with `block`, given the hash `prev` of the prefix before
+/// it. The block's own hash does not wait for `prev`, so consecutive blocks overlap in the
+/// CPU; only the folded multiply that links them waits for the previous link (seeding
+/// each block's xxh3 with `prev` instead made hashing 1.7x slower).
+#[inline]
+fn link(prev: u64, block: &[u8]) -> u64 {
+    let product = u128::from(prev ^ xxh3_64(block)) * u128::from(LINK);
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+/// Odd multiplier of [`link`] (the golden ratio's 64-bit fraction).
+const LINK: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// The chained hashes of every full block of `text`, each as 8 little-endian bytes.
 pub fn chain(text: &RoutingText) -> Vec<[u8; 8]> {
@@ -32,13 +58,12 @@ pub fn chain(text: &RoutingText) -> Vec<[u8; 8]> {
             if filled < BLOCK_BYTES {
                 continue;
             }
-            prev = xxh3_64_with_seed(&carry, prev);
+            prev = link(prev, &carry);
             hashes.push(prev.to_le_bytes());
-            filled = 0;
         }
         let mut blocks = bytes.chunks_exact(BLOCK_BYTES);
         for block in &mut blocks {
-            prev = xxh3_64_with_seed(block, prev);
+            prev = link(prev, block);
             hashes.push(prev.to_le_bytes());
         }
         let rest = blocks.remainder();

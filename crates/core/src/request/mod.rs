@@ -5,6 +5,7 @@
 //! The routing text of turn N+1 of a conversation starts with the routing text of turn N:
 //! everything the router does depends on that, and the tests check it for every endpoint.
 
+pub mod blocks;
 mod chat;
 mod completions;
 mod content;

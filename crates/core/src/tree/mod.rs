@@ -16,6 +16,8 @@
 //! keeps in its cache, only what it was sent.
 
 #[cfg(test)]
+mod block_props;
+#[cfg(test)]
 mod check;
 mod evict;
 #[cfg(test)]
@@ -40,12 +42,13 @@ use text::Cursor;
 /// Sizing of the trees.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeConfig {
-    /// Max bytes of text per backend (sum of edge lengths of nodes the backend is on),
-    /// across all models. Default 4 MiB.
+    /// Max bytes of keys per backend (sum of edge lengths of nodes the backend is on),
+    /// across all models. Default 512 KiB: a million tokens' worth of block hashes.
     pub max_bytes_per_backend: usize,
     /// Number of lock shards per model tree (0 is taken as 1). Default 32.
     pub shards: usize,
-    /// Leading bytes of the text that choose its shard. Default 64.
+    /// Leading bytes of the key that choose its shard. Default 8: the first block's hash
+    /// (keys are chains of 8-byte block hashes, see `request::blocks`).
     pub shard_key_bytes: usize,
     /// Continuations that make a prefix hot (see [`Matches::hot`]). Default 16.
     pub hot_children: usize,
@@ -54,9 +57,9 @@ pub struct TreeConfig {
 impl Default for TreeConfig {
     fn default() -> Self {
         TreeConfig {
-            max_bytes_per_backend: 4 << 20,
+            max_bytes_per_backend: 512 << 10,
             shards: 32,
-            shard_key_bytes: 64,
+            shard_key_bytes: 8,
             hot_children: 16,
         }
     }
@@ -107,6 +110,18 @@ impl Matches {
     /// Length of the whole text, bytes.
     pub fn total(&self) -> usize {
         self.total
+    }
+
+    /// These matches, made over keys of `key` bytes per block of `block` bytes of text, as
+    /// bytes of text (whole blocks) of a text of `total` bytes.
+    pub fn per_block(&self, key: usize, block: usize, total: usize) -> Matches {
+        let text = |depth: usize| depth / key.max(1) * block;
+        Matches {
+            total,
+            shared: text(self.shared),
+            hot: text(self.hot),
+            per_backend: self.per_backend.iter().map(|&(b, m)| (b, text(m))).collect(),
+        }
     }
 
     /// Bytes of the text's prefix that `id` was sent; 0 if none.

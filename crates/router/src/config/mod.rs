@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 use prefix_router_core::policy::{self, Balance, PolicyChoice, Tunables};
-use prefix_router_core::request::SessionHeaders;
+use prefix_router_core::request::{SessionHeaders, blocks};
 use prefix_router_core::tree::TreeConfig;
 
 pub use settings::Settings;
@@ -180,9 +180,13 @@ fn tunables(s: &Settings) -> Result<Tunables, ConfigError> {
 
 fn tree(s: &Settings) -> Result<TreeConfig, ConfigError> {
     let defaults = TreeConfig::default();
-    let budget = s.max_tree_size.unwrap_or(defaults.max_bytes_per_backend);
+    let tokens = s.max_tree_size.unwrap_or(blocks::tokens(defaults.max_bytes_per_backend));
+    let key_bytes = blocks::key_bytes(positive("max_tree_size", tokens)?);
+    if key_bytes == 0 {
+        return Err(invalid("max_tree_size", format!("{tokens} tokens is less than one block")));
+    }
     Ok(TreeConfig {
-        max_bytes_per_backend: positive("max_tree_size", budget)?,
+        max_bytes_per_backend: key_bytes,
         ..defaults
     })
 }

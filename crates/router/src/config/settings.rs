@@ -46,7 +46,7 @@ pub struct Settings {
     /// Seconds between prefix-tree eviction runs [default: 120]
     #[arg(long)]
     pub eviction_interval: Option<f64>,
-    /// Bytes of prefix text remembered per backend that does not publish its KV capacity (vLLM does) [default: 4194304]
+    /// Tokens of KV cache the index remembers per backend that does not publish its capacity (vLLM does) [default: 1048576]
     #[arg(long)]
     pub max_tree_size: Option<usize>,
     /// Headers carrying a session id, in order of preference [default: x-session-id]

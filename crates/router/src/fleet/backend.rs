@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use pingora_core::protocols::l4::socket::SocketAddr as PingoraAddr;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_load_balancing::Backend as Probe;
-use prefix_router_core::{BackendId, TEXT_BYTES_PER_TOKEN};
+use prefix_router_core::BackendId;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::Worker;
@@ -117,12 +117,12 @@ impl Backend {
         self.kv_probed_ms.store(now_ms.max(1), Relaxed);
     }
 
-    /// The index budget to give it, in bytes of routing text, when that changed since last
-    /// asked: `Some(None)` for the configured one (capacity unknown).
+    /// The index budget to give it, in tokens of KV, when that changed since last asked:
+    /// `Some(None)` for the configured one (capacity unknown).
     pub fn budget_change(&self) -> Option<Option<usize>> {
         let tokens = self.kv_tokens();
         let before = self.budget_tokens.swap(tokens, Relaxed);
-        (before != tokens).then(|| (tokens > 0).then(|| tokens * TEXT_BYTES_PER_TOKEN))
+        (before != tokens).then_some((tokens > 0).then_some(tokens))
     }
 
     /// Whether its capacity is to be asked for again at `now_ms`: never asked, or asked

@@ -336,7 +336,8 @@ pub async fn until_client_gone<T>(
 
 fn upstream_error(e: &Error) -> RouterError {
     match e.etype() {
-        ErrorType::ReadTimedout | ErrorType::ConnectTimedout => RouterError::UpstreamTimeout,
+        ErrorType::ConnectTimedout => RouterError::UpstreamTimeout("connecting"),
+        ErrorType::ReadTimedout => RouterError::UpstreamTimeout("waiting for the response"),
         _ => RouterError::Upstream(e.to_string()),
     }
 }

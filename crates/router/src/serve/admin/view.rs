@@ -55,7 +55,7 @@ pub fn workers(state: &State) -> Value {
                 "url": b.worker.url, "address": b.addr.to_string(), "ready": b.is_ready(),
                 "healthy": b.is_healthy(), "inflight": b.load(), "pending_prefill_bytes": b.pending_prefill(),
                 "kv_tokens": (b.kv_tokens() > 0).then_some(b.kv_tokens()),
-                "index_budget_bytes": state.selector.budget(b.id),
+                "index_budget_tokens": state.selector.budget(b.id),
                 "limit": (limit > 0).then_some(limit),
                 "tree_bytes": tree_bytes.get(&b.id).copied().unwrap_or(0),
             })
