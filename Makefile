@@ -26,11 +26,15 @@ test-deps: deps
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)
 
-# The parser's fuzzing property tests run again with 16x the default cases (bounded: ~1 min).
+# The parser's fuzzing property tests run again with 16x the default cases (bounded: ~1 min);
+# then the official openai SDK and a real Prometheus against the router (each installs what
+# it needs: a virtualenv under target/, Debian's prometheus).
 test: test-deps core-is-pure
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test --workspace
 	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test -p prefix-router-core --lib request::
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace --no-run
+	tests/sdk/run.sh target/debug/prefix-router
+	tests/prometheus/run.sh target/debug/prefix-router
 
 # The core crate must build without Pingora, tokio or hyper (README "Layout").
 core-is-pure:

@@ -214,14 +214,13 @@ async fn malformed_config_on_reload_keeps_serving_the_old_one() {
         assert_eq!((status, body["backend"].as_str()), (200, Some("a")));
     }
     let scrape = router.metrics().await;
-    assert_eq!(
-        sum(
-            &scrape,
-            "prefix_router_config_reloads_total",
-            &[("result", "failed")]
-        ),
-        2.0
+    // Two refused by /reload; the file poll may also have tried a change before /reload did.
+    let failed = sum(
+        &scrape,
+        "prefix_router_config_reloads_total",
+        &[("result", "failed")],
     );
+    assert!((2.0..=4.0).contains(&failed), "{failed} failed reloads");
     assert_eq!(sum(&scrape, "prefix_router_config_generation", &[]), 1.0);
     write_config(&path, &[&b]);
     assert_eq!(reload(&router).await, 200);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A real Prometheus scraping the router while a replay runs (see test_prometheus.py).
 # Usage: tests/prometheus/run.sh [ROUTER_BINARY] [test_prometheus.py options, e.g. --workload conversation --runs 3]
-#   ROUTER_BINARY else $PREFIX_ROUTER, else /work/baseline/prefix-router.
+#   ROUTER_BINARY else $PREFIX_ROUTER, else target/debug/prefix-router.
 # VENV: virtualenv directory (default: target/prom-venv under the repo root).
 # PROMETHEUS_VERSION: Debian version of `prometheus` to install if missing (default below;
 #   if Debian no longer has it, the current one is installed with a warning).
@@ -10,7 +10,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 VENV="${VENV:-$root/target/prom-venv}"
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-2.42.0+ds-5+deb12u1}"
-ROUTER="${PREFIX_ROUTER:-/work/baseline/prefix-router}"
+ROUTER="${PREFIX_ROUTER:-$root/target/debug/prefix-router}"
 if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then ROUTER="$1"; shift; fi
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 

@@ -16,7 +16,7 @@ Also: `promtool check metrics` on the exposition, and the official Python client
 (prometheus-client) reads it.
 
 Usage: test_prometheus.py [--workload agent|conversation] [--runs N] [ROUTER_BINARY]
-       (binary else $PREFIX_ROUTER, else /work/baseline/prefix-router; prometheus on PATH or
+       (binary else $PREFIX_ROUTER, else target/debug/prefix-router; prometheus on PATH or
        $PROMETHEUS). Prints one line per check and 'N passed, N failed'; exits 1 on a failure.
 STRICT=1 also fails on the known bugs listed in KNOWN_EMPTY.
 """
@@ -52,11 +52,8 @@ DEADLINE_S = 600
 
 # Dashboard expressions known to return nothing on a fresh router, and why (reported as
 # KNOWN-BUG, failing only with STRICT=1; an entry that starts returning data is reported).
-KNOWN_EMPTY = {
-    "sum by (result) (prefix_router_config_reloads_total)":
-        "prefix_router_config_reloads_total has no series until the first POST /reload "
-        "(its `result` label values are not initialised to 0), so the panel shows No data",
-}
+# Dashboard expressions known to return no data (with why); none at present.
+KNOWN_EMPTY: dict = {}
 
 WORKLOADS = {
     # replay arguments, sim --time-scale (= the replay's --speedup: the sims run trace time)
@@ -418,7 +415,7 @@ scrape_configs:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("binary", nargs="?", default=os.environ.get("PREFIX_ROUTER", "/work/baseline/prefix-router"))
+    ap.add_argument("binary", nargs="?", default=os.environ.get("PREFIX_ROUTER", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "debug", "prefix-router")))
     ap.add_argument("--workload", choices=sorted(WORKLOADS), default=os.environ.get("WORKLOAD", "agent"))
     ap.add_argument("--runs", type=int, default=int(os.environ.get("RUNS", "1")))
     ap.add_argument("--sims", type=int, default=3, help="simulated backends (2-4)")

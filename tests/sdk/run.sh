@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Conformance of the router with the official openai Python SDK (see test_openai_sdk.py).
-# Usage: tests/sdk/run.sh [ROUTER_BINARY]   (else $PREFIX_ROUTER, else /work/baseline/prefix-router)
+# Usage: tests/sdk/run.sh [ROUTER_BINARY]   (else $PREFIX_ROUTER, else target/debug/prefix-router)
 # VENV: virtualenv directory (default: target/sdk-venv under the repo root).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 VENV="${VENV:-$root/target/sdk-venv}"
-ROUTER="${1:-${PREFIX_ROUTER:-/work/baseline/prefix-router}}"
+ROUTER="${1:-${PREFIX_ROUTER:-$root/target/debug/prefix-router}}"
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
 
 apt_install() {  # Debian packages, only those missing

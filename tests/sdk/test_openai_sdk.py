@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Conformance of prefix-router with the official `openai` Python SDK.
 
-Usage: test_openai_sdk.py [ROUTER_BINARY]   (else $PREFIX_ROUTER, else /work/baseline/prefix-router)
+Usage: test_openai_sdk.py [ROUTER_BINARY]   (else $PREFIX_ROUTER, else target/debug/prefix-router)
 
 Starts, on free loopback ports: 2 simulated vLLM backends (`prefix-router sim`), the router in
 front of them, a second router with a small --max-body-bytes, a third whose only backend is a
@@ -68,7 +68,7 @@ def filler(tag, n_chars):
 
 
 def main():
-    binary = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("PREFIX_ROUTER", "/work/baseline/prefix-router")
+    binary = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("PREFIX_ROUTER", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "target", "debug", "prefix-router"))
     if not os.access(binary, os.X_OK):
         print(f"router binary not executable: {binary}", file=sys.stderr)
         return 2

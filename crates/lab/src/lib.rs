@@ -47,12 +47,12 @@ pub enum LabError {
     #[error("invalid option: {0}")]
     Invalid(String),
     /// The results could not be written.
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}: {cause}")]
     Write {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -423,7 +423,7 @@ pub fn run(args: &LabArgs) -> Result<(), LabError> {
 }
 
 fn write(args: &LabArgs, results: &[LabResult]) -> Result<(), LabError> {
-    let error = |path: PathBuf| move |source| LabError::Write { path, source };
+    let error = |path: PathBuf| move |cause| LabError::Write { path, cause };
     std::fs::create_dir_all(&args.out_dir).map_err(error(args.out_dir.clone()))?;
     let json = args.out_dir.join("lab.json");
     let text = serde_json::to_vec_pretty(results).unwrap_or_default();

@@ -43,12 +43,12 @@ pub use workload::Workload;
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
     /// The trace file could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A trace line is malformed.
     #[error("{path}:{line}: {msg}")]

@@ -53,9 +53,9 @@ pub(crate) fn read_trace(
     path: &Path,
     limit: Option<usize>,
 ) -> Result<Vec<TraceRecord>, ReplayError> {
-    let data = std::fs::read_to_string(path).map_err(|source| ReplayError::Io {
+    let data = std::fs::read_to_string(path).map_err(|cause| ReplayError::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     let mut out = parse_trace(&data).map_err(|(line, msg)| ReplayError::TraceLine {
         path: path.to_path_buf(),

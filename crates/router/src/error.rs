@@ -137,6 +137,17 @@ impl RouterError {
     }
 }
 
+/// A Pingora error in words for a client or a log: its kind, then the underlying cause
+/// (an OS error, say), without Pingora's context chain.
+pub fn reason(e: &pingora_core::Error) -> String {
+    let kind = e.etype().as_str();
+    let root = e.root_cause();
+    match root.downcast_ref::<pingora_core::Error>() {
+        Some(_) => kind.to_string(),
+        None => format!("{kind}: {root}"),
+    }
+}
+
 /// An OpenAI-style error body.
 pub fn error_body(message: &str, kind: &str, code: &str) -> Bytes {
     let body = serde_json::json!({"error": {"message": message, "type": kind, "code": code}});

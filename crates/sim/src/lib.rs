@@ -208,8 +208,8 @@ pub async fn start(config: SimConfig, listener: TcpListener) -> std::io::Result<
 /// The `sim` subcommand: start `--count` instances on consecutive ports.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SimArgs {
-    /// Number of instances to start.
-    #[arg(long, default_value_t = 1)]
+    /// Number of instances to start (at least 1).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     pub count: u16,
     /// Port of the first instance; the others follow (0: any free ports).
     #[arg(long, default_value_t = 8001)]

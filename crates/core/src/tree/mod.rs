@@ -176,6 +176,9 @@ pub struct ModelStats {
     pub bytes: usize,
     /// Nodes, roots excluded.
     pub nodes: usize,
+    /// Bytes the tree holds on the heap: node slots (live and free), edges, spilled child
+    /// and backend lists, free lists (allocator overhead excluded).
+    pub heap: usize,
 }
 
 /// Figures for stats, see [`PrefixTrees::stats`].
@@ -414,15 +417,17 @@ fn add_to(list: &mut Vec<(BackendId, usize)>, b: BackendId, n: usize) {
 
 /// Figures of one model's tree, locking one shard at a time.
 fn model_stats(name: &[u8], tree: &ModelTree) -> ModelStats {
-    let (mut bytes, mut nodes) = (0, 0);
+    let (mut bytes, mut nodes, mut heap) = (0, 0, 0);
     for shard in tree.shards.iter() {
         let radix = shard.lock();
         bytes += radix.bytes;
         nodes += radix.live;
+        heap += radix.heap_bytes();
     }
     ModelStats {
         model: String::from_utf8_lossy(name).into_owned(),
         bytes,
         nodes,
+        heap,
     }
 }

@@ -72,6 +72,22 @@ pub(crate) struct Radix {
     pub(crate) live: usize,
 }
 
+impl Radix {
+    /// Bytes this shard holds on the heap (allocator overhead excluded).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let spilled = |n: &Node| {
+            let children = if n.children.spilled() { n.children.capacity() } else { 0 };
+            let backends = if n.backends.spilled() { n.backends.capacity() } else { 0 };
+            n.edge.len() + children * size_of::<(u8, u32)>() + backends * size_of::<Entry>()
+        };
+        self.nodes.capacity() * size_of::<Node>()
+            + self.nodes.iter().map(spilled).sum::<usize>()
+            + self.free.capacity() * size_of::<u32>()
+            + self.usage.capacity() * size_of::<(BackendId, usize)>()
+    }
+}
+
 impl Default for Radix {
     fn default() -> Self {
         Radix {

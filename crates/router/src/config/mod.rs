@@ -21,16 +21,16 @@ use crate::proxy::{ExchangeTimeouts, Limits};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The config file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {cause}")]
     Read {
         path: String,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The config file is not valid TOML of the expected keys.
-    #[error("invalid config file {path}: {source}")]
+    #[error("invalid config file {path}: {cause}")]
     Parse {
         path: String,
-        source: Box<toml::de::Error>,
+        cause: Box<toml::de::Error>,
     },
     /// An option has a value the router cannot use.
     #[error("invalid `{option}`: {reason}")]
@@ -218,13 +218,13 @@ fn limits(s: &Settings) -> Result<Limits, ConfigError> {
 
 fn read_file(path: &Path) -> Result<Settings, ConfigError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
         path: shown.clone(),
-        source,
+        cause,
     })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+    toml::from_str(&text).map_err(|cause| ConfigError::Parse {
         path: shown,
-        source: Box::new(source),
+        cause: Box::new(cause),
     })
 }
 
@@ -232,9 +232,9 @@ fn token(file: Option<&Path>) -> Result<Option<String>, ConfigError> {
     let Some(file) = file else {
         return Ok(None);
     };
-    let text = std::fs::read_to_string(file).map_err(|source| ConfigError::Read {
+    let text = std::fs::read_to_string(file).map_err(|cause| ConfigError::Read {
         path: file.display().to_string(),
-        source,
+        cause,
     })?;
     match text.trim() {
         "" => Err(invalid("admin_token_file", "the file is empty".into())),

@@ -156,7 +156,7 @@ pub fn client_error(e: Box<Error>) -> RouterError {
         ErrorType::InvalidHTTPHeader => malformed("invalid framing"),
         ErrorType::ConnectionClosed => RouterError::ClientGone("connection closed".into()),
         ErrorType::Custom("InvalidChunk") => malformed("invalid chunked body"),
-        _ => RouterError::ClientGone(e.to_string()),
+        _ => RouterError::ClientGone(crate::error::reason(&e)),
     }
 }
 

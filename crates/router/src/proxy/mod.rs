@@ -125,7 +125,7 @@ impl ProxyHttp for Router {
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let failure = ctx
             .failure
-            .get_or_insert_with(|| RouterError::Upstream(e.to_string()));
+            .get_or_insert_with(|| RouterError::Upstream(crate::error::reason(e)));
         let status = respond_error(session, failure).await;
         FailToProxy {
             error_code: status,

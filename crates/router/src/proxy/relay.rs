@@ -301,7 +301,7 @@ impl Response<'_> {
                 self.seen.first_byte = Some(self.sent.elapsed());
                 upstream.set_read_timeout(Some(self.idle));
             }
-            match chunk.map_err(|e| aborted(&e.to_string()))? {
+            match chunk.map_err(|e| aborted(&crate::error::reason(&e)))? {
                 Some(bytes) => {
                     self.usage.feed(&bytes);
                     session.write_response_body(Some(bytes), false).await
@@ -338,12 +338,12 @@ fn upstream_error(e: &Error) -> RouterError {
     match e.etype() {
         ErrorType::ConnectTimedout => RouterError::UpstreamTimeout("connecting"),
         ErrorType::ReadTimedout => RouterError::UpstreamTimeout("waiting for the response"),
-        _ => RouterError::Upstream(e.to_string()),
+        _ => RouterError::Upstream(crate::error::reason(e)),
     }
 }
 
 fn client_gone(e: Box<Error>) -> RouterError {
-    RouterError::ClientGone(e.to_string())
+    RouterError::ClientGone(crate::error::reason(&e))
 }
 
 fn aborted(reason: &str) -> RouterError {

@@ -35,6 +35,7 @@ pub struct Stats {
     healthy: IntGaugeVec,
     tree_bytes: IntGaugeVec,
     tree_nodes: IntGaugeVec,
+    tree_heap_bytes: IntGaugeVec,
     sessions: IntGauge,
     /// Requests by backend alone, for `/stats` (not exported: `requests` has them by route
     /// and status too).
@@ -84,10 +85,12 @@ pub struct BackendGauge<'a> {
 pub struct TreeGauge<'a> {
     /// The model (the label).
     pub model: &'a str,
-    /// Text bytes held.
+    /// Key bytes held (8 per block of 16 tokens).
     pub bytes: usize,
     /// Nodes.
     pub nodes: usize,
+    /// Bytes the index holds on the heap, nodes and keys.
+    pub heap: usize,
 }
 
 impl Stats {
@@ -148,8 +151,9 @@ impl Stats {
                 "1 when the backend is ready",
                 &["backend"],
             ),
-            tree_bytes: gauge_vec("tree_bytes", "Prefix-tree text bytes", &["model"]),
-            tree_nodes: gauge_vec("tree_nodes", "Prefix-tree nodes", &["model"]),
+            tree_bytes: gauge_vec("tree_bytes", "Prefix-index key bytes (8 per 16-token block)", &["model"]),
+            tree_nodes: gauge_vec("tree_nodes", "Prefix-index nodes", &["model"]),
+            tree_heap_bytes: gauge_vec("tree_heap_bytes", "Prefix-index heap bytes, nodes and keys", &["model"]),
             sessions: gauge("sessions", "Sessions remembered"),
             backend_requests: counter_vec("backend_requests", "Requests by backend", &["backend"]),
             buffered_bytes: gauge("buffered_bytes", "Request body bytes held"),
@@ -181,7 +185,7 @@ impl Stats {
         stats
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 23] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 24] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
@@ -200,6 +204,7 @@ impl Stats {
             Box::new(self.healthy.clone()),
             Box::new(self.tree_bytes.clone()),
             Box::new(self.tree_nodes.clone()),
+            Box::new(self.tree_heap_bytes.clone()),
             Box::new(self.sessions.clone()),
             Box::new(self.buffered_bytes.clone()),
             Box::new(self.budget_waiting.clone()),
@@ -341,7 +346,11 @@ impl Stats {
         }
         self.tree_bytes.reset();
         self.tree_nodes.reset();
+        self.tree_heap_bytes.reset();
         for t in trees {
+            self.tree_heap_bytes
+                .with_label_values(&[t.model])
+                .set(t.heap as i64);
             self.tree_bytes
                 .with_label_values(&[t.model])
                 .set(t.bytes as i64);

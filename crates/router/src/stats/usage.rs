@@ -1,10 +1,12 @@
-//! Reads `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` from a
+//! Reads `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` (in the
+//! Responses API `usage.input_tokens` and `usage.input_tokens_details.cached_tokens`) from a
 //! response as it streams through, without holding any of it back: a scanner fed chunk by
 //! chunk that remembers the last value of each key (the final SSE chunk carries the usage)
 //! and only a few bytes across chunk boundaries.
 
 /// Keys looked for, with the quote and colon that make them JSON keys.
 const PROMPT: &[u8] = b"\"prompt_tokens\":";
+const INPUT: &[u8] = b"\"input_tokens\":";
 const CACHED: &[u8] = b"\"cached_tokens\":";
 /// Bytes kept from the end of a chunk: a key and its number can straddle two chunks.
 const CARRY: usize = 40;
@@ -44,8 +46,10 @@ impl UsageScanner {
     /// Keys found twice (in the joined boundary and in the chunk) are harmless: only the
     /// last value counts.
     fn scan(&mut self, bytes: &[u8]) {
-        if let Some(v) = last_number_after(bytes, PROMPT) {
-            self.prompt = Some(v);
+        for key in [PROMPT, INPUT] {
+            if let Some(v) = last_number_after(bytes, key) {
+                self.prompt = Some(v);
+            }
         }
         if let Some(v) = last_number_after(bytes, CACHED) {
             self.cached = Some(v);
@@ -100,6 +104,14 @@ fn number_at(bytes: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn responses_api_usage_counts_as_prompt_and_cached() {
+        let mut s = UsageScanner::default();
+        s.feed(br#"event: response.completed
+data: {"response":{"usage":{"input_tokens":640,"input_tokens_details":{"cached_tokens":512},"output_tokens":9}}}"#);
+        assert_eq!(s.usage(), Some(Usage { prompt: 640, cached: 512 }));
+    }
 
     const BODY: &str = r#"{"id":"x","usage":{"prompt_tokens":1234,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1000}}}"#;
 

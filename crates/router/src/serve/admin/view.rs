@@ -24,6 +24,7 @@ pub fn refresh_gauges(state: &State) {
             model: &m.model,
             bytes: m.bytes,
             nodes: m.nodes,
+            heap: m.heap,
         })
         .collect();
     state
