@@ -52,7 +52,6 @@ DEADLINE_S = 600
 
 # Dashboard expressions known to return nothing on a fresh router, and why (reported as
 # KNOWN-BUG, failing only with STRICT=1; an entry that starts returning data is reported).
-# Dashboard expressions known to return no data (with why); none at present.
 KNOWN_EMPTY: dict = {}
 
 WORKLOADS = {
