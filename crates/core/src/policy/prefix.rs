@@ -73,7 +73,8 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
         // A backend that did not say how much KV it has is taken to hold what its index
         // may remember: the configured budget is the operator's word for it.
-        let text_bytes = |b: BackendId| blocks::tokens(self.trees.budget(b)) * crate::TEXT_BYTES_PER_TOKEN;
+        let text_bytes =
+            |b: BackendId| blocks::tokens(self.trees.budget(b)) * crate::TEXT_BYTES_PER_TOKEN;
         let sized: SmallVec<[Candidate; 16]> = (candidates.iter())
             .map(|c| match c.capacity {
                 0 => Candidate {
@@ -87,15 +88,17 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
         let mut decision = Decision::new(0, super::Outcome::PrefixMiss);
         let chain = blocks::chain(request.text);
         let total = request.text.len();
-        let routed = self.trees.route(request.model, &[chain.as_flattened()], |keys| {
-            let matches = keys.per_block(KEY_BYTES, BLOCK_BYTES, total);
-            decision = self.rule.decide(&Ask {
-                matches: &matches,
-                candidates,
-                request,
+        let routed = self
+            .trees
+            .route(request.model, &[chain.as_flattened()], |keys| {
+                let matches = keys.per_block(KEY_BYTES, BLOCK_BYTES, total);
+                decision = self.rule.decide(&Ask {
+                    matches: &matches,
+                    candidates,
+                    request,
+                });
+                candidates.get(decision.index).map(|c| c.id)
             });
-            candidates.get(decision.index).map(|c| c.id)
-        });
         if let Some(routed) = routed {
             self.rule.placed(request, routed.backend);
         }

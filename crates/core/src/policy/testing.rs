@@ -17,7 +17,10 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
 /// index, so that the prefix relations of `s` hold block for block.
 pub fn text(s: &'static str) -> RoutingText<'static> {
     let block = crate::request::blocks::BLOCK_BYTES;
-    let expanded: String = s.chars().flat_map(|c| std::iter::repeat_n(c, block)).collect();
+    let expanded: String = s
+        .chars()
+        .flat_map(|c| std::iter::repeat_n(c, block))
+        .collect();
     let expanded: &'static str = Box::leak(expanded.into_boxed_str());
     let mut t = RoutingText::default();
     t.push(expanded.as_bytes());

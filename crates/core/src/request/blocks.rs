@@ -98,8 +98,12 @@ mod tests {
     #[test]
     fn a_shared_prefix_shares_its_hashes_and_nothing_after() {
         let base = "x".repeat(300);
-        let a = chain(&text(&[Box::leak(format!("{base}first turn and more text").into_boxed_str())]));
-        let b = chain(&text(&[Box::leak(format!("{base}other turn and more text").into_boxed_str())]));
+        let a = chain(&text(&[Box::leak(
+            format!("{base}first turn and more text").into_boxed_str(),
+        )]));
+        let b = chain(&text(&[Box::leak(
+            format!("{base}other turn and more text").into_boxed_str(),
+        )]));
         let shared = 300 / BLOCK_BYTES;
         assert_eq!(a[..shared], b[..shared]);
         assert_ne!(a[shared], b[shared]);

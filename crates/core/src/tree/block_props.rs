@@ -44,13 +44,19 @@ fn body(endpoint: Endpoint, turns: &[Vec<usize>], n: usize) -> Vec<u8> {
             let prompt: String = turns[..n].iter().map(text).collect();
             json!({"model": "m", "prompt": prompt})
         }
-        Endpoint::Responses => json!({"model": "m", "instructions": text(&turns[0]), "input": messages[1.min(n - 1)..].to_vec()}),
+        Endpoint::Responses => {
+            json!({"model": "m", "instructions": text(&turns[0]), "input": messages[1.min(n - 1)..].to_vec()})
+        }
     };
     serde_json::to_vec(&value).unwrap()
 }
 
 fn endpoint() -> impl Strategy<Value = Endpoint> {
-    prop_oneof![Just(Endpoint::Chat), Just(Endpoint::Completions), Just(Endpoint::Responses)]
+    prop_oneof![
+        Just(Endpoint::Chat),
+        Just(Endpoint::Completions),
+        Just(Endpoint::Responses)
+    ]
 }
 
 /// One shard, so that both trees compare texts with texts.

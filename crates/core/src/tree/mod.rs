@@ -120,7 +120,11 @@ impl Matches {
             total,
             shared: text(self.shared),
             hot: text(self.hot),
-            per_backend: self.per_backend.iter().map(|&(b, m)| (b, text(m))).collect(),
+            per_backend: self
+                .per_backend
+                .iter()
+                .map(|&(b, m)| (b, text(m)))
+                .collect(),
         }
     }
 
@@ -172,7 +176,7 @@ pub struct Routed {
 pub struct ModelStats {
     /// Model name (lossy UTF-8).
     pub model: String,
-    /// Text bytes stored (sum of edge lengths over all shards).
+    /// Key bytes stored (sum of edge lengths over all shards).
     pub bytes: usize,
     /// Nodes, roots excluded.
     pub nodes: usize,

@@ -77,8 +77,16 @@ impl Radix {
     pub(crate) fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let spilled = |n: &Node| {
-            let children = if n.children.spilled() { n.children.capacity() } else { 0 };
-            let backends = if n.backends.spilled() { n.backends.capacity() } else { 0 };
+            let children = if n.children.spilled() {
+                n.children.capacity()
+            } else {
+                0
+            };
+            let backends = if n.backends.spilled() {
+                n.backends.capacity()
+            } else {
+                0
+            };
             n.edge.len() + children * size_of::<(u8, u32)>() + backends * size_of::<Entry>()
         };
         self.nodes.capacity() * size_of::<Node>()

@@ -22,10 +22,7 @@ use crate::proxy::{ExchangeTimeouts, Limits};
 pub enum ConfigError {
     /// The config file could not be read.
     #[error("cannot read config file {path}: {cause}")]
-    Read {
-        path: String,
-        cause: std::io::Error,
-    },
+    Read { path: String, cause: std::io::Error },
     /// The config file is not valid TOML of the expected keys.
     #[error("invalid config file {path}: {cause}")]
     Parse {
@@ -180,10 +177,15 @@ fn tunables(s: &Settings) -> Result<Tunables, ConfigError> {
 
 fn tree(s: &Settings) -> Result<TreeConfig, ConfigError> {
     let defaults = TreeConfig::default();
-    let tokens = s.max_tree_size.unwrap_or(blocks::tokens(defaults.max_bytes_per_backend));
+    let tokens = s
+        .max_tree_size
+        .unwrap_or(blocks::tokens(defaults.max_bytes_per_backend));
     let key_bytes = blocks::key_bytes(positive("max_tree_size", tokens)?);
     if key_bytes == 0 {
-        return Err(invalid("max_tree_size", format!("{tokens} tokens is less than one block")));
+        return Err(invalid(
+            "max_tree_size",
+            format!("{tokens} tokens is less than one block"),
+        ));
     }
     Ok(TreeConfig {
         max_bytes_per_backend: key_bytes,

@@ -110,7 +110,13 @@ mod tests {
         let mut s = UsageScanner::default();
         s.feed(br#"event: response.completed
 data: {"response":{"usage":{"input_tokens":640,"input_tokens_details":{"cached_tokens":512},"output_tokens":9}}}"#);
-        assert_eq!(s.usage(), Some(Usage { prompt: 640, cached: 512 }));
+        assert_eq!(
+            s.usage(),
+            Some(Usage {
+                prompt: 640,
+                cached: 512
+            })
+        );
     }
 
     const BODY: &str = r#"{"id":"x","usage":{"prompt_tokens":1234,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1000}}}"#;
