@@ -12,18 +12,6 @@ use tokio::net::TcpStream;
 
 use crate::support::*;
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .unwrap_or("VmRSS: 0 kB");
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
 const HELD: usize = 32 << 20;
 const BUDGET: usize = 256 << 20;
 

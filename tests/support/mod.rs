@@ -28,6 +28,19 @@ pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     HEAVY.lock().await
 }
 
+/// Resident memory of process `pid`, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap_or("VmRSS: 0 kB");
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// An HTTP client with a bounded timeout.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()

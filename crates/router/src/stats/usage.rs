@@ -4,10 +4,12 @@
 //! chunk that remembers the last value of each key (the final SSE chunk carries the usage)
 //! and only a few bytes across chunk boundaries.
 
-/// Keys looked for, with the quote and colon that make them JSON keys.
-const PROMPT: &[u8] = b"\"prompt_tokens\":";
-const INPUT: &[u8] = b"\"input_tokens\":";
-const CACHED: &[u8] = b"\"cached_tokens\":";
+/// What every key looked for ends with: `"prompt_tokens":`, `"input_tokens":` (prompt
+/// tokens) and `"cached_tokens":`, found in one pass over each chunk.
+const SUFFIX: &[u8] = b"_tokens\":";
+/// The key names before [`SUFFIX`], with their opening quote.
+const PROMPT: [&[u8]; 2] = [b"\"prompt", b"\"input"];
+const CACHED: &[u8] = b"\"cached";
 /// Bytes kept from the end of a chunk: a key and its number can straddle two chunks.
 const CARRY: usize = 40;
 
@@ -46,13 +48,18 @@ impl UsageScanner {
     /// Keys found twice (in the joined boundary and in the chunk) are harmless: only the
     /// last value counts.
     fn scan(&mut self, bytes: &[u8]) {
-        for key in [PROMPT, INPUT] {
-            if let Some(v) = last_number_after(bytes, key) {
-                self.prompt = Some(v);
+        let mut from = 0;
+        while let Some(at) = find(&bytes[from..], SUFFIX) {
+            let (name, value) = bytes.split_at(from + at);
+            from += at + SUFFIX.len();
+            let Some(n) = number_at(&value[SUFFIX.len()..]) else {
+                continue;
+            };
+            if PROMPT.iter().any(|p| name.ends_with(p)) {
+                self.prompt = Some(n);
+            } else if name.ends_with(CACHED) {
+                self.cached = Some(n);
             }
-        }
-        if let Some(v) = last_number_after(bytes, CACHED) {
-            self.cached = Some(v);
         }
     }
 
@@ -63,20 +70,6 @@ impl UsageScanner {
             cached: self.cached.unwrap_or(0),
         })
     }
-}
-
-/// The number following the last complete occurrence of `key` in `bytes`.
-fn last_number_after(bytes: &[u8], key: &[u8]) -> Option<u64> {
-    let mut found = None;
-    let mut from = 0;
-    while let Some(at) = find(&bytes[from..], key) {
-        let start = from + at + key.len();
-        if let Some(n) = number_at(&bytes[start..]) {
-            found = Some(n);
-        }
-        from = start;
-    }
-    found
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
