@@ -120,7 +120,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         upgrade: args.upgrade,
         ..Opt::default()
     };
-    let source = serve::Source {
+    let source = prefix_router::config::Source {
         file: args.config,
         flags: args.settings,
     };

@@ -136,7 +136,7 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
         assert_eq!(status, 200);
     }
     router.wait_until("the sim's index is within its budget", |r| {
-        let tree = r.state().selector.tree_stats().unwrap_or_default();
+        let tree = r.state().selector.index().unwrap().stats();
         let sim_id = r
             .state()
             .fleet

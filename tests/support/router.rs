@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prefix_router::config::Source;
 use prefix_router::config::{Config, Settings};
-use prefix_router::serve::Source;
-use prefix_router::serve::control::Control;
+use prefix_router::control::Control;
 use prefix_router::serve::embedded::Embedded;
 use prefix_router::state::State;
 
@@ -91,7 +91,7 @@ impl TestRouter {
 
     /// Backends that passed their health check.
     pub fn ready_backends(&self) -> usize {
-        self.state().fleet.ready(&[]).candidates.len()
+        self.state().fleet.ready(&[]).accounts().len()
     }
 
     /// Requests in flight over all backends.

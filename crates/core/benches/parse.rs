@@ -7,12 +7,14 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use prefix_router_core::BackendId;
+use prefix_router_core::ledger::Account;
 use prefix_router_core::policy::Balance;
 use prefix_router_core::policy::{
     Candidate, PolicyParams, Request, Selector, SharedTunables, Tunables, choose,
 };
 use prefix_router_core::request::{Endpoint, blocks, parse};
 use prefix_router_core::tree::TreeConfig;
+use prefix_router_core::units::KeyBytes;
 use serde_json::json;
 
 /// A chat body of about `size` bytes: a system prompt, tools, and alternating turns with
@@ -61,30 +63,28 @@ fn bench_parse(c: &mut Criterion) {
 
 /// A `cache_aware` selector over two idle backends, with the default tree budget.
 fn selector() -> (Selector, Vec<Candidate>) {
-    let tunables = SharedTunables::new(Tunables {
+    let tunables = SharedTunables::fixed(Tunables {
         cache_threshold: 0.3,
         balance: Balance { abs: 64, rel: 1.5 },
     });
     let params = PolicyParams {
-        tunables: tunables.clone(),
+        tunables,
         tree: TreeConfig {
-            max_bytes_per_backend: 16 << 20,
+            budget: KeyBytes(16 << 20),
             ..TreeConfig::default()
         },
         seed: 0,
         clock: std::sync::Arc::new(prefix_router_core::clock::Monotonic::default()),
         calibrate: true,
+        session_ttl: Duration::from_secs(60),
     };
-    let policy = choose("cache_aware")
+    let selector = choose("cache_aware")
         .expect("cache_aware exists")
         .build(&params);
     let candidates = (0..2)
-        .map(|i| Candidate::new(BackendId(i), 0, 0, u64::from(i)))
+        .map(|i| Account::new(BackendId(i), u64::from(i)).candidate())
         .collect();
-    (
-        Selector::new(policy, tunables, Duration::from_secs(60)),
-        candidates,
-    )
+    (selector, candidates)
 }
 
 /// A 400 KB agent body as its first bytes, up to where a conversation id may go, and the

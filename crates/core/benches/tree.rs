@@ -21,6 +21,7 @@ use prefix_router_core::BackendId;
 use prefix_router_core::request::RoutingText;
 use prefix_router_core::request::blocks;
 use prefix_router_core::tree::{Matches, PrefixTrees, TreeConfig};
+use prefix_router_core::units::Tokens;
 
 const MODEL: &[u8] = b"meta-llama/Llama-3.1-8B-Instruct";
 const BACKENDS: u32 = 4;
@@ -124,7 +125,7 @@ fn pick(m: &Matches, hint: u32) -> Option<BackendId> {
 /// spread evenly over the backends.
 fn build(corpus: &mut Corpus) -> (PrefixTrees, Vec<(Text, u32)>) {
     let trees = PrefixTrees::new(TreeConfig {
-        max_bytes_per_backend: blocks::key_bytes(40 << 20),
+        budget: Tokens(40 << 20).keys(),
         ..TreeConfig::default()
     });
     let started = Instant::now();

@@ -6,7 +6,6 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -84,12 +83,7 @@ fn parsing_a_400_kb_body_copies_none_of_it() {
 }
 
 fn selector() -> Selector {
-    let params = params(0.3, 64);
-    Selector::new(
-        choose("cache_aware").unwrap().build(&params),
-        params.tunables,
-        Duration::from_secs(60),
-    )
+    choose("cache_aware").unwrap().build(&params(0.3, 64))
 }
 
 fn route(selector: &Selector, body: &[u8]) {

@@ -19,8 +19,8 @@ pub mod world;
 use std::path::PathBuf;
 
 use prefix_router_core::policy::{self, Tunables};
-use prefix_router_core::request::blocks;
 use prefix_router_core::tree::TreeConfig;
+use prefix_router_core::units::Tokens;
 use prefix_router_replay::{ReplayArgs, ReplayError, Report, Synthetic, Workload};
 use prefix_router_sim::SimConfig;
 use serde::Serialize;
@@ -233,14 +233,13 @@ impl Setting {
             policy: policy::choose(policy)?,
             tunables: Tunables::default(),
             tree: TreeConfig {
-                max_bytes_per_backend: (self.max_tree_size.map(blocks::key_bytes))
-                    .unwrap_or(defaults.max_bytes_per_backend),
+                budget: (self.max_tree_size.map(|t| Tokens(t).keys())).unwrap_or(defaults.budget),
                 ..defaults
             },
             session_ttl: 1800.0,
             eviction_interval: 120.0,
             seed: self.seed,
-            kv_tokens: (!self.unknown_capacity).then_some(sim.kv_blocks * sim.block_tokens),
+            kv_tokens: (!self.unknown_capacity).then_some(Tokens(sim.kv_blocks * sim.block_tokens)),
             calibrate: self.calibrate,
             max_inflight_per_backend: self.max_inflight_per_backend,
         })

@@ -333,10 +333,8 @@ impl World<'_> {
         placement: Option<Placement>,
         status: u16,
     ) {
-        let backend = placement.map(|mut p| {
-            self.router.finished(&mut p);
-            self.names[p.backend].clone()
-        });
+        // The placement ends here (dropped), before the next request is placed.
+        let backend = placement.map(|p| self.names[p.backend].clone());
         let exchange = Exchange {
             backend,
             error: Some(format!("http_{status}")),
@@ -368,7 +366,7 @@ impl World<'_> {
                 };
                 (live.first, live.cached) = (Some(at), cached_tokens);
                 if self.clients.stream {
-                    self.router.answered(&mut live.placement);
+                    self.router.answered(&live.placement);
                 }
             }
             Output::Finished {
@@ -376,11 +374,11 @@ impl World<'_> {
                 at,
                 output_tokens,
             } => {
-                let Some(mut live) = self.live.remove(&id) else {
+                let Some(live) = self.live.remove(&id) else {
                     return;
                 };
                 self.router.reported(&live.placement, live.cached as u64);
-                self.router.finished(&mut live.placement);
+                drop(live.placement);
                 let stream = self.clients.stream;
                 let exchange = Exchange {
                     backend: Some(self.names[backend].clone()),
@@ -404,10 +402,10 @@ impl World<'_> {
                 self.ended(at, want);
             }
             Output::Rejected { id } => {
-                let Some(mut live) = self.live.remove(&id) else {
+                let Some(live) = self.live.remove(&id) else {
                     return;
                 };
-                self.router.finished(&mut live.placement);
+                drop(live.placement);
                 let now = self.engines[backend].now();
                 let want = Want {
                     session: live.session,

@@ -1,12 +1,18 @@
-//! prefix-router on Pingora: configuration ([`config`]), the backends and their health
-//! ([`fleet`]), the proxy and its transport ([`proxy`]), metrics ([`stats`]) and the serving
-//! layer ([`serve`]: server assembly, admin listener, runtime changes, lifecycle). Routing
-//! decisions come from `prefix-router-core`.
+//! prefix-router on Pingora: configuration ([`config`], parsed once into each part's
+//! settings; what a reload may change is one [`limits::Live`] snapshot), the backends and
+//! their health ([`fleet`]), what holds requests back ([`admission`]), the proxy and its
+//! transport ([`proxy`]), metrics ([`stats`]), the admin listener ([`admin`]), runtime
+//! changes ([`control`]) and the serving layer ([`serve`]: assembly, upkeep, lifecycle).
+//! Routing decisions and placement bookkeeping come from `prefix-router-core`.
 #![deny(unsafe_code)]
 
+pub mod admin;
+pub mod admission;
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod fleet;
+pub mod limits;
 pub mod proxy;
 pub mod serve;
 pub mod state;

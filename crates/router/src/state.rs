@@ -1,24 +1,28 @@
 //! What every request and every part of the serving layer shares: the fleet, the selector,
-//! the stats, the upstream connection pool, the limits a reload may change (swapped as one
-//! snapshot), and the count of requests being served.
+//! the ledger, the stats, the upstream connection pool, the settings a reload may change
+//! (one snapshot), what holds requests back (body budget, queue), and the count of
+//! requests being served.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
-use arc_swap::ArcSwap;
 use pingora_core::connectors::TransportConnector;
+use prefix_router_core::ledger::Ledger;
 use prefix_router_core::policy::{Selector, Ties};
 
+use crate::admission::{Budget, Queue};
 use crate::fleet::Fleet;
-use crate::proxy::{Budget, Limits, Queue};
+use crate::limits::{Current, Live};
 use crate::stats::Stats;
 
 /// Everything requests share.
 pub struct State {
     /// Backends.
     pub fleet: Arc<Fleet>,
-    /// Policy with session affinity.
+    /// The policy and what it keeps.
     pub selector: Selector,
+    /// Placement bookkeeping and the upkeep schedule.
+    pub ledger: Ledger,
     /// Metrics.
     pub stats: Arc<Stats>,
     /// The policy's name, for metrics.
@@ -31,9 +35,25 @@ pub struct State {
     pub budget: Arc<Budget>,
     /// Requests waiting for a backend below its in-flight limit.
     pub queue: Queue,
-    limits: ArcSwap<Limits>,
+    live: Current,
     active: AtomicUsize,
     draining: AtomicBool,
+}
+
+/// What a [`State`] is made of.
+pub struct Parts {
+    /// Backends.
+    pub fleet: Arc<Fleet>,
+    /// The policy and what it keeps.
+    pub selector: Selector,
+    /// The policy's name.
+    pub policy_name: &'static str,
+    /// Placement bookkeeping.
+    pub ledger: Ledger,
+    /// The settings a reload swaps (the selector and the budget read them too).
+    pub live: Current,
+    /// Metrics.
+    pub stats: Arc<Stats>,
 }
 
 /// One request being served (from its header to its log line); dropping it ends it.
@@ -46,26 +66,19 @@ impl Drop for Active {
 }
 
 impl State {
-    /// State over `fleet`, placing with `selector` (whose policy is `policy_name`) and
-    /// serving within `limits` and `budget`.
-    pub fn new(
-        fleet: Arc<Fleet>,
-        selector: Selector,
-        policy_name: &'static str,
-        limits: Limits,
-        budget: Arc<Budget>,
-        stats: Arc<Stats>,
-    ) -> Self {
+    /// State of `parts`; the body budget reads its limit from `parts.live`.
+    pub fn new(parts: Parts) -> Self {
         State {
-            fleet,
-            selector,
-            stats,
-            policy_name,
+            fleet: parts.fleet,
+            selector: parts.selector,
+            ledger: parts.ledger,
+            stats: parts.stats,
+            policy_name: parts.policy_name,
             connector: TransportConnector::new(None),
             ties: Ties::new(0),
-            budget,
+            budget: Budget::reading(parts.live.buffered_bytes()),
             queue: Queue::default(),
-            limits: ArcSwap::from_pointee(limits),
+            live: parts.live,
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
         }
@@ -93,13 +106,14 @@ impl State {
         self.active.load(Relaxed)
     }
 
-    /// The current limits.
-    pub fn limits(&self) -> Arc<Limits> {
-        self.limits.load_full()
+    /// The settings now.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.get()
     }
 
-    /// Requests read from now on get `limits`.
-    pub fn set_limits(&self, limits: Limits) {
-        self.limits.store(Arc::new(limits));
+    /// Requests read from now on get `live`; bodies waiting for budget look again.
+    pub fn swap_live(&self, live: Live) {
+        self.live.swap(live);
+        self.budget.wake();
     }
 }

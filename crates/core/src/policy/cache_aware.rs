@@ -4,7 +4,7 @@
 //! loaded); else the least loaded. The text is then recorded under the chosen backend.
 
 use super::prefix::{Ask, PrefixPolicy, Rule};
-use super::{Decision, Outcome, Policy, PolicyParams, SharedTunables, Ties, imbalanced};
+use super::{Decision, Outcome, PolicyParams, Selector, SharedTunables, Ties, imbalanced};
 
 /// The peers' threshold rule.
 pub struct Threshold {
@@ -12,12 +12,16 @@ pub struct Threshold {
     ties: Ties,
 }
 
-pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
+/// The policy over a prefix index of its own, with session affinity.
+pub fn build(params: &PolicyParams) -> Selector {
     let rule = Threshold {
         tunables: params.tunables.clone(),
         ties: Ties::new(params.seed),
     };
-    Box::new(PrefixPolicy::new(params, rule))
+    let index = params.index();
+    Selector::new(PrefixPolicy::new(&index, rule))
+        .indexed(index)
+        .sticky(params)
 }
 
 impl Rule for Threshold {
@@ -33,9 +37,9 @@ impl Rule for Threshold {
                 matched: matched(index),
             };
         }
-        let best = (0..candidates.len()).map(matched).max().unwrap_or(0);
-        let ratio = best as f64 / matches.total().max(1) as f64;
-        if best > 0 && ratio >= tunables.cache_threshold {
+        let best = (0..candidates.len()).map(matched).max().unwrap_or_default();
+        let ratio = best.0 as f64 / matches.total().0.max(1) as f64;
+        if best.0 > 0 && ratio >= tunables.cache_threshold {
             let index = self.ties.best(candidates.len(), |i| {
                 (matched(i), std::cmp::Reverse(candidates[i].load))
             });
@@ -59,7 +63,7 @@ mod tests {
     use super::*;
     use crate::policy::testing::*;
 
-    fn policy(threshold: f64) -> Box<dyn Policy> {
+    fn policy(threshold: f64) -> Selector {
         build(&params(threshold, 4))
     }
 
@@ -67,23 +71,23 @@ mod tests {
     fn follows_the_prefix_and_records_it() {
         let p = policy(0.3);
         let first = text("a long shared conversation prefix");
-        let d1 = p.choose(&request(&first, None), &candidates(&[0, 0, 0]));
+        let d1 = p.select(&request(&first, None), &candidates(&[0, 0, 0]));
         assert_eq!(d1.outcome, Outcome::PrefixMiss);
         let next = text("a long shared conversation prefix, and a new turn");
-        let d2 = p.choose(&request(&next, None), &candidates(&[1, 0, 0]));
+        let d2 = p.select(&request(&next, None), &candidates(&[1, 0, 0]));
         assert_eq!((d2.index, d2.outcome), (d1.index, Outcome::PrefixHit));
-        assert_eq!(d2.matched, first.len());
+        assert_eq!(d2.matched, first.size());
     }
 
     #[test]
     fn below_threshold_takes_least_loaded() {
         let p = policy(0.9);
         let first = text("abcdefgh");
-        let d1 = p.choose(&request(&first, None), &candidates(&[0, 0]));
+        let d1 = p.select(&request(&first, None), &candidates(&[0, 0]));
         let other = text("abcdefgh and much more text that was never seen");
         let mut loads = [0, 0];
         loads[d1.index] = 1;
-        let d2 = p.choose(&request(&other, None), &candidates(&loads));
+        let d2 = p.select(&request(&other, None), &candidates(&loads));
         assert_eq!((d2.index, d2.outcome), (1 - d1.index, Outcome::PrefixMiss));
     }
 
@@ -91,10 +95,10 @@ mod tests {
     fn imbalance_overrides_the_match() {
         let p = policy(0.3);
         let t = text("conversation");
-        let d1 = p.choose(&request(&t, None), &candidates(&[0, 0]));
+        let d1 = p.select(&request(&t, None), &candidates(&[0, 0]));
         let mut loads = [0, 0];
         loads[d1.index] = 10;
-        let d2 = p.choose(&request(&t, None), &candidates(&loads));
+        let d2 = p.select(&request(&t, None), &candidates(&loads));
         assert_eq!((d2.index, d2.outcome), (1 - d1.index, Outcome::Imbalance));
     }
 
@@ -105,20 +109,19 @@ mod tests {
         let mut seen = [0; 3];
         for s in texts {
             let t = text(s);
-            seen[p.choose(&request(&t, None), &candidates(&[0, 0, 0])).index] += 1;
+            seen[p.select(&request(&t, None), &candidates(&[0, 0, 0])).index] += 1;
         }
         assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
     }
 
     #[test]
-    fn record_reports_what_the_backend_already_had() {
+    fn a_session_reports_what_its_backend_already_had() {
         let p = policy(0.3);
         let first = text("shared prefix");
-        let d = p.choose(&request(&first, None), &candidates(&[0, 0]));
+        let d = p.select(&request(&first, Some("s")), &candidates(&[0, 0]));
         let longer = text("shared prefix and more");
-        assert_eq!(
-            p.record(&request(&longer, None), crate::BackendId(d.index as u32)),
-            first.len()
-        );
+        let again = p.select(&request(&longer, Some("s")), &candidates(&[0, 0]));
+        assert_eq!((again.index, again.outcome), (d.index, Outcome::Session));
+        assert_eq!(again.matched, first.size());
     }
 }

@@ -3,17 +3,19 @@
 //! The key is the session key when there is one, else the conversation's anchor (the text
 //! up to its first user message), which stays the same over the turns of a conversation.
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
 
 /// Highest random weight hashing.
 pub struct ConsistentHash {
     ties: Ties,
 }
 
-pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
-    Box::new(ConsistentHash {
+/// The policy, with session affinity.
+pub fn build(params: &PolicyParams) -> Selector {
+    Selector::new(ConsistentHash {
         ties: Ties::new(params.seed),
     })
+    .sticky(params)
 }
 
 impl Policy for ConsistentHash {
@@ -39,15 +41,15 @@ mod tests {
     use super::*;
     use crate::policy::testing::*;
 
-    fn policy() -> Box<dyn Policy> {
+    fn policy() -> Selector {
         build(&params(0.3, 64))
     }
 
     #[test]
     fn same_key_same_backend_whatever_the_load() {
         let t = text("conversation");
-        let a = policy().choose(&request(&t, Some("s")), &candidates(&[0, 0, 0, 0]));
-        let b = policy().choose(&request(&t, Some("s")), &candidates(&[9, 3, 7, 1]));
+        let a = policy().select(&request(&t, Some("s")), &candidates(&[0, 0, 0, 0]));
+        let b = policy().select(&request(&t, Some("s")), &candidates(&[9, 3, 7, 1]));
         assert_eq!(a.index, b.index);
     }
 
@@ -56,13 +58,13 @@ mod tests {
         let t = text("x");
         let all = candidates(&[0, 0, 0, 0]);
         for session in ["a", "b", "c", "d", "e", "f"] {
-            let chosen = policy().choose(&request(&t, Some(session)), &all).index;
+            let chosen = policy().select(&request(&t, Some(session)), &all).index;
             let others: Vec<Candidate> = all
                 .iter()
                 .copied()
                 .filter(|c| c.id != all[(chosen + 1) % 4].id)
                 .collect();
-            let again = policy().choose(&request(&t, Some(session)), &others).index;
+            let again = policy().select(&request(&t, Some(session)), &others).index;
             assert_eq!(others[again].id, all[chosen].id);
         }
     }
@@ -74,7 +76,7 @@ mod tests {
         let mut seen = [0; 4];
         for i in 0..400 {
             seen[policy()
-                .choose(&request(&t, Some(&i.to_string())), &c)
+                .select(&request(&t, Some(&i.to_string())), &c)
                 .index] += 1;
         }
         assert!(seen.iter().all(|&n| n > 50), "{seen:?}");

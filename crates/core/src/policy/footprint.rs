@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 
 use crate::BackendId;
 use crate::clock::Clock;
+use crate::units::TextBytes;
 
 /// Default bound on conversations remembered.
 pub const MAX_CONVERSATIONS: usize = 1 << 20;
@@ -20,7 +21,7 @@ pub const MAX_CONVERSATIONS: usize = 1 << 20;
 #[derive(Clone, Copy)]
 struct Entry {
     backend: BackendId,
-    bytes: usize,
+    bytes: TextBytes,
     seen: Duration,
     /// Whether `bytes` counts in its backend's sum (seen within the horizon).
     live: bool,
@@ -33,8 +34,8 @@ struct Inner {
     /// and once to leave the table at the time-to-live; stale when seen again later.
     live: VecDeque<(Duration, u128)>,
     kept: VecDeque<(Duration, u128)>,
-    /// Bytes of live conversations, by backend id.
-    per_backend: Vec<usize>,
+    /// Routing text of live conversations, by backend id.
+    per_backend: Vec<TextBytes>,
 }
 
 /// Conversation -> (backend, size), with per-backend sums of live conversations.
@@ -60,7 +61,7 @@ impl Footprints {
     }
 
     /// `conversation` is now `bytes` long and on `backend`.
-    pub fn note(&self, conversation: u128, backend: BackendId, bytes: usize) {
+    pub fn note(&self, conversation: u128, backend: BackendId, bytes: TextBytes) {
         let now = self.expire();
         let mut inner = self.inner.lock();
         if inner.entries.len() >= self.max && !inner.entries.contains_key(&conversation) {
@@ -80,12 +81,12 @@ impl Footprints {
         inner.kept.push_back((now, conversation));
     }
 
-    /// Bytes of live conversations on each of `backends`, in that order.
-    pub fn of(&self, backends: impl Iterator<Item = BackendId>) -> Vec<usize> {
+    /// Routing text of live conversations on each of `backends`, in that order.
+    pub fn of(&self, backends: impl Iterator<Item = BackendId>) -> Vec<TextBytes> {
         self.expire();
         let inner = self.inner.lock();
         backends
-            .map(|b| inner.per_backend.get(b.0 as usize).copied().unwrap_or(0))
+            .map(|b| (inner.per_backend.get(b.0 as usize).copied()).unwrap_or_default())
             .collect()
     }
 
@@ -122,6 +123,21 @@ impl Footprints {
     }
 }
 
+impl super::Table for Footprints {
+    fn name(&self) -> &'static str {
+        "conversations"
+    }
+
+    fn entries(&self) -> usize {
+        self.inner.lock().entries.len()
+    }
+
+    fn sweep(&self, live: &dyn Fn(BackendId) -> bool) {
+        self.expire();
+        self.retain(live);
+    }
+}
+
 impl Inner {
     fn add(&mut self, e: Entry) {
         if !e.live {
@@ -129,7 +145,7 @@ impl Inner {
         }
         let i = e.backend.0 as usize;
         if self.per_backend.len() <= i {
-            self.per_backend.resize(i + 1, 0);
+            self.per_backend.resize(i + 1, TextBytes(0));
         }
         self.per_backend[i] += e.bytes;
     }
@@ -174,6 +190,10 @@ mod tests {
     use super::*;
     use crate::clock::Manual;
 
+    fn sizes(bytes: &[usize]) -> Vec<TextBytes> {
+        bytes.iter().map(|&b| TextBytes(b)).collect()
+    }
+
     fn table() -> (Footprints, Manual) {
         let clock = Manual::default();
         let ttl = Duration::from_secs(600);
@@ -184,26 +204,32 @@ mod tests {
     #[test]
     fn sums_the_latest_size_and_follows_moves() {
         let (t, _) = table();
-        t.note(1, BackendId(0), 100);
-        t.note(1, BackendId(0), 150);
-        t.note(2, BackendId(1), 40);
-        assert_eq!(t.of([BackendId(0), BackendId(1)].into_iter()), [150, 40]);
-        t.note(1, BackendId(1), 160);
-        assert_eq!(t.of([BackendId(0), BackendId(1)].into_iter()), [0, 200]);
+        t.note(1, BackendId(0), TextBytes(100));
+        t.note(1, BackendId(0), TextBytes(150));
+        t.note(2, BackendId(1), TextBytes(40));
+        assert_eq!(
+            t.of([BackendId(0), BackendId(1)].into_iter()),
+            sizes(&[150, 40])
+        );
+        t.note(1, BackendId(1), TextBytes(160));
+        assert_eq!(
+            t.of([BackendId(0), BackendId(1)].into_iter()),
+            sizes(&[0, 200])
+        );
         t.retain(&|b| b != BackendId(1));
-        assert_eq!(t.of([BackendId(1)].into_iter()), [0]);
+        assert_eq!(t.of([BackendId(1)].into_iter()), sizes(&[0]));
     }
 
     #[test]
     fn idle_conversations_stop_counting() {
         let (t, clock) = table();
-        t.note(1, BackendId(0), 100);
+        t.note(1, BackendId(0), TextBytes(100));
         clock.set(Duration::from_secs(30));
-        t.note(2, BackendId(0), 10);
+        t.note(2, BackendId(0), TextBytes(10));
         clock.set(Duration::from_secs(61));
-        assert_eq!(t.of([BackendId(0)].into_iter()), [10]);
+        assert_eq!(t.of([BackendId(0)].into_iter()), sizes(&[10]));
         clock.set(Duration::from_secs(95));
-        assert_eq!(t.of([BackendId(0)].into_iter()), [0]);
+        assert_eq!(t.of([BackendId(0)].into_iter()), sizes(&[0]));
         assert_eq!(t.backend_of(1), Some(BackendId(0)));
         clock.set(Duration::from_secs(700));
         assert_eq!(t.backend_of(1), None);

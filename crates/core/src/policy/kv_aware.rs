@@ -22,16 +22,18 @@
 //! (`prefix-router lab --all`) for the mechanisms, not for one scenario; see the README.
 
 use std::cmp::Reverse;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::footprint::{Footprints, MAX_CONVERSATIONS};
 use super::prefix::{Ask, PrefixPolicy, Rule};
-use super::{Decision, Outcome, Policy, PolicyParams, Request, Ties};
+use super::{Decision, Outcome, PolicyParams, Request, Selector, Ties};
 use crate::BackendId;
+use crate::units::TextBytes;
 
-/// Bytes of a conversation's own history a backend must hold to be its home (about 64
-/// tokens): fewer is a coincidence of text, not a conversation.
-pub const MIN_PRIVATE: usize = 256;
+/// A conversation's own history a backend must hold to be its home (about 64 tokens):
+/// less is a coincidence of text, not a conversation.
+pub const MIN_PRIVATE: TextBytes = TextBytes(256);
 
 /// Idle time after which a conversation no longer counts in its backend's footprint.
 pub const LIVE_HORIZON: Duration = Duration::from_secs(30);
@@ -47,27 +49,38 @@ pub const QUEUE_WEIGHT: f64 = 0.3;
 /// The rule.
 pub struct KvAware {
     ties: Ties,
-    conversations: Footprints,
+    conversations: Arc<Footprints>,
 }
 
-pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
+/// The policy over a prefix index and a conversation table of its own; not wrapped in
+/// session affinity, which it weighs itself.
+pub fn build(params: &PolicyParams) -> Selector {
     let clock = params.clock.clone();
+    let conversations = Arc::new(Footprints::new(
+        LIVE_HORIZON,
+        CONVERSATION_TTL,
+        MAX_CONVERSATIONS,
+        clock,
+    ));
     let rule = KvAware {
         ties: Ties::new(params.seed),
-        conversations: Footprints::new(LIVE_HORIZON, CONVERSATION_TTL, MAX_CONVERSATIONS, clock),
+        conversations: Arc::clone(&conversations),
     };
-    Box::new(PrefixPolicy::new(params, rule))
+    let index = params.index();
+    Selector::new(PrefixPolicy::new(&index, rule))
+        .indexed(index)
+        .with_table(conversations)
 }
 
 /// One decision's view of the candidates.
 struct View<'v> {
     ask: &'v Ask<'v, 'v, 'v>,
-    /// Bytes of live conversations on each candidate.
-    held: Vec<usize>,
+    /// Routing text of live conversations on each candidate.
+    held: Vec<TextBytes>,
 }
 
 impl View<'_> {
-    fn matched(&self, i: usize) -> usize {
+    fn matched(&self, i: usize) -> TextBytes {
         self.ask.matches.matched(self.ask.candidates[i].id)
     }
 
@@ -78,12 +91,12 @@ impl View<'_> {
     /// Whether candidate `i` can take this conversation without overflowing its KV.
     fn room(&self, i: usize) -> bool {
         let capacity = self.ask.candidates[i].capacity;
-        capacity == 0 || self.held[i] + self.ask.matches.total() <= capacity
+        capacity.0 == 0 || self.held[i] + self.ask.matches.total() <= capacity
     }
 
     fn overflowing(&self, i: usize) -> bool {
         let capacity = self.ask.candidates[i].capacity;
-        capacity > 0 && self.held[i] > capacity
+        capacity.0 > 0 && self.held[i] > capacity
     }
 }
 
@@ -103,7 +116,7 @@ impl KvAware {
             }));
         }
         let request = view.ask.request;
-        let anchor_is_own = request.text.anchor_len() > shared;
+        let anchor_is_own = TextBytes(request.text.anchor_len()) > shared;
         if request.session.is_none() && !anchor_is_own {
             return None;
         }
@@ -118,9 +131,9 @@ impl KvAware {
         let held = matches.hot();
         let cost = |i: usize| {
             let fresh = matches.total().saturating_sub(view.matched(i).max(held));
-            fresh as f64 + QUEUE_WEIGHT * candidates[i].pending as f64
+            fresh.0 as f64 + QUEUE_WEIGHT * candidates[i].pending.0 as f64
         };
-        let fill = |i: usize| view.held[i] as f64 / candidates[i].capacity.max(1) as f64;
+        let fill = |i: usize| view.held[i].0 as f64 / candidates[i].capacity.0.max(1) as f64;
         self.ties.best(view.len(), |i| {
             (
                 !any_room || view.room(i),
@@ -153,23 +166,15 @@ impl Rule for KvAware {
     }
 
     fn placed(&self, request: &Request, backend: BackendId) {
-        (self.conversations).note(request.conversation(), backend, request.text.len());
-    }
-
-    fn retain(&self, live: &dyn Fn(BackendId) -> bool) {
-        self.conversations.retain(live);
-    }
-
-    fn keeps_sessions(&self) -> bool {
-        true
+        (self.conversations).note(request.conversation(), backend, request.text.size());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Candidate;
     use crate::policy::testing::*;
-    use crate::policy::{Candidate, Selector};
     use crate::request::RoutingText;
 
     const PROMPT: &str = include_str!("kv_aware.rs");
@@ -185,14 +190,13 @@ mod tests {
     }
 
     fn selector() -> Selector {
-        let params = params(0.3, 64);
-        Selector::new(build(&params), params.tunables, Duration::from_secs(60))
+        build(&params(0.3, 64))
     }
 
     /// `n` idle candidates with `capacity` bytes of KV each.
     fn fleet(n: usize, capacity: usize) -> Vec<Candidate> {
         let mut c = candidates(&vec![0; n]);
-        c.iter_mut().for_each(|c| c.capacity = capacity);
+        c.iter_mut().for_each(|c| c.capacity = TextBytes(capacity));
         c
     }
 
@@ -222,13 +226,13 @@ mod tests {
         }
         let first = conversation(user(7), &[]);
         let home = s.select(&request(&first, None), &fleet).index;
-        fleet[home].pending = 4 * PROMPT.len();
+        fleet[home].pending = TextBytes(4 * PROMPT.len());
         fleet[home].load = 5;
         let turn = "assistant: a long answer and a tool result ".repeat(30);
         let next = conversation(user(7), &[Box::leak(turn.into_boxed_str())]);
         let d = s.select(&request(&next, None), &fleet);
         assert_eq!((d.index, d.outcome), (home, Outcome::PrefixHit));
-        assert!(d.matched > PROMPT.len());
+        assert!(d.matched.0 > PROMPT.len());
     }
 
     #[test]

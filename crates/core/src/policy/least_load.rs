@@ -1,16 +1,18 @@
 //! `least_load`: the candidate with the fewest requests in flight (ties at random).
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
 
 /// Picks the least loaded.
 pub struct LeastLoad {
     ties: Ties,
 }
 
-pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
-    Box::new(LeastLoad {
+/// The policy, with session affinity.
+pub fn build(params: &PolicyParams) -> Selector {
+    Selector::new(LeastLoad {
         ties: Ties::new(params.seed),
     })
+    .sticky(params)
 }
 
 impl Policy for LeastLoad {
@@ -29,13 +31,13 @@ mod tests {
         let t = text("x");
         let p = build(&params(0.3, 64));
         assert_eq!(
-            p.choose(&request(&t, None), &candidates(&[3, 1, 2])).index,
+            p.select(&request(&t, None), &candidates(&[3, 1, 2])).index,
             1
         );
         let tied = candidates(&[0, 0, 5]);
         let mut seen = [0; 3];
         for _ in 0..200 {
-            seen[p.choose(&request(&t, None), &tied).index] += 1;
+            seen[p.select(&request(&t, None), &tied).index] += 1;
         }
         assert!(seen[0] > 0 && seen[1] > 0 && seen[2] == 0, "{seen:?}");
     }

@@ -1,10 +1,10 @@
-//! Routing policies: one trait, one file per policy, and the one table where policies are
-//! named. A policy picks among ready candidates; it knows nothing of HTTP or of the fleet.
-//! Session affinity sits on top of every policy ([`Selector`]).
+//! Routing policies: one trait of two methods, one file per policy, and the one table
+//! where policies are named. A policy picks among ready candidates; it knows nothing of
+//! HTTP or of the fleet. What some policies keep besides (the prefix index, the session
+//! and conversation tables) are handles the [`Selector`] holds, not methods of the trait;
+//! session affinity is a wrapper ([`Sticky`]) around the policies that want it.
 
-mod affinity;
 mod cache_aware;
-mod calibration;
 mod consistent_hash;
 mod footprint;
 mod kv_aware;
@@ -14,22 +14,26 @@ mod prefill_aware;
 mod prefix;
 mod random;
 mod round_robin;
+mod selector;
 mod sessions;
+mod sticky;
 mod ties;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-use arc_swap::ArcSwap;
-
-pub use affinity::Selector;
+pub use selector::{Selector, TableSize};
 pub use sessions::Sessions;
+pub use sticky::Sticky;
 pub use ties::Ties;
 
 use crate::BackendId;
 use crate::clock::Clock;
+use crate::index::PrefixIndex;
 use crate::request::{RoutingText, SessionKey};
-use crate::tree::{TreeConfig, TreeStats};
+use crate::tree::TreeConfig;
+use crate::units::TextBytes;
 
 /// Balance bounds shared by `cache_aware` and session affinity: the fleet is imbalanced when
 /// max in-flight - min in-flight > `abs` and max > min * `rel`.
@@ -54,30 +58,14 @@ pub struct Candidate {
     pub id: BackendId,
     /// Its requests in flight.
     pub load: usize,
-    /// Bytes of routing text its in-flight requests were not expected to find cached and
-    /// that have not been answered yet: the prefill work queued there.
-    pub pending: usize,
-    /// Bytes of routing text of its requests in flight: the KV they hold while they run.
-    pub active: usize,
-    /// Its KV capacity, in bytes of routing text; 0 when unknown (prefix policies then take
-    /// its index budget instead).
-    pub capacity: usize,
+    /// Routing text of its in-flight requests that was not expected cached and has not
+    /// been answered yet: the prefill work queued there.
+    pub pending: TextBytes,
+    /// Its KV capacity, as routing text; 0 when unknown (prefix policies then take what
+    /// their index may remember of it).
+    pub capacity: TextBytes,
     /// A stable hash of its address (same on every router replica).
     pub hash: u64,
-}
-
-impl Candidate {
-    /// A candidate with nothing known of its KV (`active` and `capacity` 0).
-    pub fn new(id: BackendId, load: usize, pending: usize, hash: u64) -> Self {
-        Candidate {
-            id,
-            load,
-            pending,
-            active: 0,
-            capacity: 0,
-            hash,
-        }
-    }
 }
 
 /// What a request offers a policy.
@@ -142,8 +130,8 @@ pub struct Decision {
     pub index: usize,
     /// Why.
     pub outcome: Outcome,
-    /// Bytes of the text the chosen backend is believed to hold.
-    pub matched: usize,
+    /// Routing text the chosen backend is believed to hold.
+    pub matched: TextBytes,
 }
 
 impl Decision {
@@ -152,7 +140,7 @@ impl Decision {
         Decision {
             index,
             outcome,
-            matched: 0,
+            matched: TextBytes(0),
         }
     }
 }
@@ -163,46 +151,33 @@ pub trait Policy: Send + Sync {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision;
 
     /// Learns that `backend` was given `request` by someone else (session affinity);
-    /// returns the bytes of its text the backend was believed to hold.
-    fn record(&self, _request: &Request, _backend: BackendId) -> usize {
-        0
+    /// returns the routing text the backend was believed to hold.
+    fn record(&self, _request: &Request, _backend: BackendId) -> TextBytes {
+        TextBytes(0)
+    }
+}
+
+impl<P: Policy + ?Sized> Policy for Box<P> {
+    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        (**self).choose(request, candidates)
     }
 
-    /// Periodic upkeep (eviction); `live` tells which backends still exist. Returns the
-    /// bytes of remembered text evicted.
-    fn maintain(&self, _live: &dyn Fn(BackendId) -> bool) -> usize {
-        0
+    fn record(&self, request: &Request, backend: BackendId) -> TextBytes {
+        (**self).record(request, backend)
     }
+}
 
-    /// Whether upkeep is due before its interval (enough text recorded since the last
-    /// eviction to put a backend over budget). Asked after every decision: must be cheap.
-    fn needs_upkeep(&self) -> bool {
-        false
-    }
+/// What a policy remembers by key besides the prefix index (sessions, conversations):
+/// bounded, swept by upkeep, counted in stats.
+pub trait Table: Send + Sync {
+    /// The name stats show it under.
+    fn name(&self) -> &'static str;
 
-    /// Prefix-tree figures, for policies that keep a tree.
-    fn tree_stats(&self) -> Option<TreeStats> {
-        None
-    }
+    /// Entries held.
+    fn entries(&self) -> usize;
 
-    /// Sizes what the policy remembers of `backend` to `tokens` of KV (its capacity), or
-    /// back to the configured size (`None`).
-    fn set_budget(&self, _backend: BackendId, _tokens: Option<usize>) {}
-
-    /// The tokens of KV the policy remembers at most for `backend`, if it remembers any.
-    fn budget(&self, _backend: BackendId) -> Option<usize> {
-        None
-    }
-
-    /// Learns from a response: `backend` reported `delivered` bytes' worth of cached
-    /// tokens where the policy predicted `predicted` bytes.
-    fn observe(&self, _backend: BackendId, _predicted: usize, _delivered: usize) {}
-
-    /// Whether the policy keeps sessions on their backends itself (weighing when to move
-    /// one), so that the selector's own session affinity must not override it.
-    fn keeps_sessions(&self) -> bool {
-        false
-    }
+    /// Drops expired entries and those of backends for which `live` is false.
+    fn sweep(&self, live: &dyn Fn(BackendId) -> bool);
 }
 
 /// Policy parameters a reload may change while requests are being routed.
@@ -223,24 +198,31 @@ impl Default for Tunables {
     }
 }
 
-/// [`Tunables`] shared by the policy and the session layer, replaced atomically.
-#[derive(Clone, Debug)]
-pub struct SharedTunables(Arc<ArcSwap<Tunables>>);
+/// Where policies read the current [`Tunables`]: fixed, or read from a snapshot the caller
+/// swaps on reload.
+#[derive(Clone)]
+pub struct SharedTunables(Arc<dyn Fn() -> Tunables + Send + Sync>);
 
 impl SharedTunables {
-    /// Shared `tunables`.
-    pub fn new(tunables: Tunables) -> Self {
-        SharedTunables(Arc::new(ArcSwap::from_pointee(tunables)))
+    /// Always `tunables`.
+    pub fn fixed(tunables: Tunables) -> Self {
+        SharedTunables(Arc::new(move || tunables))
+    }
+
+    /// Whatever `read` returns at each decision (it must be cheap).
+    pub fn reading(read: impl Fn() -> Tunables + Send + Sync + 'static) -> Self {
+        SharedTunables(Arc::new(read))
     }
 
     /// The current values.
     pub fn get(&self) -> Tunables {
-        **self.0.load()
+        (self.0)()
     }
+}
 
-    /// Replaces the values; requests routed from now on see them.
-    pub fn set(&self, tunables: Tunables) {
-        self.0.store(Arc::new(tunables));
+impl fmt::Debug for SharedTunables {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        self.get().fmt(f)
     }
 }
 
@@ -249,15 +231,24 @@ impl SharedTunables {
 pub struct PolicyParams {
     /// Reloadable parameters.
     pub tunables: SharedTunables,
-    /// Prefix-tree settings.
+    /// Prefix-index settings.
     pub tree: TreeConfig,
     /// Seed of the policy's tie-breaking turns and random picks.
     pub seed: u64,
-    /// The clock the policy measures idleness on (the selector's).
+    /// The clock sessions and conversations measure idleness on.
     pub clock: Arc<dyn Clock>,
-    /// Whether prefix policies correct each backend's index budget from the cached tokens
-    /// it reports ([`calibration`](self)). Default true.
+    /// Whether the prefix index corrects each backend's budget from the cached tokens it
+    /// reports. Default true.
     pub calibrate: bool,
+    /// Idle time after which a session forgets its backend. Default 30 min.
+    pub session_ttl: Duration,
+}
+
+impl PolicyParams {
+    /// An empty prefix index of these settings.
+    pub fn index(&self) -> Arc<PrefixIndex> {
+        Arc::new(PrefixIndex::new(self.tree.clone(), self.calibrate))
+    }
 }
 
 /// A policy name with its constructor.
@@ -265,12 +256,12 @@ pub struct PolicyParams {
 pub struct PolicyChoice {
     /// The name used in config and on the command line.
     pub name: &'static str,
-    build: fn(&PolicyParams) -> Box<dyn Policy>,
+    build: fn(&PolicyParams) -> Selector,
 }
 
 impl PolicyChoice {
-    /// Builds the policy.
-    pub fn build(&self, params: &PolicyParams) -> Box<dyn Policy> {
+    /// The policy with the handles it keeps.
+    pub fn build(&self, params: &PolicyParams) -> Selector {
         (self.build)(params)
     }
 }

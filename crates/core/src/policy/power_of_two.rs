@@ -1,16 +1,18 @@
 //! `power_of_two`: two random candidates, the less loaded of them.
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
 
 /// Power of two choices.
 pub struct PowerOfTwo {
     dice: Ties,
 }
 
-pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
-    Box::new(PowerOfTwo {
+/// The policy, with session affinity.
+pub fn build(params: &PolicyParams) -> Selector {
+    Selector::new(PowerOfTwo {
         dice: Ties::new(params.seed),
     })
+    .sticky(params)
 }
 
 impl Policy for PowerOfTwo {
@@ -39,8 +41,8 @@ mod tests {
         let c = candidates(&[0, 100]);
         let p = build(&params(0.3, 64));
         for _ in 0..50 {
-            assert_eq!(p.choose(&request(&t, None), &c).index, 0);
+            assert_eq!(p.select(&request(&t, None), &c).index, 0);
         }
-        assert_eq!(p.choose(&request(&t, None), &candidates(&[4])).index, 0);
+        assert_eq!(p.select(&request(&t, None), &candidates(&[4])).index, 0);
     }
 }

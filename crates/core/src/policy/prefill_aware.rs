@@ -7,18 +7,23 @@
 use std::cmp::Reverse;
 
 use super::prefix::{Ask, PrefixPolicy, Rule};
-use super::{Decision, Outcome, Policy, PolicyParams, Ties};
+use super::{Decision, Outcome, PolicyParams, Selector, Ties};
+use crate::units::TextBytes;
 
 /// The least-estimated-prefill rule.
 pub struct LeastPrefill {
     ties: Ties,
 }
 
-pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
+/// The policy over a prefix index of its own, with session affinity.
+pub fn build(params: &PolicyParams) -> Selector {
     let rule = LeastPrefill {
         ties: Ties::new(params.seed),
     };
-    Box::new(PrefixPolicy::new(params, rule))
+    let index = params.index();
+    Selector::new(PrefixPolicy::new(&index, rule))
+        .indexed(index)
+        .sticky(params)
 }
 
 impl Rule for LeastPrefill {
@@ -30,7 +35,7 @@ impl Rule for LeastPrefill {
             (Reverse(cost(i)), matched(i), Reverse(candidates[i].load))
         });
         let outcome = match matches.best() {
-            0 => Outcome::PrefixMiss,
+            TextBytes(0) => Outcome::PrefixMiss,
             best if matched(index) == best => Outcome::PrefixHit,
             _ => Outcome::Imbalance,
         };
@@ -45,17 +50,18 @@ impl Rule for LeastPrefill {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::BackendId;
     use crate::policy::Candidate;
     use crate::policy::testing::*;
 
-    fn policy() -> Box<dyn Policy> {
+    fn policy() -> Selector {
         build(&params(0.3, 64))
     }
 
     fn with_pending(pending: &[usize]) -> Vec<Candidate> {
         let mut c = candidates(&vec![0; pending.len()]);
-        c.iter_mut().zip(pending).for_each(|(c, &p)| c.pending = p);
+        c.iter_mut()
+            .zip(pending)
+            .for_each(|(c, &p)| c.pending = TextBytes(p));
         c
     }
 
@@ -64,16 +70,16 @@ mod tests {
         let p = policy();
         let prompt = "a shared system prompt that is long enough to matter. ".repeat(20);
         let first = text(Box::leak(prompt.clone().into_boxed_str()));
-        let d1 = p.choose(&request(&first, None), &with_pending(&[0, 0, 0]));
+        let d1 = p.select(&request(&first, None), &with_pending(&[0, 0, 0]));
         let next = text(Box::leak(
             format!("{prompt} and a new question").into_boxed_str(),
         ));
-        let d2 = p.choose(&request(&next, None), &with_pending(&[0, 0, 0]));
+        let d2 = p.select(&request(&next, None), &with_pending(&[0, 0, 0]));
         assert_eq!((d2.index, d2.outcome), (d1.index, Outcome::PrefixHit));
         // Its queue now costs more than recomputing the whole text elsewhere.
         let mut busy = vec![0, 0, 0];
         busy[d1.index] = 10 * next.len();
-        let d3 = p.choose(&request(&next, None), &with_pending(&busy));
+        let d3 = p.select(&request(&next, None), &with_pending(&busy));
         assert_ne!(d3.index, d1.index);
         assert_eq!(d3.outcome, Outcome::Imbalance);
     }
@@ -82,8 +88,8 @@ mod tests {
     fn new_texts_go_to_the_least_queued() {
         let p = policy();
         let t = text("never seen before");
-        let d = p.choose(&request(&t, None), &with_pending(&[500, 20, 900]));
+        let d = p.select(&request(&t, None), &with_pending(&[500, 20, 900]));
         assert_eq!((d.index, d.outcome), (1, Outcome::PrefixMiss));
-        assert_eq!(p.record(&request(&t, None), BackendId(2)), 0);
+        assert_eq!(d.matched, TextBytes(0));
     }
 }

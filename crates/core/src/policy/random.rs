@@ -1,16 +1,18 @@
 //! `random`: a uniformly random candidate.
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
 
 /// Picks at random.
 pub struct Random {
     dice: Ties,
 }
 
-pub fn build(params: &PolicyParams) -> Box<dyn Policy> {
-    Box::new(Random {
+/// The policy, with session affinity.
+pub fn build(params: &PolicyParams) -> Selector {
+    Selector::new(Random {
         dice: Ties::new(params.seed),
     })
+    .sticky(params)
 }
 
 impl Policy for Random {
@@ -31,7 +33,7 @@ mod tests {
         let mut seen = [false; 3];
         let p = build(&params(0.3, 64));
         for _ in 0..200 {
-            seen[p.choose(&request(&t, None), &c).index] = true;
+            seen[p.select(&request(&t, None), &c).index] = true;
         }
         assert_eq!(seen, [true; 3]);
     }

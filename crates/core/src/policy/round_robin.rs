@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector};
 
 /// Rotates over the candidates.
 #[derive(Default)]
@@ -10,8 +10,9 @@ pub struct RoundRobin {
     next: AtomicUsize,
 }
 
-pub fn build(_: &PolicyParams) -> Box<dyn Policy> {
-    Box::new(RoundRobin::default())
+/// The policy, with session affinity.
+pub fn build(params: &PolicyParams) -> Selector {
+    Selector::new(RoundRobin::default()).sticky(params)
 }
 
 impl Policy for RoundRobin {

@@ -91,6 +91,20 @@ impl Sessions {
     }
 }
 
+impl super::Table for Sessions {
+    fn name(&self) -> &'static str {
+        "sessions"
+    }
+
+    fn entries(&self) -> usize {
+        Sessions::len(self)
+    }
+
+    fn sweep(&self, live: &dyn Fn(BackendId) -> bool) {
+        Sessions::sweep(self, live);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,26 +9,10 @@
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::RoutingText;
-
-/// Bytes of routing text per block: 16 tokens at the 4 bytes per token routing text
-/// measures (`crate::TEXT_BYTES_PER_TOKEN`).
-pub const BLOCK_BYTES: usize = 64;
-
-/// Bytes of index key per block: one hash.
-pub const KEY_BYTES: usize = 8;
+use crate::units::BLOCK_BYTES;
 
 /// Hash of the empty prefix, linked to the first block.
 const ROOT: u64 = 0x9a7c_1d2e_5b3f_4061;
-
-/// Bytes of index keys that `tokens` of KV cache stand for.
-pub fn key_bytes(tokens: usize) -> usize {
-    tokens.saturating_mul(crate::TEXT_BYTES_PER_TOKEN) / BLOCK_BYTES * KEY_BYTES
-}
-
-/// Tokens of KV cache that `key_bytes` of index keys stand for.
-pub fn tokens(key_bytes: usize) -> usize {
-    key_bytes / KEY_BYTES * BLOCK_BYTES / crate::TEXT_BYTES_PER_TOKEN
-}
 
 /// The hash of the prefix ending with `block`, given the hash `prev` of the prefix before
 /// it. The block's own hash does not wait for `prev`, so consecutive blocks overlap in the

@@ -155,6 +155,11 @@ impl<'a> RoutingText<'a> {
         &self.parts
     }
 
+    /// Length of the text, as a size.
+    pub fn size(&self) -> crate::units::TextBytes {
+        crate::units::TextBytes(self.len())
+    }
+
     /// Length of the text in bytes.
     pub fn len(&self) -> usize {
         self.len

@@ -8,8 +8,9 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::request::blocks::{self, BLOCK_BYTES, KEY_BYTES};
+use crate::request::blocks;
 use crate::request::{Endpoint, parse};
+use crate::units::{BLOCK_BYTES, KEY_BYTES, KeyBytes, TextBytes};
 
 /// Pieces of text longer and shorter than a block, so that texts share prefixes that end
 /// anywhere inside a block.
@@ -62,7 +63,7 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
 /// One shard, so that both trees compare texts with texts.
 fn one_shard(bytes: usize) -> TreeConfig {
     TreeConfig {
-        max_bytes_per_backend: bytes,
+        budget: KeyBytes(bytes),
         shards: 1,
         ..TreeConfig::default()
     }
@@ -93,7 +94,7 @@ proptest! {
             for b in 0..3 {
                 let b = BackendId(b);
                 let by_text = text_tree.matches(b"m", text_parts).matched(b);
-                let by_block = block_tree.matches(b"m", &keys).per_block(KEY_BYTES, BLOCK_BYTES, total).matched(b);
+                let by_block = block_tree.matches(b"m", &keys).text(TextBytes(total)).matched(b).0;
                 prop_assert_eq!(by_block, by_text / BLOCK_BYTES * BLOCK_BYTES, "backend {:?}", b);
             }
             text_tree.insert(b"m", text_parts, BackendId(*backend));

@@ -40,7 +40,7 @@ impl PrefixTrees {
     pub fn evict(&self) -> EvictReport {
         self.grown.store(0, std::sync::atomic::Ordering::Relaxed);
         let mut plan: Plan = (self.usage_totals().into_iter())
-            .filter_map(|(b, used)| Some((b, used.checked_sub(self.budget(b))?, 0)))
+            .filter_map(|(b, used)| Some((b, used.checked_sub(self.budget_bytes(b))?, 0)))
             .filter(|&(_, excess, _)| excess > 0)
             .collect();
         let mut report = EvictReport::default();

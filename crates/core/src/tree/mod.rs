@@ -35,6 +35,7 @@ use parking_lot::{MappedRwLockReadGuard, Mutex, RwLock, RwLockReadGuard, RwLockW
 use smallvec::SmallVec;
 
 use crate::BackendId;
+use crate::units::{KeyBytes, TextBytes};
 pub use evict::EvictReport;
 use radix::{Entry, Radix};
 use text::Cursor;
@@ -42,9 +43,9 @@ use text::Cursor;
 /// Sizing of the trees.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeConfig {
-    /// Max bytes of keys per backend (sum of edge lengths of nodes the backend is on),
+    /// Key bytes per backend at most (sum of edge lengths of nodes the backend is on),
     /// across all models. Default 512 KiB: a million tokens' worth of block hashes.
-    pub max_bytes_per_backend: usize,
+    pub budget: KeyBytes,
     /// Number of lock shards per model tree (0 is taken as 1). Default 32.
     pub shards: usize,
     /// Leading bytes of the key that choose its shard. Default 8: the first block's hash
@@ -57,7 +58,7 @@ pub struct TreeConfig {
 impl Default for TreeConfig {
     fn default() -> Self {
         TreeConfig {
-            max_bytes_per_backend: 512 << 10,
+            budget: KeyBytes(512 << 10),
             shards: 32,
             shard_key_bytes: 8,
             hot_children: 16,
@@ -65,18 +66,19 @@ impl Default for TreeConfig {
     }
 }
 
-/// Per-backend matched prefix lengths for one text.
+/// Per-backend matched prefix lengths for one text, in bytes of the tree's keys (`usize`)
+/// or, once converted by [`Matches::text`], of routing text.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Matches {
-    /// Length of the whole text, bytes.
-    total: usize,
+pub struct Matches<U = usize> {
+    /// Length of the whole text.
+    total: U,
     /// Length of the longest matched prefix that texts recorded earlier continue in more
-    /// than one way (a branching point of the tree), bytes.
-    shared: usize,
-    /// Like `shared`, for prefixes continued in at least `hot_children` ways, bytes.
-    hot: usize,
-    /// (backend, matched bytes > 0), sorted by backend.
-    per_backend: SmallVec<[(BackendId, usize); 8]>,
+    /// than one way (a branching point of the tree).
+    shared: U,
+    /// Like `shared`, for prefixes continued in at least `hot_children` ways.
+    hot: U,
+    /// (backend, matched length > 0), sorted by backend.
+    per_backend: SmallVec<[(BackendId, U); 8]>,
 }
 
 impl Matches {
@@ -107,56 +109,60 @@ impl Matches {
         }
     }
 
-    /// Length of the whole text, bytes.
-    pub fn total(&self) -> usize {
-        self.total
-    }
-
-    /// These matches, made over keys of `key` bytes per block of `block` bytes of text, as
-    /// bytes of text (whole blocks) of a text of `total` bytes.
-    pub fn per_block(&self, key: usize, block: usize, total: usize) -> Matches {
-        let text = |depth: usize| depth / key.max(1) * block;
+    /// These matches, made over keys of block hashes, as routing text (whole blocks) of a
+    /// text of `total` bytes.
+    pub fn text(&self, total: TextBytes) -> Matches<TextBytes> {
+        let text = |depth: usize| KeyBytes(depth).text();
         Matches {
             total,
             shared: text(self.shared),
             hot: text(self.hot),
-            per_backend: self
-                .per_backend
-                .iter()
+            per_backend: (self.per_backend.iter())
                 .map(|&(b, m)| (b, text(m)))
                 .collect(),
         }
     }
+}
 
-    /// Bytes of the text's prefix that `id` was sent; 0 if none.
-    pub fn matched(&self, id: BackendId) -> usize {
-        self.per_backend
-            .binary_search_by_key(&id, |&(b, _)| b)
-            .map_or(0, |i| self.per_backend[i].1)
+impl<U: Copy + Ord + Default> Matches<U> {
+    /// Length of the whole text.
+    pub fn total(&self) -> U {
+        self.total
     }
 
-    /// (backend, matched bytes) for each backend with a match, by backend id.
-    pub fn iter(&self) -> impl Iterator<Item = (BackendId, usize)> + '_ {
+    /// Length of the text's prefix that `id` was sent; 0 if none.
+    pub fn matched(&self, id: BackendId) -> U {
+        self.per_backend
+            .binary_search_by_key(&id, |&(b, _)| b)
+            .map_or(U::default(), |i| self.per_backend[i].1)
+    }
+
+    /// (backend, matched length) for each backend with a match, by backend id.
+    pub fn iter(&self) -> impl Iterator<Item = (BackendId, U)> + '_ {
         self.per_backend.iter().copied()
     }
 
     /// Length of the longest prefix of the text that earlier texts continue in more than
-    /// one way, bytes: a prefix shared by several conversations (a system prompt, a
-    /// template), as opposed to one conversation's own history below it.
-    pub fn shared(&self) -> usize {
+    /// one way: a prefix shared by several conversations (a system prompt, a template), as
+    /// opposed to one conversation's own history below it.
+    pub fn shared(&self) -> U {
         self.shared
     }
 
     /// Length of the longest prefix of the text that earlier texts continue in at least
-    /// [`TreeConfig::hot_children`] ways, bytes: a prefix so much in demand that every
-    /// backend will soon hold it anyway.
-    pub fn hot(&self) -> usize {
+    /// [`TreeConfig::hot_children`] ways: a prefix so much in demand that every backend
+    /// will soon hold it anyway.
+    pub fn hot(&self) -> U {
         self.hot
     }
 
-    /// The longest match over all backends, bytes; 0 if none.
-    pub fn best(&self) -> usize {
-        self.per_backend.iter().map(|&(_, m)| m).max().unwrap_or(0)
+    /// The longest match over all backends; 0 if none.
+    pub fn best(&self) -> U {
+        self.per_backend
+            .iter()
+            .map(|&(_, m)| m)
+            .max()
+            .unwrap_or_default()
     }
 }
 
@@ -237,7 +243,7 @@ impl PrefixTrees {
     /// Empty trees sized by `config`.
     pub fn new(config: TreeConfig) -> Self {
         PrefixTrees {
-            smallest: AtomicUsize::new(config.max_bytes_per_backend),
+            smallest: AtomicUsize::new(config.budget.0),
             config,
             budgets: RwLock::new(HashMap::new()),
             models: RwLock::new(HashMap::new()),
@@ -322,26 +328,31 @@ impl PrefixTrees {
         matches
     }
 
-    /// Sets `backend`'s budget in bytes (`None`: the configured one). The next eviction
-    /// brings it down to a smaller one.
-    pub fn set_budget(&self, backend: BackendId, bytes: Option<usize>) {
+    /// Sets `backend`'s budget (`None`: the configured one). The next eviction brings it
+    /// down to a smaller one.
+    pub fn set_budget(&self, backend: BackendId, budget: Option<KeyBytes>) {
         let mut budgets = self.budgets.write();
-        match bytes.filter(|&b| b != self.config.max_bytes_per_backend) {
-            Some(b) => budgets.insert(backend, b.max(1)),
+        match budget.filter(|&b| b != self.config.budget) {
+            Some(b) => budgets.insert(backend, b.0.max(1)),
             None => budgets.remove(&backend),
         };
         let smallest = budgets.values().copied().min().unwrap_or(usize::MAX);
-        let smallest = smallest.min(self.config.max_bytes_per_backend);
+        let smallest = smallest.min(self.config.budget.0);
         self.smallest.store(smallest, Ordering::Relaxed);
     }
 
-    /// `backend`'s budget, bytes.
-    pub fn budget(&self, backend: BackendId) -> usize {
+    /// `backend`'s budget.
+    pub fn budget(&self, backend: BackendId) -> KeyBytes {
+        KeyBytes(self.budget_bytes(backend))
+    }
+
+    /// `backend`'s budget, key bytes.
+    fn budget_bytes(&self, backend: BackendId) -> usize {
         let budgets = self.budgets.read();
         budgets
             .get(&backend)
             .copied()
-            .unwrap_or(self.config.max_bytes_per_backend)
+            .unwrap_or(self.config.budget.0)
     }
 
     /// True when the text recorded since the last eviction could have put a backend 10%
@@ -354,7 +365,7 @@ impl PrefixTrees {
     /// per-shard counters (one short lock per shard), no tree walk.
     pub fn over_budget(&self) -> bool {
         let over = |b: BackendId, used: usize| {
-            let limit = self.budget(b);
+            let limit = self.budget_bytes(b);
             used > limit.saturating_add(limit / 10)
         };
         self.usage_totals().iter().any(|&(b, used)| over(b, used))

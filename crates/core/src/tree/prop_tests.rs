@@ -52,7 +52,7 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn config() -> impl Strategy<Value = TreeConfig> {
     (1usize..4, 0usize..5).prop_map(|(shards, shard_key_bytes)| TreeConfig {
-        max_bytes_per_backend: usize::MAX,
+        budget: crate::units::KeyBytes(usize::MAX),
         shards,
         shard_key_bytes,
         ..TreeConfig::default()
@@ -114,7 +114,7 @@ proptest! {
         config in config(), budget in 0usize..40,
         ops in vec(op(), 0..40), queries in vec(op(), 0..10)
     ) {
-        let config = TreeConfig { max_bytes_per_backend: budget, ..config };
+        let config = TreeConfig { budget: crate::units::KeyBytes(budget), ..config };
         let t = PrefixTrees::new(config.clone());
         for chunk in ops.chunks(7) {
             insert_all(&t, chunk);

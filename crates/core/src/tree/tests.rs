@@ -11,7 +11,7 @@ fn b(i: u32) -> BackendId {
 /// One shard, so every text shares one tree.
 fn one_shard(budget: usize) -> PrefixTrees {
     PrefixTrees::new(TreeConfig {
-        max_bytes_per_backend: budget,
+        budget: KeyBytes(budget),
         shards: 1,
         ..TreeConfig::default()
     })
@@ -363,11 +363,11 @@ fn a_backend_with_a_budget_of_its_own_is_evicted_down_to_it() {
     let other = "y".repeat(600);
     t.insert(M, &[long.as_str()], b(0));
     t.insert(M, &[other.as_str()], b(1));
-    t.set_budget(b(1), Some(100));
+    t.set_budget(b(1), Some(KeyBytes(100)));
     assert!(t.eviction_due() || t.over_budget());
     t.evict();
     assert_eq!(matched(&t, &[long.as_str()], 0), 600);
     assert_eq!(matched(&t, &[other.as_str()], 1), 0);
     t.set_budget(b(1), None);
-    assert_eq!(t.budget(b(1)), 1000);
+    assert_eq!(t.budget(b(1)), KeyBytes(1000));
 }

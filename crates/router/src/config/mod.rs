@@ -4,18 +4,19 @@
 
 mod settings;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
 use prefix_router_core::policy::{self, Balance, PolicyChoice, Tunables};
-use prefix_router_core::request::{SessionHeaders, blocks};
+use prefix_router_core::request::SessionHeaders;
 use prefix_router_core::tree::TreeConfig;
+use prefix_router_core::units::Tokens;
 
 pub use settings::Settings;
 
 use crate::fleet::{HealthSettings, Worker};
-use crate::proxy::{ExchangeTimeouts, Limits};
+use crate::limits::{ExchangeTimeouts, Limits, Live};
 
 /// A configuration that cannot be used, naming the option at fault.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +38,17 @@ pub enum ConfigError {
     },
 }
 
-/// The router's whole configuration, checked: each part's own settings type, built here.
+/// Where the configuration came from, so that it can be read again on reload.
+#[derive(Clone, Debug, Default)]
+pub struct Source {
+    /// The config file, if any.
+    pub file: Option<PathBuf>,
+    /// Flags laid over the file.
+    pub flags: Settings,
+}
+
+/// The router's whole configuration, checked: each part's own settings type, built here
+/// from the part's own defaults.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// `host:port` of the data plane. Default `0.0.0.0:8080`.
@@ -50,25 +61,19 @@ pub struct Config {
     pub upgrade_socket: String,
     /// Backends. May be empty (every request then gets 503).
     pub workers: Vec<Worker>,
-    /// Time to connect to a backend. Default 5 s.
-    pub connect_timeout: Duration,
     /// Health checks.
     pub health: HealthSettings,
     /// The routing policy. Default `kv_aware` ([`policy::DEFAULT`]).
     pub policy: PolicyChoice,
-    /// The policy's reloadable parameters (match threshold, imbalance bounds).
-    pub tunables: Tunables,
     /// The prefix index's budget and sharding.
     pub tree: TreeConfig,
-    /// Time between prefix-tree evictions. Default 120 s.
+    /// Time between full upkeep runs of the index and the policy's tables. Default 120 s.
     pub eviction_interval: Duration,
     /// Idle time after which a session forgets its backend. Default 30 min.
     pub session_ttl: Duration,
-    /// What each request may take and do: body size, timeouts, retries, session headers,
-    /// admission to the fleet.
-    pub limits: Limits,
-    /// Bytes of request bodies held at most, summed over requests. Default 1 GiB.
-    pub max_buffered_bytes: usize,
+    /// What a reload may change while serving: the limits of each request and the
+    /// policy's tunables.
+    pub live: Live,
     /// Data plane worker threads. Default: the number of CPUs.
     pub threads: usize,
     /// Longest drain of in-flight requests after SIGTERM or an upgrade; the process exits
@@ -76,6 +81,27 @@ pub struct Config {
     pub grace_period: Duration,
     /// Time runtimes get to stop after the drain. Default 5 s.
     pub shutdown_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "0.0.0.0:8080".into(),
+            admin_listen: "127.0.0.1:8081".into(),
+            admin_token: None,
+            upgrade_socket: "/tmp/prefix-router-upgrade.sock".into(),
+            workers: Vec::new(),
+            health: HealthSettings::default(),
+            policy: policy::choose(policy::DEFAULT).unwrap_or_else(|_| unreachable!()),
+            tree: TreeConfig::default(),
+            eviction_interval: Duration::from_secs(120),
+            session_ttl: Duration::from_secs(1800),
+            live: Live::default(),
+            threads: cpus(),
+            grace_period: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(5),
+        }
+    }
 }
 
 impl Config {
@@ -120,101 +146,112 @@ impl Config {
         Config::from_settings(base.overlay(flags))
     }
 
-    /// Applies defaults to `s` and checks every value.
+    /// The defaults, with every option `s` sets checked and laid over them.
     pub fn from_settings(s: Settings) -> Result<Config, ConfigError> {
-        let host = s.host.clone().unwrap_or_else(|| "0.0.0.0".into());
-        let workers = Worker::parse_all(s.worker_urls.as_deref().unwrap_or_default())
-            .map_err(|e| invalid("worker_urls", e.to_string()))?;
+        let d = Config::default();
+        let (host, port) = (s.host.as_deref(), s.port);
+        let (admin_host, admin_port) = (s.admin_host.as_deref(), s.admin_port);
+        let policy = s.policy.as_deref().map(policy::choose).transpose();
         Ok(Config {
-            listen: format!("{host}:{}", s.port.unwrap_or(8080)),
-            admin_listen: format!(
-                "{}:{}",
-                s.admin_host.as_deref().unwrap_or("127.0.0.1"),
-                s.admin_port.unwrap_or(8081)
-            ),
+            listen: address(&d.listen, host, port),
+            admin_listen: address(&d.admin_listen, admin_host, admin_port),
             admin_token: token(s.admin_token_file.as_deref())?,
-            upgrade_socket: s
-                .upgrade_socket
-                .clone()
-                .unwrap_or_else(|| "/tmp/prefix-router-upgrade.sock".into()),
-            workers,
-            connect_timeout: seconds("connect_timeout", s.connect_timeout, 5.0)?,
-            health: health(&s)?,
-            policy: policy::choose(s.policy.as_deref().unwrap_or(policy::DEFAULT))
-                .map_err(|e| invalid("policy", e.to_string()))?,
-            tunables: tunables(&s)?,
-            tree: tree(&s)?,
-            eviction_interval: seconds("eviction_interval", s.eviction_interval, 120.0)?,
-            session_ttl: seconds("session_ttl", s.session_ttl, 1800.0)?,
-            limits: limits(&s)?,
-            max_buffered_bytes: positive(
-                "max_buffered_bytes",
-                s.max_buffered_bytes.unwrap_or(1 << 30),
-            )?,
-            threads: positive("threads", s.threads.unwrap_or_else(cpus))?,
-            grace_period: seconds_or_zero("grace_period", s.grace_period, 60.0)?,
-            shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout, 5.0)?,
+            upgrade_socket: s.upgrade_socket.clone().unwrap_or(d.upgrade_socket),
+            workers: Worker::parse_all(s.worker_urls.as_deref().unwrap_or_default())
+                .map_err(|e| invalid("worker_urls", e.to_string()))?,
+            health: health(&s, d.health)?,
+            policy: policy
+                .map_err(|e| invalid("policy", e.to_string()))?
+                .unwrap_or(d.policy),
+            tree: tree(&s, d.tree)?,
+            eviction_interval: seconds("eviction_interval", s.eviction_interval)?
+                .unwrap_or(d.eviction_interval),
+            session_ttl: seconds("session_ttl", s.session_ttl)?.unwrap_or(d.session_ttl),
+            live: Live {
+                limits: limits(&s, d.live.limits)?,
+                tunables: tunables(&s, d.live.tunables)?,
+            },
+            threads: positive("threads", s.threads)?.unwrap_or(d.threads),
+            grace_period: seconds_or_zero("grace_period", s.grace_period)?
+                .unwrap_or(d.grace_period),
+            shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout)?
+                .unwrap_or(d.shutdown_timeout),
         })
     }
 }
 
-fn tunables(s: &Settings) -> Result<Tunables, ConfigError> {
-    let defaults = Tunables::default();
+/// `default` (`host:port`) with the host and port given replaced.
+fn address(default: &str, host: Option<&str>, port: Option<u16>) -> String {
+    let (default_host, default_port) = default.rsplit_once(':').unwrap_or((default, ""));
+    let port = port.map_or_else(|| default_port.to_string(), |p| p.to_string());
+    format!("{}:{port}", host.unwrap_or(default_host))
+}
+
+fn tunables(s: &Settings, d: Tunables) -> Result<Tunables, ConfigError> {
+    let rel = s
+        .balance_rel_threshold
+        .map(|r| at_least_one("balance_rel_threshold", r));
     Ok(Tunables {
-        cache_threshold: ratio(
-            "cache_threshold",
-            s.cache_threshold.unwrap_or(defaults.cache_threshold),
-        )?,
+        cache_threshold: (s.cache_threshold.map(|t| ratio("cache_threshold", t)))
+            .transpose()?
+            .unwrap_or(d.cache_threshold),
         balance: Balance {
-            abs: s.balance_abs_threshold.unwrap_or(defaults.balance.abs),
-            rel: at_least_one(
-                "balance_rel_threshold",
-                s.balance_rel_threshold.unwrap_or(defaults.balance.rel),
-            )?,
+            abs: s.balance_abs_threshold.unwrap_or(d.balance.abs),
+            rel: rel.transpose()?.unwrap_or(d.balance.rel),
         },
     })
 }
 
-fn tree(s: &Settings) -> Result<TreeConfig, ConfigError> {
-    let defaults = TreeConfig::default();
-    let tokens = s
-        .max_tree_size
-        .unwrap_or(blocks::tokens(defaults.max_bytes_per_backend));
-    let key_bytes = blocks::key_bytes(positive("max_tree_size", tokens)?);
-    if key_bytes == 0 {
+fn tree(s: &Settings, d: TreeConfig) -> Result<TreeConfig, ConfigError> {
+    let Some(tokens) = positive("max_tree_size", s.max_tree_size)? else {
+        return Ok(d);
+    };
+    let budget = Tokens(tokens).keys();
+    if budget.0 == 0 {
         return Err(invalid(
             "max_tree_size",
             format!("{tokens} tokens is less than one block"),
         ));
     }
-    Ok(TreeConfig {
-        max_bytes_per_backend: key_bytes,
-        ..defaults
-    })
+    Ok(TreeConfig { budget, ..d })
 }
 
-fn limits(s: &Settings) -> Result<Limits, ConfigError> {
+fn limits(s: &Settings, d: Limits) -> Result<Limits, ConfigError> {
+    let seconds = |option, value, default| Ok(seconds(option, value)?.unwrap_or(default));
+    let e = d.exchange;
     Ok(Limits {
-        max_body_bytes: positive("max_body_bytes", s.max_body_bytes.unwrap_or(32 << 20))?,
-        client_read: seconds("client_read_timeout", s.client_read_timeout, 60.0)?,
-        client_body: seconds("client_body_timeout", s.client_body_timeout, 300.0)?,
-        retries: s.retries.unwrap_or(2),
-        passive_failures: s.passive_failures.unwrap_or(3),
-        session_headers: session_headers(s.session_headers.as_deref())?,
+        max_body_bytes: positive("max_body_bytes", s.max_body_bytes)?.unwrap_or(d.max_body_bytes),
+        max_buffered_bytes: positive("max_buffered_bytes", s.max_buffered_bytes)?
+            .unwrap_or(d.max_buffered_bytes),
+        client_read: seconds("client_read_timeout", s.client_read_timeout, d.client_read)?,
+        client_body: seconds("client_body_timeout", s.client_body_timeout, d.client_body)?,
+        retries: s.retries.unwrap_or(d.retries),
+        passive_failures: s.passive_failures.unwrap_or(d.passive_failures),
+        session_headers: match s.session_headers.as_deref() {
+            Some(names) => session_headers(names)?,
+            None => d.session_headers,
+        },
         exchange: ExchangeTimeouts {
+            connect: seconds("connect_timeout", s.connect_timeout, e.connect)?,
             first_byte: seconds(
                 "upstream_first_byte_timeout",
                 s.upstream_first_byte_timeout,
-                600.0,
+                e.first_byte,
             )?,
-            idle: seconds("upstream_idle_timeout", s.upstream_idle_timeout, 120.0)?,
-            write: seconds("upstream_write_timeout", s.upstream_write_timeout, 60.0)?,
-            pool_idle: seconds("pool_idle_timeout", s.pool_idle_timeout, 60.0)?,
+            idle: seconds("upstream_idle_timeout", s.upstream_idle_timeout, e.idle)?,
+            write: seconds("upstream_write_timeout", s.upstream_write_timeout, e.write)?,
+            pool_idle: seconds("pool_idle_timeout", s.pool_idle_timeout, e.pool_idle)?,
         },
-        admission_timeout: seconds("admission_timeout", s.admission_timeout, 10.0)?,
-        max_inflight_per_backend: s.max_inflight_per_backend.unwrap_or(0),
-        max_queued: s.max_queued.unwrap_or(1024),
-        queue_timeout: seconds("queue_timeout", s.queue_timeout, 30.0)?,
+        admission_timeout: seconds(
+            "admission_timeout",
+            s.admission_timeout,
+            d.admission_timeout,
+        )?,
+        max_inflight_per_backend: s
+            .max_inflight_per_backend
+            .unwrap_or(d.max_inflight_per_backend),
+        max_queued: s.max_queued.unwrap_or(d.max_queued),
+        queue_timeout: seconds("queue_timeout", s.queue_timeout, d.queue_timeout)?,
     })
 }
 
@@ -244,31 +281,26 @@ fn token(file: Option<&Path>) -> Result<Option<String>, ConfigError> {
     }
 }
 
-fn health(s: &Settings) -> Result<HealthSettings, ConfigError> {
-    let path = s.health_check_path.as_deref().unwrap_or("/health");
-    let uri = match path.starts_with('/') {
-        true => http::Uri::try_from(path).ok(),
-        false => None,
+fn health(s: &Settings, d: HealthSettings) -> Result<HealthSettings, ConfigError> {
+    let path = match s.health_check_path.as_deref() {
+        Some(path) => (path
+            .starts_with('/')
+            .then(|| http::Uri::try_from(path).ok()))
+        .flatten()
+        .ok_or_else(|| invalid("health_check_path", format!("`{path}` is not a path")))?,
+        None => d.path,
     };
     Ok(HealthSettings {
-        interval: seconds("health_check_interval", s.health_check_interval, 5.0)?,
-        path: uri.ok_or_else(|| invalid("health_check_path", format!("`{path}` is not a path")))?,
-        timeout: seconds("health_check_timeout", s.health_check_timeout, 2.0)?,
-        successes: positive(
-            "health_check_successes",
-            s.health_check_successes.unwrap_or(1),
-        )?,
-        failures: positive(
-            "health_check_failures",
-            s.health_check_failures.unwrap_or(2),
-        )?,
+        interval: seconds("health_check_interval", s.health_check_interval)?.unwrap_or(d.interval),
+        path,
+        timeout: seconds("health_check_timeout", s.health_check_timeout)?.unwrap_or(d.timeout),
+        successes: positive("health_check_successes", s.health_check_successes)?
+            .unwrap_or(d.successes),
+        failures: positive("health_check_failures", s.health_check_failures)?.unwrap_or(d.failures),
     })
 }
 
-fn session_headers(names: Option<&[String]>) -> Result<SessionHeaders, ConfigError> {
-    let Some(names) = names else {
-        return Ok(SessionHeaders::default());
-    };
+fn session_headers(names: &[String]) -> Result<SessionHeaders, ConfigError> {
     let parsed: Result<Vec<HeaderName>, ConfigError> = names
         .iter()
         .map(|n| {
@@ -304,35 +336,35 @@ fn at_least_one(option: &'static str, value: f64) -> Result<f64, ConfigError> {
     }
 }
 
-fn positive(option: &'static str, value: usize) -> Result<usize, ConfigError> {
-    match value > 0 {
-        true => Ok(value),
-        false => Err(invalid(option, "must be greater than 0".into())),
+/// `value`, if given, checked to be above 0.
+fn positive(option: &'static str, value: Option<usize>) -> Result<Option<usize>, ConfigError> {
+    match value {
+        Some(0) => Err(invalid(option, "must be greater than 0".into())),
+        value => Ok(value),
     }
 }
 
-fn seconds(
-    option: &'static str,
-    value: Option<f64>,
-    default: f64,
-) -> Result<Duration, ConfigError> {
-    let secs = value.unwrap_or(default);
-    match secs > 0.0 {
-        true => seconds_or_zero(option, Some(secs), default),
-        false => Err(invalid(
+/// `value`, if given, as a positive duration.
+fn seconds(option: &'static str, value: Option<f64>) -> Result<Option<Duration>, ConfigError> {
+    match value {
+        Some(secs) if secs <= 0.0 || secs.is_nan() => Err(invalid(
             option,
             format!("{secs} is not a positive number of seconds"),
         )),
+        value => seconds_or_zero(option, value),
     }
 }
 
+/// `value`, if given, as a duration of zero or more.
 fn seconds_or_zero(
     option: &'static str,
     value: Option<f64>,
-    default: f64,
-) -> Result<Duration, ConfigError> {
-    let secs = value.unwrap_or(default);
+) -> Result<Option<Duration>, ConfigError> {
+    let Some(secs) = value else {
+        return Ok(None);
+    };
     Duration::try_from_secs_f64(secs)
+        .map(Some)
         .map_err(|_| invalid(option, format!("{secs} is not a number of seconds >= 0")))
 }
 

@@ -24,7 +24,7 @@ fn example_file_documents_the_defaults() {
     let defaults = Config::from_settings(Settings::default()).unwrap();
     assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
     assert_eq!(defaults.policy.name, "kv_aware");
-    assert_eq!(defaults.limits.max_body_bytes, 32 << 20);
+    assert_eq!(defaults.live.limits.max_body_bytes, 32 << 20);
     assert_eq!(defaults.session_ttl, Duration::from_secs(1800));
     assert_eq!(defaults.listen, "0.0.0.0:8080");
 }

@@ -1,14 +1,17 @@
-//! One backend: its address, its peer settings, its in-flight load and its health. Load is
-//! counted by [`LoadGuard`]s, so it is released however a request ends.
+//! One backend: its address, its peer settings, its health, and its account in the
+//! core's ledger (in-flight load, pending prefill, published KV capacity), which a
+//! [`Seat`](prefix_router_core::ledger::Seat) releases however a request ends.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use pingora_core::protocols::l4::socket::SocketAddr as PingoraAddr;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_load_balancing::Backend as Probe;
 use prefix_router_core::BackendId;
+use prefix_router_core::ledger::Account;
+use prefix_router_core::units::Tokens;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::Worker;
@@ -25,23 +28,14 @@ pub struct Backend {
     pub addr: SocketAddr,
     /// Connection settings (timeouts) for this address.
     pub peer: HttpPeer,
-    /// Stable hash of the address, for rendezvous hashing across router replicas.
-    pub hash: u64,
     /// `host:port` to send as the Host header.
     pub authority: String,
+    /// Its load and capacity, as placements see them.
+    pub account: Arc<Account>,
     /// The target Pingora's health check probes.
     pub(super) probe: Probe,
-    /// Woken when one of its requests ends (the fleet's router queue).
-    freed: Arc<tokio::sync::Notify>,
-    inflight: AtomicUsize,
-    pending_prefill: AtomicUsize,
-    active_text: AtomicUsize,
-    /// KV cache tokens it published (`vllm:cache_config_info`); 0 when unknown.
-    kv_tokens: AtomicUsize,
     /// When its capacity was last asked for, ms since the fleet's origin; 0 never.
-    kv_probed_ms: std::sync::atomic::AtomicU64,
-    /// The capacity its index budget was last sized from, tokens.
-    budget_tokens: AtomicUsize,
+    kv_probed_ms: AtomicU64,
     checked: AtomicBool,
     healthy: AtomicBool,
     /// Active checks in a row whose result disagrees with `healthy`.
@@ -51,38 +45,34 @@ pub struct Backend {
 }
 
 impl Backend {
-    /// A backend that is not ready until its first health check passes; `freed` is woken
+    /// A backend that is not ready until its first health check passes; `freed` is called
     /// whenever one of its requests ends.
     pub fn new(
         id: BackendId,
         worker: Worker,
         addr: SocketAddr,
         peer: HttpPeer,
-        freed: Arc<tokio::sync::Notify>,
+        freed: impl Fn() + Send + Sync + 'static,
     ) -> Self {
         let authority = match worker.port {
             80 => worker.host.clone(),
             port => format!("{}:{port}", worker.host),
         };
+        // A stable hash of the address: the same on every router replica.
+        let hash = xxh3_64(addr.to_string().as_bytes());
         Backend {
             id,
-            hash: xxh3_64(addr.to_string().as_bytes()),
             worker,
             addr,
             peer,
             authority,
-            freed,
+            account: Arc::new(Account::new(id, hash).on_free(freed)),
             probe: Probe {
                 addr: PingoraAddr::Inet(addr),
                 weight: 1,
                 ext: http::Extensions::new(),
             },
-            inflight: AtomicUsize::new(0),
-            pending_prefill: AtomicUsize::new(0),
-            active_text: AtomicUsize::new(0),
-            kv_tokens: AtomicUsize::new(0),
-            kv_probed_ms: std::sync::atomic::AtomicU64::new(0),
-            budget_tokens: AtomicUsize::new(0),
+            kv_probed_ms: AtomicU64::new(0),
             checked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             streak: AtomicUsize::new(0),
@@ -91,38 +81,15 @@ impl Backend {
         }
     }
 
-    /// Requests selected for this backend and not finished.
+    /// Requests placed on it and not finished.
     pub fn load(&self) -> usize {
-        self.inflight.load(Relaxed)
-    }
-
-    /// Bytes of routing text sent here, expected uncached, and not answered yet.
-    pub fn pending_prefill(&self) -> usize {
-        self.pending_prefill.load(Relaxed)
-    }
-
-    /// Bytes of routing text of its requests in flight.
-    pub fn active_text(&self) -> usize {
-        self.active_text.load(Relaxed)
-    }
-
-    /// Its KV cache capacity in tokens, as it published it; 0 when unknown.
-    pub fn kv_tokens(&self) -> usize {
-        self.kv_tokens.load(Relaxed)
+        self.account.load()
     }
 
     /// Records the KV capacity it published, if any, asked for at `now_ms`.
-    pub fn set_kv_tokens(&self, tokens: Option<usize>, now_ms: u64) {
-        self.kv_tokens.store(tokens.unwrap_or(0), Relaxed);
+    pub fn set_capacity(&self, capacity: Option<Tokens>, now_ms: u64) {
+        self.account.set_capacity(capacity);
         self.kv_probed_ms.store(now_ms.max(1), Relaxed);
-    }
-
-    /// The index budget to give it, in tokens of KV, when that changed since last asked:
-    /// `Some(None)` for the configured one (capacity unknown).
-    pub fn budget_change(&self) -> Option<Option<usize>> {
-        let tokens = self.kv_tokens();
-        let before = self.budget_tokens.swap(tokens, Relaxed);
-        (before != tokens).then_some((tokens > 0).then_some(tokens))
     }
 
     /// Whether its capacity is to be asked for again at `now_ms`: never asked, or asked
@@ -193,69 +160,5 @@ impl Backend {
     /// Records a health verdict.
     pub fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Relaxed);
-    }
-
-    /// Counts one more request of `text` routing text bytes in flight until the guard
-    /// drops, and `prefill` of them as pending prefill until it is answered.
-    pub fn acquire(self: &Arc<Self>, text: usize, prefill: usize) -> LoadGuard {
-        self.inflight.fetch_add(1, Relaxed);
-        self.guard(text, prefill)
-    }
-
-    /// Like [`Self::acquire`], only while fewer than `limit` requests are in flight (0: no
-    /// limit): the check and the count are one atomic step, so concurrent requests never
-    /// push a backend past its limit.
-    pub fn acquire_below(
-        self: &Arc<Self>,
-        limit: usize,
-        text: usize,
-        prefill: usize,
-    ) -> Option<LoadGuard> {
-        if limit == 0 {
-            return Some(self.acquire(text, prefill));
-        }
-        let below = |n: usize| (n < limit).then_some(n + 1);
-        self.inflight.fetch_update(Relaxed, Relaxed, below).ok()?;
-        Some(self.guard(text, prefill))
-    }
-
-    fn guard(self: &Arc<Self>, text: usize, prefill: usize) -> LoadGuard {
-        self.active_text.fetch_add(text, Relaxed);
-        self.pending_prefill.fetch_add(prefill, Relaxed);
-        LoadGuard {
-            backend: Arc::clone(self),
-            text,
-            prefill: AtomicUsize::new(prefill),
-        }
-    }
-}
-
-/// One request in flight on a backend; dropping it releases the load.
-#[derive(Debug)]
-pub struct LoadGuard {
-    backend: Arc<Backend>,
-    text: usize,
-    prefill: AtomicUsize,
-}
-
-impl LoadGuard {
-    /// The backend this load is on.
-    pub fn backend(&self) -> &Arc<Backend> {
-        &self.backend
-    }
-
-    /// The backend answered: its prefill for this request is done.
-    pub fn answered(&self) {
-        let prefill = self.prefill.swap(0, Relaxed);
-        self.backend.pending_prefill.fetch_sub(prefill, Relaxed);
-    }
-}
-
-impl Drop for LoadGuard {
-    fn drop(&mut self) {
-        self.answered();
-        self.backend.active_text.fetch_sub(self.text, Relaxed);
-        self.backend.inflight.fetch_sub(1, Relaxed);
-        self.backend.freed.notify_one();
     }
 }

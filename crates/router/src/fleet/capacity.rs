@@ -6,13 +6,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use prefix_router_core::units::Tokens;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Largest `/metrics` page read, bytes.
 const MAX_PAGE: u64 = 8 << 20;
 
 /// KV cache tokens in the `vllm:cache_config_info` line of a metrics page, if any.
-pub fn parse(page: &str) -> Option<usize> {
+pub fn parse(page: &str) -> Option<Tokens> {
     let line = page
         .lines()
         .find(|l| l.starts_with("vllm:cache_config_info{"))?;
@@ -23,12 +24,12 @@ pub fn parse(page: &str) -> Option<usize> {
         value.trim().trim_matches('"').parse().ok()
     };
     let tokens = label("block_size")?.checked_mul(label("num_gpu_blocks")?)?;
-    (tokens > 0).then_some(tokens)
+    (tokens > 0).then_some(Tokens(tokens))
 }
 
 /// Reads `GET /metrics` from `addr` (HTTP/1.0, so the answer is not chunked) within
 /// `timeout` and returns the KV capacity in tokens, if the page states it.
-pub async fn probe(addr: SocketAddr, host: &str, timeout: Duration) -> Option<usize> {
+pub async fn probe(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Tokens> {
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
         let request =
@@ -53,13 +54,13 @@ mod tests {
     fn reads_vllm_cache_config_info_in_any_label_order() {
         let page = "# HELP x\nvllm:num_requests_running{model_name=\"m\"} 0.0\n\
             vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"26250\",num_cpu_blocks=\"None\"} 1.0\n";
-        assert_eq!(parse(page), Some(420_000));
+        assert_eq!(parse(page), Some(Tokens(420_000)));
         let reordered =
             "vllm:cache_config_info{num_gpu_blocks=\"10\",engine=\"0\",block_size=\"32\"} 1.0";
-        assert_eq!(parse(reordered), Some(320));
+        assert_eq!(parse(reordered), Some(Tokens(320)));
         let lookalike =
             "vllm:cache_config_info{kv_block_size=\"8\",block_size=\"16\",num_gpu_blocks=\"2\"} 1";
-        assert_eq!(parse(lookalike), Some(32));
+        assert_eq!(parse(lookalike), Some(Tokens(32)));
     }
 
     #[test]

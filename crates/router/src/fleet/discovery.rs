@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use log::warn;
@@ -37,10 +38,10 @@ impl Discovery {
         self.workers.load_full()
     }
 
-    /// Resolves every worker and publishes the fleet; returns whether it changed. A name
-    /// that fails to resolve keeps the addresses it had, so a DNS hiccup does not empty the
-    /// fleet.
-    pub async fn refresh(&self) -> bool {
+    /// Resolves every worker and publishes the fleet (new backends connect within
+    /// `connect`); returns whether it changed. A name that fails to resolve keeps the
+    /// addresses it had, so a DNS hiccup does not empty the fleet.
+    pub async fn refresh(&self, connect: Duration) -> bool {
         let workers = self.workers.load_full();
         let previous = self.previous_addresses();
         let mut members = Vec::with_capacity(workers.len());
@@ -54,13 +55,13 @@ impl Discovery {
                 }
             }
         }
-        self.fleet.replace(&members)
+        self.fleet.replace(&members, connect)
     }
 
     /// Resolves every worker with the system's blocking resolver and publishes the fleet:
     /// at start, so that requests accepted before the first asynchronous refresh find the
     /// backends (and wait for their first health checks) instead of an empty fleet.
-    pub fn publish_blocking(&self) {
+    pub fn publish_blocking(&self, connect: Duration) {
         use std::net::ToSocketAddrs;
         let workers = self.workers.load_full();
         let mut members = Vec::with_capacity(workers.len());
@@ -75,7 +76,7 @@ impl Discovery {
                 Err(e) => warn!("cannot resolve worker {}: {e}", worker.url),
             }
         }
-        self.fleet.replace(&members);
+        self.fleet.replace(&members, connect);
     }
 
     fn previous_addresses(&self) -> HashMap<String, Vec<SocketAddr>> {

@@ -113,13 +113,13 @@ impl HealthChecks {
         if result.is_ok() && backend.kv_probe_due(now_ms, CAPACITY_EVERY.as_millis() as u64) {
             let tokens =
                 capacity::probe(backend.addr, &backend.authority, self.settings.timeout).await;
-            if tokens != Some(backend.kv_tokens()).filter(|&t| t > 0) {
+            if tokens != backend.account.capacity() {
                 match tokens {
-                    Some(t) => info!("backend {url} has {t} tokens of KV cache"),
+                    Some(t) => info!("backend {url} has {} tokens of KV cache", t.0),
                     None => info!("backend {url} does not publish its KV capacity"),
                 }
             }
-            backend.set_kv_tokens(tokens, now_ms);
+            backend.set_capacity(tokens, now_ms);
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The fleet: the current set of backends as an immutable snapshot swapped atomically when
-//! discovery changes it, their in-flight load, and their health. Policies never see this
-//! module: they get [`Candidate`]s built from the ready backends.
+//! discovery changes it, and their health. Policies never see this module: the ledger
+//! builds their candidates from the accounts of the ready backends.
 
 mod backend;
 mod capacity;
@@ -16,12 +16,12 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pingora_core::upstreams::peer::HttpPeer;
-use prefix_router_core::policy::Candidate;
-use prefix_router_core::{BackendId, TEXT_BYTES_PER_TOKEN};
+use prefix_router_core::BackendId;
+use prefix_router_core::ledger::Account;
 use smallvec::SmallVec;
 use tokio::sync::watch;
 
-pub use backend::{Backend, LoadGuard};
+pub use backend::Backend;
 pub use discovery::Discovery;
 pub use health::{HealthChecks, HealthSettings};
 pub use worker::{Worker, WorkerError};
@@ -35,27 +35,32 @@ pub struct Snapshot {
     pub generation: u64,
 }
 
-/// The ready backends of one snapshot, as candidates for a policy.
+impl Snapshot {
+    /// The accounts of every member, in order.
+    pub fn accounts(&self) -> Vec<&Arc<Account>> {
+        self.backends.iter().map(|b| &b.account).collect()
+    }
+}
+
+/// The ready backends of one snapshot.
 pub struct Ready {
     snapshot: Arc<Snapshot>,
     members: SmallVec<[usize; 16]>,
-    /// The candidates, in the same order as their backends.
-    pub candidates: SmallVec<[Candidate; 16]>,
 }
 
 impl Ready {
-    /// Those of the candidates with fewer than `limit` requests in flight.
-    pub fn below(&self, limit: usize) -> Ready {
-        let keep = |i: &usize| self.candidates[*i].load < limit;
-        let kept: SmallVec<[usize; 16]> = (0..self.candidates.len()).filter(keep).collect();
-        Ready {
-            snapshot: Arc::clone(&self.snapshot),
-            members: kept.iter().map(|&i| self.members[i]).collect(),
-            candidates: kept.iter().map(|&i| self.candidates[i]).collect(),
-        }
+    /// Whether no backend is ready.
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
     }
 
-    /// The backend of candidate `index`.
+    /// Their accounts, in order.
+    pub fn accounts(&self) -> SmallVec<[&Arc<Account>; 16]> {
+        let backends = &self.snapshot.backends;
+        self.members.iter().map(|&m| &backends[m].account).collect()
+    }
+
+    /// The `index`th ready backend.
     pub fn backend(&self, index: usize) -> Option<&Arc<Backend>> {
         let member = *self.members.get(index)?;
         self.snapshot.backends.get(member)
@@ -69,7 +74,6 @@ pub struct Fleet {
     replacing: Mutex<()>,
     next_id: std::sync::atomic::AtomicU32,
     generation: AtomicU64,
-    connect_timeout: Mutex<Duration>,
     /// Bumped whenever a backend's readiness may have changed.
     readiness: watch::Sender<u64>,
     /// Woken (one waiter) whenever a request in flight ends.
@@ -77,14 +81,13 @@ pub struct Fleet {
 }
 
 impl Fleet {
-    /// An empty fleet whose backends connect within `connect_timeout`.
-    pub fn new(connect_timeout: Duration) -> Self {
+    /// An empty fleet.
+    pub fn new() -> Self {
         Fleet {
             current: ArcSwap::from_pointee(Snapshot::default()),
             replacing: Mutex::new(()),
             next_id: std::sync::atomic::AtomicU32::new(0),
             generation: AtomicU64::new(0),
-            connect_timeout: Mutex::new(connect_timeout),
             readiness: watch::Sender::new(0),
             freed: Arc::new(tokio::sync::Notify::new()),
         }
@@ -100,26 +103,14 @@ impl Fleet {
         self.current.load_full()
     }
 
-    /// The ready backends except `exclude`, as policy candidates.
+    /// The ready backends except `exclude`.
     pub fn ready(&self, exclude: &[BackendId]) -> Ready {
         let snapshot = self.snapshot();
-        let mut members = SmallVec::new();
-        let mut candidates = SmallVec::new();
-        for (i, b) in snapshot.backends.iter().enumerate() {
-            if b.is_ready() && !exclude.contains(&b.id) {
-                members.push(i);
-                candidates.push(Candidate {
-                    active: b.active_text(),
-                    capacity: b.kv_tokens() * TEXT_BYTES_PER_TOKEN,
-                    ..Candidate::new(b.id, b.load(), b.pending_prefill(), b.hash)
-                });
-            }
-        }
-        Ready {
-            snapshot,
-            members,
-            candidates,
-        }
+        let members = (snapshot.backends.iter().enumerate())
+            .filter(|(_, b)| b.is_ready() && !exclude.contains(&b.id))
+            .map(|(i, _)| i)
+            .collect();
+        Ready { snapshot, members }
     }
 
     /// Whether some backend has not had its first health check yet (a fresh start, or a
@@ -152,8 +143,9 @@ impl Fleet {
     }
 
     /// Publishes `members` as the fleet if they differ from the current one, keeping the
-    /// state of backends already present. Returns whether anything changed.
-    pub fn replace(&self, members: &[(Worker, SocketAddr)]) -> bool {
+    /// state of backends already present; new ones connect within `connect`. Returns
+    /// whether anything changed.
+    pub fn replace(&self, members: &[(Worker, SocketAddr)], connect: Duration) -> bool {
         let _one_at_a_time = self.replacing.lock();
         let current = self.current.load_full();
         let same = current.backends.len() == members.len()
@@ -167,7 +159,7 @@ impl Fleet {
         }
         let backends: Vec<Arc<Backend>> = members
             .iter()
-            .map(|(worker, addr)| self.member(&current, worker, *addr))
+            .map(|(worker, addr)| self.member(&current, worker, *addr, connect))
             .collect();
         let generation = self.generation.fetch_add(1, Relaxed) + 1;
         self.current.store(Arc::new(Snapshot {
@@ -179,7 +171,13 @@ impl Fleet {
     }
 
     /// The backend for `worker` at `addr`: the current one if it exists, else a new one.
-    fn member(&self, current: &Snapshot, worker: &Worker, addr: SocketAddr) -> Arc<Backend> {
+    fn member(
+        &self,
+        current: &Snapshot,
+        worker: &Worker,
+        addr: SocketAddr,
+        connect: Duration,
+    ) -> Arc<Backend> {
         let existing = current
             .backends
             .iter()
@@ -189,40 +187,37 @@ impl Fleet {
             None => {
                 let id = BackendId(self.next_id.fetch_add(1, Relaxed));
                 let freed = Arc::clone(&self.freed);
-                Arc::new(Backend::new(
-                    id,
-                    worker.clone(),
-                    addr,
-                    self.peer(addr),
-                    freed,
-                ))
+                let peer = peer(addr, connect);
+                let free = move || freed.notify_one();
+                Arc::new(Backend::new(id, worker.clone(), addr, peer, free))
             }
         }
     }
+}
 
-    /// Connect timeout for backends added from now on.
-    pub fn set_connect_timeout(&self, timeout: Duration) {
-        *self.connect_timeout.lock() = timeout;
+impl Default for Fleet {
+    fn default() -> Self {
+        Fleet::new()
     }
+}
 
-    /// Peer settings of a new backend. Read and write timeouts are set per exchange by the
-    /// transport; only connecting is the peer's.
-    fn peer(&self, addr: SocketAddr) -> HttpPeer {
-        let mut peer = HttpPeer::new(addr, false, String::new());
-        let connect = *self.connect_timeout.lock();
-        peer.options.connection_timeout = Some(connect);
-        peer.options.total_connection_timeout = Some(connect);
-        peer
-    }
+/// Peer settings of a new backend. Read and write timeouts are set per exchange by the
+/// transport; only connecting is the peer's.
+fn peer(addr: SocketAddr, connect: Duration) -> HttpPeer {
+    let mut peer = HttpPeer::new(addr, false, String::new());
+    peer.options.connection_timeout = Some(connect);
+    peer.options.total_connection_timeout = Some(connect);
+    peer
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prefix_router_core::ledger::{Ledger, Placing};
+    use prefix_router_core::policy::{Decision, Outcome};
+    use prefix_router_core::units::TextBytes;
 
-    fn fleet() -> Fleet {
-        Fleet::new(Duration::from_secs(1))
-    }
+    const CONNECT: Duration = Duration::from_secs(1);
 
     fn member(port: u16) -> (Worker, SocketAddr) {
         let worker = Worker::parse(&format!("http://127.0.0.1:{port}")).unwrap();
@@ -231,43 +226,50 @@ mod tests {
 
     #[test]
     fn replace_keeps_state_of_kept_backends_and_drops_removed() {
-        let fleet = fleet();
-        assert!(fleet.replace(&[member(1), member(2)]));
+        let fleet = Fleet::new();
+        assert!(fleet.replace(&[member(1), member(2)], CONNECT));
         let first = fleet.snapshot();
-        let guard = first.backends[0].acquire(30, 10);
-        assert_eq!(first.backends[0].pending_prefill(), 10);
-        assert!(!fleet.replace(&[member(1), member(2)]));
-        assert!(fleet.replace(&[member(1), member(3)]));
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let seat = match ledger.place(&first.accounts(), 0, TextBytes(30), |_| Decision {
+            index: 0,
+            outcome: Outcome::Balanced,
+            matched: TextBytes(20),
+        }) {
+            Placing::Placed { seat, .. } => seat,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(first.backends[0].account.pending(), TextBytes(10));
+        assert!(!fleet.replace(&[member(1), member(2)], CONNECT));
+        assert!(fleet.replace(&[member(1), member(3)], CONNECT));
         let second = fleet.snapshot();
         assert_eq!(second.backends[0].id, first.backends[0].id);
         assert_eq!(second.backends[0].load(), 1);
-        assert_eq!(second.backends[0].active_text(), 30);
         assert_ne!(second.backends[1].id, first.backends[1].id);
-        guard.answered();
-        assert_eq!(second.backends[0].pending_prefill(), 0);
-        drop(guard);
+        seat.answered();
+        assert_eq!(second.backends[0].account.pending(), TextBytes(0));
+        drop(seat);
         assert_eq!(second.backends[0].load(), 0);
     }
 
     #[test]
     fn only_checked_healthy_backends_are_ready() {
-        let fleet = fleet();
-        fleet.replace(&[member(1), member(2)]);
-        assert!(fleet.ready(&[]).candidates.is_empty());
+        let fleet = Fleet::new();
+        fleet.replace(&[member(1), member(2)], CONNECT);
+        assert!(fleet.ready(&[]).is_empty());
         let snap = fleet.snapshot();
         snap.backends[0].mark_checked();
         snap.backends[1].mark_checked();
         snap.backends[1].set_healthy(false);
         let ready = fleet.ready(&[]);
-        assert_eq!(ready.candidates.len(), 1);
+        assert_eq!(ready.accounts().len(), 1);
         assert_eq!(ready.backend(0).unwrap().id, snap.backends[0].id);
-        assert!(fleet.ready(&[snap.backends[0].id]).candidates.is_empty());
+        assert!(fleet.ready(&[snap.backends[0].id]).is_empty());
     }
 
     #[test]
     fn checks_flip_health_after_their_thresholds() {
-        let fleet = fleet();
-        fleet.replace(&[member(1)]);
+        let fleet = Fleet::new();
+        fleet.replace(&[member(1)], CONNECT);
         let b = &fleet.snapshot().backends[0];
         assert_eq!(b.observe_check(true, 2, 2), None);
         assert!(b.is_ready());
@@ -283,14 +285,14 @@ mod tests {
 
     #[tokio::test]
     async fn first_checks_wake_the_waiter() {
-        let fleet = Arc::new(fleet());
-        fleet.replace(&[member(1)]);
+        let fleet = Arc::new(Fleet::new());
+        fleet.replace(&[member(1)], CONNECT);
         let checker = Arc::clone(&fleet);
         tokio::spawn(async move {
             checker.snapshot().backends[0].observe_check(true, 1, 1);
             checker.readiness_changed();
         });
-        let one_ready = |f: &Fleet| f.ready(&[]).candidates.len() == 1;
+        let one_ready = |f: &Fleet| !f.ready(&[]).is_empty();
         assert!(fleet.wait_until(Duration::from_secs(5), one_ready).await);
     }
 }

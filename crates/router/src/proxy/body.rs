@@ -13,8 +13,9 @@ use pingora_core::{Error, ErrorType};
 use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 
-use super::budget::{self, Budget, Permit};
+use crate::admission::budget::{self, Budget, Permit};
 use crate::error::{RouterError, Shed};
+use crate::limits::Limits;
 
 /// A body read whole, with the budget bytes it holds until it drops.
 pub struct Body {
@@ -35,6 +36,19 @@ pub struct Reading<'r> {
     pub admission: Duration,
     /// The budget the bytes come from.
     pub budget: &'r Arc<Budget>,
+}
+
+impl<'r> Reading<'r> {
+    /// Reading as `limits` allow, from `budget`.
+    pub fn new(limits: &Limits, budget: &'r Arc<Budget>) -> Self {
+        Reading {
+            limit: limits.max_body_bytes,
+            pause: limits.client_read,
+            total: limits.client_body,
+            admission: limits.admission_timeout,
+            budget,
+        }
+    }
 }
 
 /// The declared body length, after refusing ambiguous framing (request smuggling): two

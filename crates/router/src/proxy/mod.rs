@@ -1,18 +1,13 @@
-//! The Pingora `ProxyHttp` service. It only wires phases together: `request_filter` reads the
-//! body, asks the core's `request` for the routing text, and hands the request to
-//! `dispatch`, which places it and relays it (`relay`, the transport); `fail_to_proxy` is
-//! the one place errors become HTTP responses; `logging` writes one line per request.
+//! The Pingora `ProxyHttp` service. It only wires phases together: `request_filter` serves
+//! the whole request on one straight path (read the body, parse it, [`dispatch`] it to a
+//! backend, relay the answer, note what happened) and writes the error response when it
+//! fails; `logging` writes one line per request.
 
 mod body;
-mod budget;
 mod dispatch;
+mod exchange;
 mod headers;
-mod queue;
 mod relay;
-
-pub use budget::Budget;
-pub use queue::Queue;
-pub use relay::ExchangeTimeouts;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,42 +21,18 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use prefix_router_core::ledger::Seat;
 use prefix_router_core::policy::Request;
-use prefix_router_core::request::{self, Endpoint, SessionHeaders, SessionKey};
+use prefix_router_core::request::{self, Endpoint, SessionKey};
+use prefix_router_core::units::Tokens;
 
+use crate::admin;
 use crate::error::RouterError;
-use crate::serve::admin;
+use crate::fleet::Backend;
+use crate::limits::Limits;
 use crate::state::{Active, State};
 use dispatch::{Answered, Placed, Route};
-use relay::{Outbound, Reply};
-
-/// What each request may take and do, replaced as a whole on reload.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Limits {
-    /// Largest request body, bytes. Default 32 MiB.
-    pub max_body_bytes: usize,
-    /// Silence allowed from a client sending its body. Default 60 s.
-    pub client_read: Duration,
-    /// Whole time a client may take to send its body (32 MiB at about 110 KB/s). Default 300 s.
-    pub client_body: Duration,
-    /// Other backends tried after a failed connection. Default 2.
-    pub retries: usize,
-    /// Failed exchanges in a row that take a backend out until its next passed health
-    /// check; 0 disables. Default 3.
-    pub passive_failures: usize,
-    /// Session id headers, in order of preference. Default `x-session-id`.
-    pub session_headers: SessionHeaders,
-    /// Timeouts of each exchange with a backend.
-    pub exchange: ExchangeTimeouts,
-    /// Longest wait of a body for buffer budget before 503. Default 10 s.
-    pub admission_timeout: Duration,
-    /// Requests in flight per backend at most; 0: no limit. Default 0.
-    pub max_inflight_per_backend: usize,
-    /// Requests waiting in the router's queue at most. Default 1024.
-    pub max_queued: usize,
-    /// Longest wait in the router's queue before 503. Default 30 s.
-    pub queue_timeout: Duration,
-}
+use relay::{Answering, Reply, Trace, Upstream};
 
 /// The proxy service.
 pub struct Router {
@@ -75,7 +46,7 @@ impl Router {
     }
 }
 
-/// Per-request state.
+/// Per-request state, for the access log.
 pub struct Ctx {
     _active: Active,
     request_id: String,
@@ -104,14 +75,21 @@ impl ProxyHttp for Router {
 
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
+    /// Serves the request; a failure is answered here, as its JSON error. A response cut
+    /// after it started (or a client gone) is handed to Pingora as an error instead, so
+    /// that it aborts the connection rather than end the response as if complete.
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> Result<bool> {
-        match self.serve(session, ctx).await {
-            Ok(()) => Ok(true),
-            Err(e) => {
-                let status = e.status();
-                ctx.failure = Some(e);
-                Error::e_explain(ErrorType::HTTPStatus(status), "request not served")
-            }
+        let Err(e) = self.serve(session, ctx).await else {
+            return Ok(true);
+        };
+        if let RouterError::Overloaded { shed, .. } = &e {
+            self.state.stats.shed(shed.label());
+        }
+        let answered = respond_error(session, &e).await > 0;
+        ctx.failure = Some(e);
+        match answered {
+            true => Ok(true),
+            false => Error::e_explain(ErrorType::InternalError, "response cut short"),
         }
     }
 
@@ -122,10 +100,11 @@ impl ProxyHttp for Router {
         )
     }
 
+    /// Pingora's own failures (a malformed head, say), answered as JSON errors; the
+    /// router's were answered in `request_filter` (or cannot be, once a response started).
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        let failure = ctx
-            .failure
-            .get_or_insert_with(|| RouterError::Upstream(crate::error::reason(e)));
+        let failure =
+            (ctx.failure).get_or_insert_with(|| RouterError::Upstream(crate::error::reason(e)));
         let status = respond_error(session, failure).await;
         FailToProxy {
             error_code: status,
@@ -146,9 +125,11 @@ impl ProxyHttp for Router {
 }
 
 impl Router {
+    /// Serves one request: reads its body, places it, relays the answer.
     async fn serve(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), RouterError> {
         let state = &*self.state;
-        let limits = state.limits();
+        let live = state.live();
+        let limits = &live.limits;
         let head = session.req_header();
         ctx.request_id = headers::request_id(head);
         let path = head.uri.path();
@@ -159,72 +140,78 @@ impl Router {
             .then(|| Endpoint::from_path(path))
             .flatten();
         ctx.route = endpoint.map_or("other", Endpoint::label);
-        let reading = body::Reading {
-            limit: limits.max_body_bytes,
-            pause: limits.client_read,
-            total: limits.client_body,
-            admission: limits.admission_timeout,
-            budget: &state.budget,
-        };
-        let read = body::read(session, &reading).await;
-        let body = read.inspect_err(|e| note_shed(state, e))?;
+        let body = body::read(session, &body::Reading::new(limits, &state.budget)).await?;
         state.stats.body(body.bytes.len());
-        let answered = self
-            .place(session, ctx, &limits, endpoint, &body.bytes)
-            .await;
-        let answered = answered.inspect_err(|e| note_shed(state, e))?;
-        // No retry can need the body any more: its memory and budget go back now, before
-        // the response streams.
-        drop(body);
+        let bytes = body.bytes.clone();
+        let parsed = endpoint.map(|e| request::parse(e, &bytes)).transpose()?;
+        let headers = &session.req_header().headers;
+        let request = parsed.as_ref().map(|p| Request {
+            model: p.model,
+            text: &p.text,
+            session: SessionKey::find(headers, &limits.session_headers, p.session),
+        });
+        ctx.text_len = request.as_ref().map_or(0, |r| r.text.len());
+        let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
+        let mut upstream = Upstream {
+            head: headers::upstream_request(session.req_header()),
+            session: &mut *session,
+            connector: &state.connector,
+            body: Some(body),
+            request_id: &ctx.request_id,
+            timeouts: &limits.exchange,
+        };
+        let dispatched = dispatch::run(state, limits, &mut upstream, route).await;
+        drop(upstream);
+        ctx.placed = dispatched.placed;
+        let answered = dispatched.result?;
         let reply = Reply {
             request_id: &ctx.request_id,
             closing: state.draining(),
         };
-        dispatch::finish(state, &limits, session, answered, reply).await
-    }
-
-    /// Parses a routed body and places the request, until its backend answers.
-    async fn place(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-        limits: &Limits,
-        endpoint: Option<Endpoint>,
-        body: &Bytes,
-    ) -> Result<Answered, RouterError> {
-        let state = &*self.state;
-        let out = Outbound {
-            head: headers::upstream_request(session.req_header()),
-            body,
-            request_id: &ctx.request_id,
-        };
-        let Some(endpoint) = endpoint else {
-            let route = Route::AnyBackend;
-            return dispatch::dispatch(state, limits, session, &out, route, &mut ctx.placed).await;
-        };
-        let parsed = request::parse(endpoint, body)?;
-        let headers = &session.req_header().headers;
-        let request = Request {
-            model: parsed.model,
-            text: &parsed.text,
-            session: SessionKey::find(headers, &limits.session_headers, parsed.session),
-        };
-        ctx.text_len = parsed.text.len();
-        let route = Route::Policy(&request);
-        dispatch::dispatch(state, limits, session, &out, route, &mut ctx.placed).await
+        relay(state, limits, session, answered, reply).await
     }
 }
 
-/// Counts a request shed for overload.
-fn note_shed(state: &State, error: &RouterError) {
-    if let RouterError::Overloaded { shed, .. } = error {
-        state.stats.shed(shed.label());
+/// Relays the answered response to the client and notes how it went.
+async fn relay(
+    state: &State,
+    limits: &Limits,
+    session: &mut Session,
+    answered: Answered<Answering>,
+    reply: Reply<'_>,
+) -> Result<(), RouterError> {
+    let Answered {
+        answer,
+        seat,
+        backend,
+    } = answered;
+    let exchanged = (answer)
+        .relay(&state.connector, session, &seat, reply, &limits.exchange)
+        .await;
+    let result = exchanged.result.as_ref().map_err(|f| f.error()).copied();
+    dispatch::note_health(limits, &backend, result);
+    if let Some(trace) = &exchanged.trace {
+        note_response(state, &backend, &seat, trace);
     }
+    exchanged.result.map_err(|f| f.into_error())
 }
 
-/// Writes `error` as an OpenAI-style JSON response unless a response has started; returns
-/// the status written, 0 when none.
+/// Stats get what was seen of the response, and the index what the backend reported it
+/// had cached against what it predicted.
+fn note_response(state: &State, backend: &Backend, seat: &Seat, trace: &Trace) {
+    if let Some(usage) = trace.usage {
+        let cached = Tokens(usize::try_from(usage.cached).unwrap_or(usize::MAX));
+        seat.reported(&state.selector, cached);
+    }
+    let url = backend.worker.url.as_str();
+    (state.stats).exchange(url, trace.first_byte, trace.total, trace.usage);
+}
+
+/// Writes `error` as an OpenAI-style JSON response unless a response has started, and
+/// closes the client's connection after it (the request's body may be unread); returns the
+/// status written, 0 when none.
 async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
+    session.set_keepalive(None);
     let status = error.status();
     if status == 0 || session.response_written().is_some() {
         return 0;
@@ -258,7 +245,7 @@ fn log_request(session: &Session, ctx: &Ctx, status: u16) {
         Some(p) => (
             p.backend.worker.url.as_str(),
             p.decision.outcome.label(),
-            p.decision.matched,
+            p.decision.matched.0,
         ),
         None => ("-", "-", 0),
     };

@@ -1,13 +1,14 @@
 //! The transport: one request to one backend, and nothing else. Done by our own code
 //! because Pingora cannot choose an upstream after reading a body larger than its 64 KiB
 //! retry buffer: a pooled connection, the buffered body written as is, the response
-//! streamed back chunk by chunk without buffering. It says how the exchange ended and
-//! whether another backend may be tried; choosing, retrying, health and stats are the
-//! caller's (`dispatch.rs`).
+//! streamed back chunk by chunk without buffering. [`Upstream`] is the request's
+//! [`Exchange`]: it says how an attempt ended and whether another backend may be tried;
+//! choosing, retrying, health and stats are the dispatch loop's.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use bytes::Bytes;
 use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::Stream;
@@ -17,60 +18,94 @@ use pingora_core::upstreams::peer::Peer;
 use pingora_core::{Error, ErrorType};
 use pingora_http::RequestHeader;
 use pingora_proxy::Session;
+use prefix_router_core::ledger::Seat;
 use tokio::io::AsyncWriteExt;
 
+use super::body::Body;
+use super::exchange::{Exchange, Failure};
 use super::headers;
 use crate::error::RouterError;
-use crate::fleet::LoadGuard;
+use crate::fleet::Backend;
+use crate::limits::ExchangeTimeouts;
 use crate::stats::{Usage, UsageScanner};
 
-/// Timeouts of one exchange with a backend.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ExchangeTimeouts {
-    /// Wait for a backend's first response body byte (a non-streamed generation sends
-    /// nothing until it is done). Default 600 s.
-    pub first_byte: Duration,
-    /// Silence allowed from a backend between response chunks. Default 120 s.
-    pub idle: Duration,
-    /// Time one write to a backend may take. Default 60 s.
-    pub write: Duration,
-    /// Time an idle pooled connection is kept. Default 60 s.
-    pub pool_idle: Duration,
-}
-
-/// Where an exchange failed, which decides whether another backend may be tried.
-pub enum Failure {
-    /// Nothing reached the backend, or a reused connection failed before any answer (the
-    /// backend had closed it): safe to try another backend.
-    Retryable(RouterError),
-    /// The backend may have the request, or the client has part of the response.
-    Final(RouterError),
-}
-
-impl Failure {
-    /// The error, whichever kind.
-    pub fn error(&self) -> &RouterError {
-        match self {
-            Failure::Retryable(e) | Failure::Final(e) => e,
-        }
-    }
-
-    /// The error, whichever kind.
-    pub fn into_error(self) -> RouterError {
-        match self {
-            Failure::Retryable(e) | Failure::Final(e) => e,
-        }
-    }
-}
-
-/// The request to send: the client's head made ready for upstream, and its whole body.
-pub struct Outbound<'o> {
+/// A client's request on its way to backends: its head made ready for upstream and its
+/// whole body, held until a backend's response head arrives.
+pub struct Upstream<'s> {
+    /// The client's session.
+    pub session: &'s mut Session,
+    /// Pooled connections.
+    pub connector: &'s TransportConnector,
     /// The head, without Host (set per backend).
     pub head: RequestHeader,
-    /// The body, forwarded byte for byte.
-    pub body: &'o Bytes,
+    /// The body, forwarded byte for byte; dropped once a backend answers.
+    pub body: Option<Body>,
     /// The request's id, sent to the backend.
-    pub request_id: &'o str,
+    pub request_id: &'s str,
+    /// Timeouts of each attempt.
+    pub timeouts: &'s ExchangeTimeouts,
+}
+
+#[async_trait]
+impl Exchange for Upstream<'_> {
+    type Answer = Answering;
+
+    async fn send(&mut self, backend: &Backend) -> Result<Answering, Failure> {
+        let body = self
+            .body
+            .as_ref()
+            .map_or_else(Bytes::new, |b| b.bytes.clone());
+        let answering = self.attempt(backend, &body).await?;
+        self.body = None;
+        Ok(answering)
+    }
+
+    async fn client_gone(&mut self) -> RouterError {
+        match self.session.read_body_or_idle(true).await {
+            Err(e) => client_gone(e),
+            Ok(_) => std::future::pending().await,
+        }
+    }
+}
+
+impl Upstream<'_> {
+    /// Sends the request to `backend` and waits for its final response head.
+    async fn attempt(&mut self, backend: &Backend, body: &Bytes) -> Result<Answering, Failure> {
+        let timeouts = self.timeouts;
+        let (mut stream, reused) = (self.connector)
+            .get_stream(&backend.peer)
+            .await
+            .map_err(|e| Failure::Retryable(upstream_error(&e)))?;
+        let mut req = self.head.clone();
+        headers::set_host(&mut req, &backend.authority);
+        // The id is a printable token (checked or made by `headers::request_id`).
+        let _ = req.insert_header(headers::X_REQUEST_ID, self.request_id);
+        let sent = Instant::now();
+        let one = one_write(&req, body);
+        if let Some(wire) = &one {
+            write_all(&mut stream, wire, timeouts.write)
+                .await
+                .map_err(Failure::Retryable)?;
+        }
+        let mut upstream = HttpSession::H1(Http1::new_with_options(stream, &backend.peer));
+        upstream.set_read_timeout(Some(timeouts.first_byte));
+        upstream.set_write_timeout(Some(timeouts.write));
+        if one.is_none() {
+            send_request(&mut upstream, req, body)
+                .await
+                .map_err(Failure::Retryable)?;
+        }
+        let head = until_client_gone(self.session, read_final_header(&mut upstream)).await;
+        match head.map_err(Failure::Final)? {
+            Ok(()) => Ok(Answering {
+                upstream,
+                sent,
+                reuse: backend.peer.reuse_hash(),
+            }),
+            Err(e) if reused => Err(Failure::Retryable(upstream_error(&e))),
+            Err(e) => Err(Failure::Final(upstream_error(&e))),
+        }
+    }
 }
 
 /// What was seen of a response on its way through.
@@ -97,57 +132,19 @@ pub struct Exchanged {
 pub struct Answering {
     upstream: HttpSession,
     sent: Instant,
-}
-
-/// Sends `out` to the backend `load` holds and waits for its final response head.
-pub async fn send(
-    connector: &TransportConnector,
-    session: &mut Session,
-    load: &LoadGuard,
-    out: &Outbound<'_>,
-    timeouts: &ExchangeTimeouts,
-) -> Result<Answering, Failure> {
-    let backend = load.backend();
-    let (mut stream, reused) = connector
-        .get_stream(&backend.peer)
-        .await
-        .map_err(|e| Failure::Retryable(upstream_error(&e)))?;
-    let mut req = out.head.clone();
-    headers::set_host(&mut req, &backend.authority);
-    // The id is a printable token (checked or made by `headers::request_id`).
-    let _ = req.insert_header(headers::X_REQUEST_ID, out.request_id);
-    let sent = Instant::now();
-    let one = one_write(&req, out.body);
-    if let Some(wire) = &one {
-        write_all(&mut stream, wire, timeouts.write)
-            .await
-            .map_err(Failure::Retryable)?;
-    }
-    let mut upstream = HttpSession::H1(Http1::new_with_options(stream, &backend.peer));
-    upstream.set_read_timeout(Some(timeouts.first_byte));
-    upstream.set_write_timeout(Some(timeouts.write));
-    if one.is_none() {
-        send_request(&mut upstream, req, out.body)
-            .await
-            .map_err(Failure::Retryable)?;
-    }
-    let head = until_client_gone(session, read_final_header(&mut upstream)).await;
-    match head.map_err(Failure::Final)? {
-        Ok(()) => Ok(Answering { upstream, sent }),
-        Err(e) if reused => Err(Failure::Retryable(upstream_error(&e))),
-        Err(e) => Err(Failure::Final(upstream_error(&e))),
-    }
+    /// The backend's connection pool key.
+    reuse: u64,
 }
 
 impl Answering {
     /// Streams the response to the client (closing its connection when `closing`); the
-    /// first body byte marks the request answered on `load`. The connection goes back to
-    /// the pool when the response ended cleanly.
+    /// first body byte marks `seat` answered. The connection goes back to the pool when
+    /// the response ended cleanly.
     pub async fn relay(
         mut self,
         connector: &TransportConnector,
         session: &mut Session,
-        load: &LoadGuard,
+        seat: &Seat,
         reply: Reply<'_>,
         timeouts: &ExchangeTimeouts,
     ) -> Exchanged {
@@ -156,7 +153,7 @@ impl Answering {
         }
         let mut seen = Trace::default();
         let mut response = Response {
-            load,
+            seat,
             sent: self.sent,
             seen: &mut seen,
             usage: UsageScanner::default(),
@@ -168,7 +165,7 @@ impl Answering {
         response.seen.total = self.sent.elapsed();
         response.seen.usage = response.usage.usage();
         if streamed.is_ok() {
-            self.pool(connector, load, timeouts).await;
+            self.pool(connector, timeouts).await;
         }
         Exchanged {
             trace: Some(seen),
@@ -176,17 +173,11 @@ impl Answering {
         }
     }
 
-    async fn pool(
-        self,
-        connector: &TransportConnector,
-        load: &LoadGuard,
-        timeouts: &ExchangeTimeouts,
-    ) {
+    async fn pool(self, connector: &TransportConnector, timeouts: &ExchangeTimeouts) {
         if let HttpSession::H1(mut h1) = self.upstream {
             h1.respect_keepalive();
             if let Some(stream) = h1.reuse().await {
-                let hash = load.backend().peer.reuse_hash();
-                connector.release_stream(stream, hash, Some(timeouts.pool_idle));
+                connector.release_stream(stream, self.reuse, Some(timeouts.pool_idle));
             }
         }
     }
@@ -207,7 +198,7 @@ const ONE_WRITE_BODY: usize = 16 << 10;
 
 /// The whole request as one buffer, when it can go in one write: a small body framed by
 /// Content-Length (or none), and not HEAD (whose response Pingora's reader must know has
-/// no body: those go through [`send`]).
+/// no body: those go through [`send_request`]).
 fn one_write(req: &RequestHeader, body: &Bytes) -> Option<bytes::BytesMut> {
     let framed = body.is_empty() || req.headers.contains_key(http::header::CONTENT_LENGTH);
     let plain = !req.headers.contains_key(http::header::TRANSFER_ENCODING);
@@ -269,7 +260,7 @@ async fn read_final_header(upstream: &mut HttpSession) -> pingora_core::Result<(
 
 /// A response on its way to the client.
 struct Response<'r> {
-    load: &'r LoadGuard,
+    seat: &'r Seat,
     sent: Instant,
     seen: &'r mut Trace,
     usage: UsageScanner,
@@ -297,7 +288,7 @@ impl Response<'_> {
         loop {
             let chunk = until_client_gone(session, upstream.read_response_body()).await?;
             if self.seen.first_byte.is_none() {
-                self.load.answered();
+                self.seat.answered();
                 self.seen.first_byte = Some(self.sent.elapsed());
                 upstream.set_read_timeout(Some(self.idle));
             }
@@ -319,7 +310,7 @@ impl Response<'_> {
 }
 
 /// Runs `work` unless the client disconnects first.
-pub async fn until_client_gone<T>(
+async fn until_client_gone<T>(
     session: &mut Session,
     work: impl Future<Output = T>,
 ) -> Result<T, RouterError> {

@@ -9,8 +9,9 @@ use pingora_core::server::{RunArgs, ShutdownSignal, ShutdownSignalWatch};
 use tokio::sync::oneshot;
 
 use super::lifecycle::{Drained, watch_phases};
-use super::{Handles, Source, build};
+use super::{Handles, build};
 use crate::config::Config;
+use crate::config::Source;
 
 /// A router running in this process.
 pub struct Embedded {
@@ -76,7 +77,7 @@ impl Embedded {
         }
         let fleet = &self.handles.state.fleet;
         let left = deadline.saturating_duration_since(Instant::now());
-        let enough = |f: &crate::fleet::Fleet| f.ready(&[]).candidates.len() >= backends;
+        let enough = |f: &crate::fleet::Fleet| f.ready(&[]).accounts().len() >= backends;
         let wait = || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()

@@ -1,16 +1,13 @@
 //! The serving layer: assembles the Pingora server (the proxy on the data-plane listener,
-//! [`admin`] on its own listener, the health checks, the [`upkeep`] of the prefix index, the
-//! reload [`control`] triggers, systemd [`notify`]), and runs it, either as the process
+//! the admin listener, the health checks, the [`upkeep`] of the policy's index and tables,
+//! the reload triggers, systemd [`notify`]), and runs it, either as the process
 //! ([`lifecycle`]) or on threads of its own inside another program ([`embedded`]).
 
-pub mod admin;
-pub mod control;
 pub mod embedded;
 pub mod lifecycle;
 pub mod notify;
 mod upkeep;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use pingora_core::server::Server;
@@ -18,15 +15,17 @@ use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::services::background::background_service;
 use pingora_core::services::listening::Service;
 use prefix_router_core::clock::{Clock, Monotonic};
-use prefix_router_core::policy::{PolicyParams, Selector, SharedTunables};
+use prefix_router_core::ledger::Ledger;
+use prefix_router_core::policy::{PolicyParams, Selector};
 
-use crate::config::{Config, Settings};
+use crate::admin::Admin;
+use crate::config::{Config, Source};
+use crate::control::{Control, Triggers};
 use crate::fleet::{Discovery, Fleet, HealthChecks};
-use crate::proxy::{Budget, Router};
-use crate::state::State;
+use crate::limits::Current;
+use crate::proxy::Router;
+use crate::state::{Parts, State};
 use crate::stats::Stats;
-use admin::Admin;
-use control::{Control, Triggers};
 use notify::Readiness;
 use upkeep::Upkeep;
 
@@ -38,32 +37,24 @@ pub struct Handles {
     pub control: Arc<Control>,
 }
 
-/// Where the configuration came from, so that it can be read again on reload.
-#[derive(Clone, Debug, Default)]
-pub struct Source {
-    /// The config file, if any.
-    pub file: Option<PathBuf>,
-    /// Flags laid over the file.
-    pub flags: Settings,
-}
-
 /// Builds the server for `config` read from `source`; `opt` carries Pingora's own flags
 /// (upgrade).
 pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Handles) {
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
     server.bootstrap();
-    let fleet = Arc::new(Fleet::new(config.connect_timeout));
+    let fleet = Arc::new(Fleet::new());
     let discovery = Arc::new(Discovery::new(Arc::clone(&fleet), config.workers.clone()));
-    discovery.publish_blocking();
-    let upkeep = Upkeep::new(config.eviction_interval);
-    let state = Arc::new(State::new(
-        Arc::clone(&fleet),
-        selector(config, &upkeep),
-        config.policy.name,
-        config.limits.clone(),
-        Budget::new(config.max_buffered_bytes),
-        Arc::new(Stats::new()),
-    ));
+    discovery.publish_blocking(config.live.limits.exchange.connect);
+    let upkeep = Upkeep::default();
+    let live = Current::new(config.live.clone());
+    let state = Arc::new(State::new(Parts {
+        fleet: Arc::clone(&fleet),
+        selector: selector(config, &live, &upkeep),
+        policy_name: config.policy.name,
+        ledger: Ledger::new(config.eviction_interval),
+        live,
+        stats: Arc::new(Stats::new()),
+    }));
     let mut proxy =
         pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
     proxy.add_tcp(&config.listen);
@@ -106,19 +97,18 @@ fn server_conf(config: &Config) -> ServerConf {
     conf
 }
 
-fn selector(config: &Config, upkeep: &Upkeep) -> Selector {
+fn selector(config: &Config, live: &Current, upkeep: &Upkeep) -> Selector {
     let clock: Arc<dyn Clock> = Arc::new(Monotonic::default());
     let params = PolicyParams {
-        tunables: SharedTunables::new(config.tunables),
+        tunables: live.tunables(),
         tree: config.tree.clone(),
         seed: seed(),
-        clock: Arc::clone(&clock),
+        clock,
         calibrate: true,
+        session_ttl: config.session_ttl,
     };
-    let policy = config.policy.build(&params);
     let wake = upkeep.waker();
-    Selector::with_clock(policy, params.tunables, config.session_ttl, clock)
-        .on_upkeep_due(move || wake.notify_one())
+    (config.policy.build(&params)).on_upkeep_due(move || wake.notify_one())
 }
 
 /// A seed that differs between router processes, so replicas do not break ties in step.

@@ -1,8 +1,7 @@
-//! Upkeep of the prefix index and the session table: eviction and session expiry every
-//! `eviction_interval`, eviction alone as soon as the selector says the tree grew by a tenth
-//! of its budget, a sweep within a second of a fleet change (to drop removed backends'
-//! entries), and each backend's index budget sized from the KV capacity it published
-//! (within a second of learning it).
+//! The upkeep service: runs the ledger's upkeep of the policy's index and tables (index
+//! budgets sized from the capacities backends published, a full sweep every
+//! `eviction_interval` or when the fleet changed, eviction alone when a decision found
+//! the index grown) every second, and at once when the selector signals growth.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,21 +14,13 @@ use tokio::sync::Notify;
 use crate::state::State;
 
 /// The upkeep service, before it has state to keep.
+#[derive(Default)]
 pub struct Upkeep {
-    interval: Duration,
     wake: Arc<Notify>,
 }
 
 impl Upkeep {
-    /// Upkeep every `interval`.
-    pub fn new(interval: Duration) -> Self {
-        Upkeep {
-            interval,
-            wake: Arc::new(Notify::new()),
-        }
-    }
-
-    /// What wakes upkeep early (the selector's signal that the tree grew).
+    /// What wakes upkeep early (the selector's signal that the index grew).
     pub fn waker(&self) -> Arc<Notify> {
         Arc::clone(&self.wake)
     }
@@ -53,31 +44,20 @@ pub struct Running {
 impl BackgroundService for Running {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut last = Instant::now();
-        let mut generation = 0;
-        let selector = &self.state.selector;
+        let started = Instant::now();
+        let state = &self.state;
         loop {
-            let grown = tokio::select! {
-                _ = tick.tick() => false,
-                _ = self.upkeep.wake.notified() => true,
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = self.upkeep.wake.notified() => {}
                 _ = shutdown.changed() => return,
-            };
-            let snapshot = self.state.fleet.snapshot();
-            for backend in &snapshot.backends {
-                if let Some(bytes) = backend.budget_change() {
-                    selector.set_budget(backend.id, bytes);
-                }
             }
+            let snapshot = state.fleet.snapshot();
+            let accounts = snapshot.accounts();
+            let now = started.elapsed();
             let evicted =
-                if last.elapsed() >= self.upkeep.interval || snapshot.generation != generation {
-                    (last, generation) = (Instant::now(), snapshot.generation);
-                    selector.maintain(&|id| snapshot.backends.iter().any(|b| b.id == id))
-                } else if grown {
-                    selector.trim_tree()
-                } else {
-                    0
-                };
-            self.state.stats.evicted(evicted);
+                (state.ledger).upkeep(now, snapshot.generation, &state.selector, &accounts);
+            state.stats.evicted(evicted);
         }
     }
 }

@@ -13,6 +13,9 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use prefix_router_core::policy::TableSize;
+use prefix_router_core::units::{KeyBytes, TextBytes};
+
 pub use usage::{Usage, UsageScanner};
 
 /// The router's metrics.
@@ -36,7 +39,7 @@ pub struct Stats {
     tree_bytes: IntGaugeVec,
     tree_nodes: IntGaugeVec,
     tree_heap_bytes: IntGaugeVec,
-    sessions: IntGauge,
+    table_entries: IntGaugeVec,
     /// Requests by backend alone, for `/stats` (not exported: `requests` has them by route
     /// and status too).
     backend_requests: IntCounterVec,
@@ -144,7 +147,7 @@ impl Stats {
                 &["result"],
             ),
             generation: gauge("config_generation", "Configuration generation"),
-            evicted_bytes: counter("tree_evicted_bytes_total", "Prefix-tree text evicted"),
+            evicted_bytes: counter("tree_evicted_bytes_total", "Prefix-index key bytes evicted"),
             inflight: gauge_vec("inflight_requests", "Requests in flight", &["backend"]),
             healthy: gauge_vec(
                 "backend_healthy",
@@ -162,7 +165,11 @@ impl Stats {
                 "Prefix-index heap bytes, nodes and keys",
                 &["model"],
             ),
-            sessions: gauge("sessions", "Sessions remembered"),
+            table_entries: gauge_vec(
+                "table_entries",
+                "Entries of the tables the policy keeps (sessions, conversations)",
+                &["table"],
+            ),
             backend_requests: counter_vec("backend_requests", "Requests by backend", &["backend"]),
             buffered_bytes: gauge("buffered_bytes", "Request body bytes held"),
             budget_waiting: gauge(
@@ -213,7 +220,7 @@ impl Stats {
             Box::new(self.tree_bytes.clone()),
             Box::new(self.tree_nodes.clone()),
             Box::new(self.tree_heap_bytes.clone()),
-            Box::new(self.sessions.clone()),
+            Box::new(self.table_entries.clone()),
             Box::new(self.buffered_bytes.clone()),
             Box::new(self.budget_waiting.clone()),
             Box::new(self.queued.clone()),
@@ -255,12 +262,12 @@ impl Stats {
         self.backend_requests.with_label_values(&[backend]).inc();
     }
 
-    /// A policy placed a request of `text_len` routing text bytes, believing the backend
-    /// held `matched` of them.
-    pub fn decision(&self, policy: &str, outcome: &str, matched: usize, text_len: usize) {
+    /// A policy placed a request of `text` routing text, believing the backend held
+    /// `matched` of it.
+    pub fn decision(&self, policy: &str, outcome: &str, matched: TextBytes, text: TextBytes) {
         self.decisions.with_label_values(&[policy, outcome]).inc();
-        self.matched_bytes.inc_by(matched as u64);
-        self.text_bytes.inc_by(text_len as u64);
+        self.matched_bytes.inc_by(matched.0 as u64);
+        self.text_bytes.inc_by(text.0 as u64);
     }
 
     /// What was seen of one response from `backend`: time to its first body byte, its whole
@@ -334,14 +341,14 @@ impl Stats {
         self.generation.get()
     }
 
-    /// Prefix-tree text was evicted.
-    pub fn evicted(&self, bytes: usize) {
-        self.evicted_bytes.inc_by(bytes as u64);
+    /// Prefix-index keys were evicted.
+    pub fn evicted(&self, keys: KeyBytes) {
+        self.evicted_bytes.inc_by(keys.0 as u64);
     }
 
     /// Sets the state gauges: every backend's load and readiness, every model's tree, the
-    /// sessions remembered. Backends and models not given are dropped.
-    pub fn set_state(&self, backends: &[BackendGauge], trees: &[TreeGauge], sessions: usize) {
+    /// entries of every table the policy keeps. Backends and models not given are dropped.
+    pub fn set_state(&self, backends: &[BackendGauge], trees: &[TreeGauge], tables: &[TableSize]) {
         self.inflight.reset();
         self.healthy.reset();
         for b in backends {
@@ -366,7 +373,9 @@ impl Stats {
                 .with_label_values(&[t.model])
                 .set(t.nodes as i64);
         }
-        self.sessions.set(sessions as i64);
+        for t in tables {
+            (self.table_entries.with_label_values(&[t.name])).set(t.entries as i64);
+        }
     }
 
     /// What one backend was sent and reported, for `/stats`.

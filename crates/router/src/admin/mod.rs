@@ -13,7 +13,7 @@ use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
 use serde_json::{Value, json};
 
-use super::control::Control;
+use crate::control::Control;
 use crate::error::error_body;
 use crate::state::State;
 

@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use parking_lot::Mutex;
 
 use crate::BackendId;
+use crate::units::TextBytes;
 
-/// Predictions smaller than this (bytes of routing text) teach nothing.
-const MIN_PREDICTED: usize = 4096;
+/// Predictions smaller than this teach nothing.
+const MIN_PREDICTED: TextBytes = TextBytes(4096);
 /// Responses between two adjustments of a backend's budget.
 const EVERY: u32 = 16;
 /// Weight of each new ratio in the smoothed one.
@@ -50,15 +51,20 @@ pub struct Calibration {
 }
 
 impl Calibration {
-    /// `backend` reported `delivered` bytes' worth of cached tokens where its index
+    /// `backend` reported `delivered` text's worth of cached tokens where its index
     /// predicted `predicted`. Returns its new budget scale (0..=1) when it changed.
-    pub fn observe(&self, backend: BackendId, predicted: usize, delivered: usize) -> Option<f64> {
+    pub fn observe(
+        &self,
+        backend: BackendId,
+        predicted: TextBytes,
+        delivered: TextBytes,
+    ) -> Option<f64> {
         if predicted < MIN_PREDICTED {
             return None;
         }
         let mut states = self.states.lock();
         let s = states.entry(backend).or_default();
-        let ratio = (delivered as f64 / predicted as f64).min(1.5);
+        let ratio = (delivered.0 as f64 / predicted.0 as f64).min(1.5);
         s.ratio += ALPHA * (ratio - s.ratio);
         s.seen += 1;
         if s.seen < EVERY {
@@ -97,17 +103,17 @@ mod tests {
         let b = BackendId(0);
         let mut scales = Vec::new();
         for _ in 0..200 {
-            scales.extend(c.observe(b, 100_000, 20_000));
+            scales.extend(c.observe(b, TextBytes(100_000), TextBytes(20_000)));
         }
         let low = c.scale(b);
         assert!(low < 0.2, "{scales:?}");
         assert!(low >= FLOOR);
         for _ in 0..400 {
-            c.observe(b, 100_000, 100_000);
+            c.observe(b, TextBytes(100_000), TextBytes(100_000));
         }
         assert_eq!(c.scale(b), 1.0);
         assert_eq!(
-            c.observe(b, 100, 0),
+            c.observe(b, TextBytes(100), TextBytes(0)),
             None,
             "small predictions teach nothing"
         );

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use crate::state::State;
 use crate::stats::{BackendGauge, TreeGauge};
 
-/// Sets the state gauges (in-flight, health, tree size, sessions) from current snapshots.
+/// Sets the state gauges (in-flight, health, index size, tables) from current snapshots.
 pub fn refresh_gauges(state: &State) {
     let snapshot = state.fleet.snapshot();
     let backends: Vec<BackendGauge> = (snapshot.backends.iter())
@@ -18,7 +18,7 @@ pub fn refresh_gauges(state: &State) {
             ready: b.is_ready(),
         })
         .collect();
-    let tree = state.selector.tree_stats().unwrap_or_default();
+    let tree = (state.selector.index()).map_or_else(Default::default, |i| i.stats());
     let trees: Vec<TreeGauge> = (tree.models.iter())
         .map(|m| TreeGauge {
             model: &m.model,
@@ -27,9 +27,7 @@ pub fn refresh_gauges(state: &State) {
             heap: m.heap,
         })
         .collect();
-    state
-        .stats
-        .set_state(&backends, &trees, state.selector.sessions());
+    (state.stats).set_state(&backends, &trees, &state.selector.tables());
     let budget = &state.budget;
     (state.stats).set_load(budget.held(), budget.waiting(), state.queue.len());
 }
@@ -40,11 +38,10 @@ fn ratio(part: u64, whole: u64) -> Option<f64> {
 
 /// The backends with health, load and tree bytes (`GET /workers`).
 pub fn workers(state: &State) -> Value {
-    let limit = state.limits().max_inflight_per_backend;
-    let tree_bytes: HashMap<_, _> = state
-        .selector
-        .tree_stats()
-        .map(|t| t.backends.into_iter().collect())
+    let limit = state.live().limits.max_inflight_per_backend;
+    let index = state.selector.index();
+    let tree_bytes: HashMap<_, _> = index
+        .map(|i| i.stats().backends.into_iter().collect())
         .unwrap_or_default();
     let rows: Vec<Value> = state
         .fleet
@@ -54,15 +51,27 @@ pub fn workers(state: &State) -> Value {
         .map(|b| {
             json!({
                 "url": b.worker.url, "address": b.addr.to_string(), "ready": b.is_ready(),
-                "healthy": b.is_healthy(), "inflight": b.load(), "pending_prefill_bytes": b.pending_prefill(),
-                "kv_tokens": (b.kv_tokens() > 0).then_some(b.kv_tokens()),
-                "index_budget_tokens": state.selector.budget(b.id),
+                "healthy": b.is_healthy(), "inflight": b.load(),
+                "pending_prefill_bytes": b.account.pending().0,
+                "kv_tokens": b.account.capacity().map(|t| t.0),
+                "index_budget_tokens": index.map(|i| i.budget(b.id).0),
                 "limit": (limit > 0).then_some(limit),
                 "tree_bytes": tree_bytes.get(&b.id).copied().unwrap_or(0),
             })
         })
         .collect();
     json!({ "workers": rows })
+}
+
+/// Entries of each table the policy keeps, by name.
+fn tables(state: &State) -> Value {
+    let sizes = state.selector.tables();
+    Value::Object(
+        sizes
+            .iter()
+            .map(|t| (t.name.into(), t.entries.into()))
+            .collect(),
+    )
 }
 
 /// Key figures, per backend: requests, predicted and delivered hit rates (`GET /stats`).
@@ -88,7 +97,7 @@ pub fn stats(state: &State) -> Value {
     json!({
         "policy": state.policy_name,
         "config_generation": totals.generation,
-        "sessions": state.selector.sessions(),
+        "tables": tables(state),
         "predicted_hit_rate": ratio(totals.matched_bytes, totals.text_bytes),
         "delivered_hit_rate": ratio(cached_all, prompt_all),
         "retries": totals.retries,

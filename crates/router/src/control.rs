@@ -13,8 +13,7 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use tokio::sync::Mutex;
 
-use super::Source;
-use crate::config::{Config, ConfigError, Settings};
+use crate::config::{Config, ConfigError, Settings, Source};
 use crate::fleet::{Discovery, HealthChecks, Worker, WorkerError};
 use crate::state::State;
 use crate::stats::Stats;
@@ -102,19 +101,11 @@ impl Control {
         for option in new.restart_only_changes(&current) {
             warn!("`{option}` changed in the config file; it takes effect after a restart");
         }
-        self.apply(&new);
-        self.apply_workers(new.workers.clone()).await;
+        self.state.swap_live(new.live.clone());
         *current = new;
+        self.apply_workers(&current).await;
         self.stats.next_generation();
         Ok(())
-    }
-
-    /// Applies what of `config` can change while serving, workers aside.
-    fn apply(&self, config: &Config) {
-        self.state.set_limits(config.limits.clone());
-        self.state.budget.set_limit(config.max_buffered_bytes);
-        self.state.selector.tunables().set(config.tunables);
-        self.state.fleet.set_connect_timeout(config.connect_timeout);
     }
 
     /// Adds a worker by URL (peers' `POST /add_worker?url=`).
@@ -124,7 +115,7 @@ impl Control {
         if !current.workers.iter().any(|w| w.same_place(&worker)) {
             current.workers.push(worker);
         }
-        self.apply_workers(current.workers.clone()).await;
+        self.apply_workers(&current).await;
         Ok(())
     }
 
@@ -138,7 +129,7 @@ impl Control {
         if current.workers.len() == before {
             return Err(ControlError::UnknownWorker(url.to_string()));
         }
-        self.apply_workers(current.workers.clone()).await;
+        self.apply_workers(&current).await;
         Ok(())
     }
 
@@ -156,14 +147,17 @@ impl Control {
     /// Resolves worker names again.
     pub async fn refresh(&self) {
         let current = self.current.lock().await;
-        self.apply_workers(current.workers.clone()).await;
+        self.apply_workers(&current).await;
     }
 
-    /// Publishes `workers` as the fleet before returning, then has new backends' health
-    /// checked at once (they get traffic when their first check passes).
-    async fn apply_workers(&self, workers: Vec<Worker>) {
-        self.discovery.set_workers(workers);
-        if self.discovery.refresh().await {
+    /// Publishes `config`'s workers as the fleet before returning, then has new backends'
+    /// health checked at once (they get traffic when their first check passes).
+    async fn apply_workers(&self, config: &Config) {
+        self.discovery.set_workers(config.workers.clone());
+        if (self.discovery)
+            .refresh(config.live.limits.exchange.connect)
+            .await
+        {
             self.health.check_soon();
         }
     }

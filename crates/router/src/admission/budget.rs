@@ -32,7 +32,7 @@ struct Used {
 
 /// The budget, shared by every request.
 pub struct Budget {
-    limit: AtomicUsize,
+    limit: Box<dyn Fn() -> usize + Send + Sync>,
     used: Mutex<Used>,
     freed: Notify,
     waiting: AtomicUsize,
@@ -41,17 +41,22 @@ pub struct Budget {
 impl Budget {
     /// A budget of `limit` bytes.
     pub fn new(limit: usize) -> Arc<Self> {
+        Budget::reading(move || limit)
+    }
+
+    /// A budget of whatever `limit` returns when a body asks for bytes (the current
+    /// snapshot's limit: a reload changes it for bodies that ask from then on).
+    pub fn reading(limit: impl Fn() -> usize + Send + Sync + 'static) -> Arc<Self> {
         Arc::new(Budget {
-            limit: AtomicUsize::new(limit),
+            limit: Box::new(limit),
             used: Mutex::new(Used::default()),
             freed: Notify::new(),
             waiting: AtomicUsize::new(0),
         })
     }
 
-    /// Changes the limit (reload); bodies already held keep their bytes.
-    pub fn set_limit(&self, limit: usize) {
-        self.limit.store(limit, Relaxed);
+    /// Wakes the bodies waiting for bytes to look again (the limit may have changed).
+    pub fn wake(&self) {
         self.freed.notify_waiters();
     }
 
@@ -67,7 +72,7 @@ impl Budget {
 
     /// Takes `bytes` more for a body that will then hold `total` bytes, if they fit now.
     fn try_take(&self, bytes: usize, total: usize) -> bool {
-        let limit = self.limit.load(Relaxed);
+        let limit = (self.limit)();
         let mut used = self.used.lock();
         let large = total > SMALL;
         let cap = if large { limit - limit / 8 } else { limit };

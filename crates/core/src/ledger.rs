@@ -1,0 +1,380 @@
+//! The placement ledger: what the router knows of each backend from its own placements,
+//! kept the same way wherever placement happens (the proxy in real time, the lab in
+//! virtual time). Per backend an [`Account`]: requests in flight, prefill pending (routing
+//! text sent there, not expected cached, not answered yet) and the KV capacity the backend
+//! published. A [`Seat`] is one placed request: it counts from [`Ledger::place`] until it
+//! drops, its prefill until [`Seat::answered`]. The ledger also holds the in-flight limit's
+//! rule and the upkeep schedule of the selector's index and tables ([`Ledger::upkeep`]).
+//!
+//! Synchronous and lock-free on the request path (atomics); no I/O, no clock of its own.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use smallvec::SmallVec;
+
+use crate::BackendId;
+use crate::policy::{Candidate, Decision, Selector};
+use crate::units::{KeyBytes, TextBytes, Tokens};
+
+/// One backend's account. Shared by every fleet snapshot that holds the backend, so that
+/// its counts survive reloads.
+pub struct Account {
+    /// Which backend.
+    pub id: BackendId,
+    /// A stable hash of its address (the same on every router replica).
+    pub hash: u64,
+    inflight: AtomicUsize,
+    pending: AtomicUsize,
+    /// KV tokens it published; 0 when unknown.
+    capacity: AtomicUsize,
+    /// The capacity its index budget was last sized from, tokens.
+    sized: AtomicUsize,
+    on_free: Box<dyn Fn() + Send + Sync>,
+}
+
+impl Account {
+    /// An idle account with nothing known of the backend's KV.
+    pub fn new(id: BackendId, hash: u64) -> Self {
+        Account {
+            id,
+            hash,
+            inflight: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            capacity: AtomicUsize::new(0),
+            sized: AtomicUsize::new(0),
+            on_free: Box::new(|| {}),
+        }
+    }
+
+    /// Calls `freed` whenever one of its seats drops (a slot freed). Must be cheap.
+    pub fn on_free(mut self, freed: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_free = Box::new(freed);
+        self
+    }
+
+    /// Requests placed here and not finished.
+    pub fn load(&self) -> usize {
+        self.inflight.load(Relaxed)
+    }
+
+    /// Routing text placed here, expected uncached, not answered yet.
+    pub fn pending(&self) -> TextBytes {
+        TextBytes(self.pending.load(Relaxed))
+    }
+
+    /// The KV capacity the backend published, if it did.
+    pub fn capacity(&self) -> Option<Tokens> {
+        Some(Tokens(self.capacity.load(Relaxed))).filter(|t| t.0 > 0)
+    }
+
+    /// Records the KV capacity the backend published (`None`: it does not say).
+    pub fn set_capacity(&self, capacity: Option<Tokens>) {
+        self.capacity.store(capacity.map_or(0, |t| t.0), Relaxed);
+    }
+
+    /// The backend as a policy sees it.
+    pub fn candidate(&self) -> Candidate {
+        Candidate {
+            id: self.id,
+            load: self.load(),
+            pending: self.pending(),
+            capacity: self.capacity().unwrap_or_default().text(),
+            hash: self.hash,
+        }
+    }
+
+    /// The capacity to size its index budget from, when it changed since last asked:
+    /// `Some(None)` for the configured budget (capacity unknown).
+    fn budget_change(&self) -> Option<Option<Tokens>> {
+        let now = self.capacity.load(Relaxed);
+        let before = self.sized.swap(now, Relaxed);
+        (before != now).then(|| self.capacity())
+    }
+
+    /// A seat for a request of `prefill` uncached text, while fewer than `limit` requests
+    /// are in flight (0: no limit). Check and count are one atomic step, so concurrent
+    /// placements never push a backend past its limit.
+    fn take(
+        self: &Arc<Self>,
+        limit: usize,
+        prefill: TextBytes,
+        decision: Decision,
+    ) -> Option<Seat> {
+        let below = |n: usize| (limit == 0 || n < limit).then_some(n + 1);
+        self.inflight.fetch_update(Relaxed, Relaxed, below).ok()?;
+        self.pending.fetch_add(prefill.0, Relaxed);
+        Some(Seat {
+            account: Arc::clone(self),
+            prefill: AtomicUsize::new(prefill.0),
+            decision,
+        })
+    }
+}
+
+impl std::fmt::Debug for Account {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.debug_struct("Account")
+            .field("id", &self.id)
+            .field("load", &self.load())
+            .field("pending", &self.pending())
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+/// One placed request: in flight on its backend until it drops.
+#[derive(Debug)]
+pub struct Seat {
+    account: Arc<Account>,
+    prefill: AtomicUsize,
+    decision: Decision,
+}
+
+impl Seat {
+    /// The account of the backend it is on.
+    pub fn account(&self) -> &Arc<Account> {
+        &self.account
+    }
+
+    /// The decision that placed it.
+    pub fn decision(&self) -> Decision {
+        self.decision
+    }
+
+    /// The backend answered (its first response byte): its prefill is done.
+    pub fn answered(&self) {
+        let prefill = self.prefill.swap(0, Relaxed);
+        self.account.pending.fetch_sub(prefill, Relaxed);
+    }
+
+    /// The backend reported `cached` tokens for it: the selector's index learns how that
+    /// compares with what it predicted.
+    pub fn reported(&self, selector: &Selector, cached: Tokens) {
+        if let Some(index) = selector.index() {
+            index.observe(self.account.id, self.decision.matched, cached);
+        }
+    }
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        self.answered();
+        self.account.inflight.fetch_sub(1, Relaxed);
+        (self.account.on_free)();
+    }
+}
+
+/// What [`Ledger::place`] did.
+#[derive(Debug)]
+pub enum Placing {
+    /// Placed on `accounts[index]`.
+    Placed {
+        /// The seat, in flight until it drops.
+        seat: Seat,
+        /// Its backend's position in the accounts given.
+        index: usize,
+    },
+    /// Every backend is at the in-flight limit.
+    Full,
+    /// A concurrent placement took the last slot of the backend chosen: try again.
+    Taken,
+}
+
+/// What upkeep is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    Nothing,
+    /// Evict the index down to its budgets.
+    Trim,
+    /// Sweep the tables, forget removed backends, evict.
+    Full,
+}
+
+/// When upkeep last ran in full.
+struct Schedule {
+    interval: Duration,
+    last: Duration,
+    generation: u64,
+}
+
+impl Schedule {
+    fn due(&mut self, now: Duration, generation: u64, grown: bool) -> Work {
+        if now.saturating_sub(self.last) >= self.interval || generation != self.generation {
+            (self.last, self.generation) = (now, generation);
+            Work::Full
+        } else if grown {
+            Work::Trim
+        } else {
+            Work::Nothing
+        }
+    }
+}
+
+/// The placement rules and the upkeep schedule, shared by every request.
+pub struct Ledger {
+    schedule: Mutex<Schedule>,
+}
+
+impl Ledger {
+    /// A ledger whose full upkeep runs every `eviction_interval`, and whenever the set of
+    /// backends changes.
+    pub fn new(eviction_interval: Duration) -> Self {
+        Ledger {
+            schedule: Mutex::new(Schedule {
+                interval: eviction_interval,
+                last: Duration::ZERO,
+                generation: 0,
+            }),
+        }
+    }
+
+    /// Whether some of `accounts` is below the in-flight `limit` (0: no limit).
+    pub fn open(&self, accounts: &[&Arc<Account>], limit: usize) -> bool {
+        accounts.iter().any(|a| limit == 0 || a.load() < limit)
+    }
+
+    /// Places a request of `text` routing text on one of `accounts` below the in-flight
+    /// `limit` (0: none): `choose` picks among them as candidates, and the chosen backend
+    /// counts the request in flight and its text not expected cached as pending prefill.
+    pub fn place(
+        &self,
+        accounts: &[&Arc<Account>],
+        limit: usize,
+        text: TextBytes,
+        choose: impl FnOnce(&[Candidate]) -> Decision,
+    ) -> Placing {
+        let open: SmallVec<[usize; 16]> = (0..accounts.len())
+            .filter(|&i| limit == 0 || accounts[i].load() < limit)
+            .collect();
+        if open.is_empty() {
+            return Placing::Full;
+        }
+        let candidates: SmallVec<[Candidate; 16]> =
+            open.iter().map(|&i| accounts[i].candidate()).collect();
+        let decision = choose(&candidates);
+        let Some(&index) = open.get(decision.index) else {
+            return Placing::Taken;
+        };
+        let prefill = text.saturating_sub(decision.matched);
+        match accounts[index].take(limit, prefill, decision) {
+            Some(seat) => Placing::Placed { seat, index },
+            None => Placing::Taken,
+        }
+    }
+
+    /// Upkeep at `now` of `selector`'s index and tables over the backends of `accounts`
+    /// (their set's `generation`): index budgets sized from newly published capacities;
+    /// then a full sweep every interval or when the set changed, else eviction alone when
+    /// a decision found it due. Returns the key bytes evicted.
+    pub fn upkeep(
+        &self,
+        now: Duration,
+        generation: u64,
+        selector: &Selector,
+        accounts: &[&Arc<Account>],
+    ) -> KeyBytes {
+        for account in accounts {
+            if let (Some(capacity), Some(index)) = (account.budget_change(), selector.index()) {
+                index.set_capacity(account.id, capacity);
+            }
+        }
+        let grown = selector.take_upkeep_due();
+        match self.schedule.lock().due(now, generation, grown) {
+            Work::Full => selector.maintain(&|id| accounts.iter().any(|a| a.id == id)),
+            Work::Trim => selector.trim(),
+            Work::Nothing => KeyBytes(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Outcome;
+
+    fn accounts(n: u32) -> Vec<Arc<Account>> {
+        (0..n)
+            .map(|i| Arc::new(Account::new(BackendId(i), u64::from(i))))
+            .collect()
+    }
+
+    fn first(_: &[Candidate]) -> Decision {
+        Decision {
+            index: 0,
+            outcome: Outcome::Balanced,
+            matched: TextBytes(30),
+        }
+    }
+
+    #[test]
+    fn a_seat_counts_its_load_and_prefill_until_answered_and_dropped() {
+        let all = accounts(2);
+        let refs: Vec<&Arc<Account>> = all.iter().collect();
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let Placing::Placed { seat, index } = ledger.place(&refs, 0, TextBytes(100), first) else {
+            panic!("not placed");
+        };
+        assert_eq!(
+            (index, all[0].load(), all[0].pending()),
+            (0, 1, TextBytes(70))
+        );
+        seat.answered();
+        assert_eq!((all[0].load(), all[0].pending()), (1, TextBytes(0)));
+        drop(seat);
+        assert_eq!(all[0].load(), 0);
+    }
+
+    #[test]
+    fn the_limit_leaves_out_full_backends_and_reports_a_full_fleet() {
+        let all = accounts(2);
+        let refs: Vec<&Arc<Account>> = all.iter().collect();
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let Placing::Placed { seat: a, index } = ledger.place(&refs, 1, TextBytes(0), first) else {
+            panic!("not placed");
+        };
+        assert_eq!(index, 0);
+        // Backend 0 is full: the first candidate offered is now backend 1.
+        let Placing::Placed { seat: b, index } = ledger.place(&refs, 1, TextBytes(0), first) else {
+            panic!("not placed");
+        };
+        assert_eq!(index, 1);
+        assert!(!ledger.open(&refs, 1));
+        assert!(matches!(
+            ledger.place(&refs, 1, TextBytes(0), first),
+            Placing::Full
+        ));
+        drop((a, b));
+        assert!(ledger.open(&refs, 1));
+    }
+
+    #[test]
+    fn a_freed_seat_calls_its_accounts_hook() {
+        let freed = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&freed);
+        let account = Arc::new(Account::new(BackendId(0), 0).on_free(move || {
+            count.fetch_add(1, Relaxed);
+        }));
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let placed = ledger.place(&[&account], 0, TextBytes(0), first);
+        drop(placed);
+        assert_eq!(freed.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn upkeep_runs_in_full_on_its_interval_or_a_new_fleet_and_trims_when_grown() {
+        let mut s = Schedule {
+            interval: Duration::from_secs(10),
+            last: Duration::ZERO,
+            generation: 0,
+        };
+        let at = Duration::from_secs;
+        assert_eq!(s.due(at(1), 0, false), Work::Nothing);
+        assert_eq!(s.due(at(2), 0, true), Work::Trim);
+        assert_eq!(s.due(at(3), 1, false), Work::Full);
+        assert_eq!(s.due(at(12), 1, false), Work::Nothing);
+        assert_eq!(s.due(at(13), 1, false), Work::Full);
+    }
+}

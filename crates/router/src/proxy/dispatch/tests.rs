@@ -1,0 +1,235 @@
+//! The dispatch loop driven by a fake exchange over a fleet of backends nobody listens
+//! on: retries, queueing, the client leaving, and the first health checks, without a
+//! socket.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use prefix_router_core::clock::Monotonic;
+use prefix_router_core::ledger::{Ledger, Placing};
+use prefix_router_core::policy::{self, PolicyParams};
+use prefix_router_core::tree::TreeConfig;
+
+use super::*;
+use crate::fleet::Worker;
+use crate::limits::{Current, Live};
+use crate::state::Parts;
+use crate::stats::Stats;
+
+/// What the fake's next attempt does.
+enum Step {
+    Answer,
+    /// Refused before anything reached the backend.
+    Refused,
+    /// Failed after the request may have reached the backend.
+    Cut,
+}
+
+/// An exchange that answers as scripted, and whose client leaves after `gone_after`.
+struct Fake {
+    steps: VecDeque<Step>,
+    sent: Vec<BackendId>,
+    gone_after: Option<Duration>,
+}
+
+impl Fake {
+    fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+        Fake {
+            steps: steps.into_iter().collect(),
+            sent: Vec::new(),
+            gone_after: None,
+        }
+    }
+}
+
+#[async_trait]
+impl Exchange for Fake {
+    type Answer = BackendId;
+
+    async fn send(&mut self, backend: &Backend) -> Result<BackendId, Failure> {
+        self.sent.push(backend.id);
+        let error = |what: &str| RouterError::Upstream(what.into());
+        match self.steps.pop_front().unwrap_or(Step::Answer) {
+            Step::Answer => Ok(backend.id),
+            Step::Refused => Err(Failure::Retryable(error("connection refused"))),
+            Step::Cut => Err(Failure::Final(error("reset after the request was sent"))),
+        }
+    }
+
+    async fn client_gone(&mut self) -> RouterError {
+        match self.gone_after {
+            Some(after) => {
+                tokio::time::sleep(after).await;
+                RouterError::ClientGone("closed".into())
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+/// `n` backends, health-checked when `checked`, placed by `round_robin`.
+fn state(n: u16, checked: bool) -> State {
+    let fleet = Arc::new(Fleet::new());
+    let members: Vec<(Worker, SocketAddr)> = (1..=n)
+        .map(|port| {
+            let url = format!("http://127.0.0.1:{port}");
+            (
+                Worker::parse(&url).unwrap(),
+                SocketAddr::from(([127, 0, 0, 1], port)),
+            )
+        })
+        .collect();
+    fleet.replace(&members, Duration::from_secs(1));
+    for b in fleet.snapshot().backends.iter().filter(|_| checked) {
+        b.mark_checked();
+    }
+    let live = Current::new(Live::default());
+    let params = PolicyParams {
+        tunables: live.tunables(),
+        tree: TreeConfig::default(),
+        seed: 0,
+        clock: Arc::new(Monotonic::default()),
+        calibrate: true,
+        session_ttl: Duration::from_secs(60),
+    };
+    State::new(Parts {
+        fleet,
+        selector: policy::choose("round_robin").unwrap().build(&params),
+        policy_name: "round_robin",
+        ledger: Ledger::new(Duration::from_secs(60)),
+        live,
+        stats: Arc::new(Stats::new()),
+    })
+}
+
+/// In-flight limit `limit` per backend, a queue wait of `queue_timeout`.
+fn limits(limit: usize, queue_timeout: Duration) -> Limits {
+    Limits {
+        max_inflight_per_backend: limit,
+        queue_timeout,
+        ..Limits::default()
+    }
+}
+
+/// A seat on the first backend, as another request in flight would hold.
+fn occupy(state: &State) -> Seat {
+    let snapshot = state.fleet.snapshot();
+    let first = |_: &[Candidate]| Decision::new(0, Outcome::Balanced);
+    match state
+        .ledger
+        .place(&snapshot.accounts(), 0, TextBytes(0), first)
+    {
+        Placing::Placed { seat, .. } => seat,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_retried_on_another_backend() {
+    let state = state(2, true);
+    let mut fake = Fake::new([Step::Refused, Step::Answer]);
+    let limits = Limits::default();
+    let dispatched = run(&state, &limits, &mut fake, Route::AnyBackend).await;
+    let answered = dispatched.result.unwrap();
+    assert_eq!(fake.sent.len(), 2);
+    assert_ne!(fake.sent[0], fake.sent[1]);
+    assert_eq!(answered.answer, fake.sent[1]);
+    assert_eq!(dispatched.placed.unwrap().backend.id, fake.sent[1]);
+    assert_eq!(state.stats.totals().retries, 1);
+    assert_eq!(
+        answered.seat.account().load(),
+        1,
+        "the answer holds its seat"
+    );
+}
+
+#[tokio::test]
+async fn nothing_is_retried_once_the_request_may_have_reached_a_backend() {
+    let state = state(2, true);
+    let mut fake = Fake::new([Step::Cut]);
+    let dispatched = run(&state, &Limits::default(), &mut fake, Route::AnyBackend).await;
+    assert!(matches!(dispatched.result, Err(RouterError::Upstream(_))));
+    assert_eq!(fake.sent.len(), 1);
+    let seats: usize = state
+        .fleet
+        .snapshot()
+        .backends
+        .iter()
+        .map(|b| b.load())
+        .sum();
+    assert_eq!(seats, 0, "a failed attempt leaves no load behind");
+}
+
+#[tokio::test]
+async fn retries_end_with_the_last_error_when_every_backend_refuses() {
+    let state = state(2, true);
+    let mut fake = Fake::new([Step::Refused, Step::Refused, Step::Refused]);
+    let dispatched = run(&state, &Limits::default(), &mut fake, Route::AnyBackend).await;
+    assert!(matches!(dispatched.result, Err(RouterError::Upstream(_))));
+    assert_eq!(fake.sent.len(), 2, "each backend once");
+}
+
+#[tokio::test]
+async fn a_queued_request_times_out_and_leaves_the_queue() {
+    let state = state(1, true);
+    let _busy = occupy(&state);
+    let limits = limits(1, Duration::from_millis(100));
+    let mut fake = Fake::new([]);
+    let dispatched = run(&state, &limits, &mut fake, Route::AnyBackend).await;
+    let shed = match dispatched.result {
+        Err(RouterError::Overloaded { shed, .. }) => shed,
+        other => panic!("{:?}", other.err()),
+    };
+    assert_eq!(shed, Shed::QueueTimeout);
+    assert!(fake.sent.is_empty());
+    assert!(state.queue.is_empty());
+}
+
+#[tokio::test]
+async fn a_queued_request_takes_the_slot_freed() {
+    let state = state(1, true);
+    let busy = occupy(&state);
+    let limits = limits(1, Duration::from_secs(10));
+    let mut fake = Fake::new([]);
+    let freeing = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(busy);
+    };
+    let (dispatched, ()) =
+        tokio::join!(run(&state, &limits, &mut fake, Route::AnyBackend), freeing);
+    assert!(dispatched.result.is_ok());
+    assert_eq!(fake.sent.len(), 1);
+}
+
+#[tokio::test]
+async fn a_client_gone_while_queued_leaves_the_queue() {
+    let state = state(1, true);
+    let _busy = occupy(&state);
+    let limits = limits(1, Duration::from_secs(10));
+    let mut fake = Fake::new([]);
+    fake.gone_after = Some(Duration::from_millis(20));
+    let started = std::time::Instant::now();
+    let dispatched = run(&state, &limits, &mut fake, Route::AnyBackend).await;
+    assert!(matches!(dispatched.result, Err(RouterError::ClientGone(_))));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(state.queue.is_empty());
+    assert!(fake.sent.is_empty());
+}
+
+#[tokio::test]
+async fn the_first_request_waits_for_the_first_health_check() {
+    let state = state(1, false);
+    let checking = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        state.fleet.snapshot().backends[0].observe_check(true, 1, 1);
+        state.fleet.readiness_changed();
+    };
+    let mut fake = Fake::new([]);
+    let limits = Limits::default();
+    let (dispatched, ()) =
+        tokio::join!(run(&state, &limits, &mut fake, Route::AnyBackend), checking);
+    assert!(dispatched.result.is_ok());
+    assert_eq!(fake.sent.len(), 1);
+}
