@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use super::bound::{self, Bound};
 use super::text::BodyStyle;
 
 /// A prepared workload: rendered text plus schedule. Opaque; built by
@@ -25,8 +24,6 @@ pub struct Plan {
     pub(crate) tools: Option<u32>,
     /// Sessions sorted by start time.
     pub(crate) sessions: Vec<Session>,
-    /// Bound over the whole workload, computed once at load.
-    pub(crate) bound: Bound,
 }
 
 /// A sequence of turns sharing a session id.
@@ -114,11 +111,10 @@ impl Plan {
         style.build(tools, pieces, turn.max_tokens)
     }
 
-    /// Sorts sessions by start time (stable) and computes the bound.
+    /// Sorts sessions by start time (stable).
     pub(crate) fn finish(mut self) -> Self {
         self.sessions
             .sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
-        self.bound = bound::compute(&self, self.schedule_order().into_iter());
         self
     }
 

@@ -91,7 +91,7 @@ impl Workload {
     /// Best possible token-weighted prefix hit rate over the whole workload
     /// with one infinite cache, 0..=1 (see [`Bound`]).
     pub fn bound(&self) -> f64 {
-        self.plan().bound.hit_rate
+        self.bound_detail().hit_rate
     }
 
     /// The best hit rate with all backends' caches pooled into one LRU cache of
@@ -104,7 +104,8 @@ impl Workload {
 
     /// The bound with its token and block counts.
     pub fn bound_detail(&self) -> Bound {
-        self.plan().bound.clone()
+        let plan = self.plan();
+        super::bound::compute(plan, plan.schedule_order().into_iter())
     }
 
     /// Number of requests.

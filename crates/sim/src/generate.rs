@@ -30,7 +30,7 @@ use super::cache::block_hashes;
 use super::driver::{Event, Ticket};
 use super::engine::EngineRequest;
 use super::error::ApiError;
-use super::http::{Body, Shared, json_response};
+use super::instance::{Body, Shared, json_response};
 use super::openai::{Meta, StreamWriter, Usage, full_response, output_text};
 use super::template::{self, Endpoint};
 

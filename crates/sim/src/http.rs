@@ -7,12 +7,10 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited, combinators::BoxBody};
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
@@ -22,32 +20,13 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 
 use super::SimConfig;
-use super::driver::EngineHandle;
 use super::error::ApiError;
 use super::generate;
-use super::metrics::Metrics;
+use super::instance::{Body, Shared, error_response, full, json_response};
 use super::template::{self, Endpoint};
 
 /// Largest request body accepted, bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
-
-/// Response body type of every endpoint.
-pub type Body = BoxBody<Bytes, Infallible>;
-
-/// State shared by every connection of one instance.
-#[derive(Debug)]
-pub struct Shared {
-    /// The instance's settings.
-    pub config: SimConfig,
-    /// The engine task.
-    pub engine: EngineHandle,
-    /// The instance's counters.
-    pub metrics: Arc<Metrics>,
-    /// Next request number (response ids, engine ids).
-    pub next_number: AtomicU64,
-    /// `x-sim-instance` header value (`None` if the name is not a valid header value).
-    pub instance_header: Option<HeaderValue>,
-}
 
 /// Accepts connections until the task is aborted; dropping it closes them all.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
@@ -201,30 +180,4 @@ fn tokenize(shared: &Shared, body: Value) -> Result<Response<Body>, ApiError> {
         "token_strs": null,
     });
     Ok(json_response(StatusCode::OK, &answer))
-}
-
-/// A whole response with an optional content type.
-pub fn full(status: StatusCode, content_type: Option<&'static str>, body: Bytes) -> Response<Body> {
-    let mut response = Response::new(Full::new(body).boxed());
-    *response.status_mut() = status;
-    if let Some(kind) = content_type {
-        response
-            .headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
-    }
-    response
-}
-
-/// A JSON response.
-pub fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
-    full(
-        status,
-        Some("application/json"),
-        Bytes::from(body.to_string()),
-    )
-}
-
-/// The OpenAI error response for `err`.
-pub fn error_response(err: &ApiError) -> Response<Body> {
-    json_response(err.status(), &err.body())
 }

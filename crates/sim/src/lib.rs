@@ -32,6 +32,7 @@ pub mod engine;
 pub mod error;
 mod generate;
 mod http;
+mod instance;
 pub mod metrics;
 mod openai;
 pub mod template;
@@ -188,7 +189,7 @@ pub async fn start(config: SimConfig, listener: TcpListener) -> std::io::Result<
     let clock = driver::SimClock::new(config.time_scale);
     let (engine_handle, engine) = driver::spawn(core, metrics.clone(), clock);
     let name = config.name.clone();
-    let shared = Arc::new(http::Shared {
+    let shared = Arc::new(instance::Shared {
         instance_header: HeaderValue::from_str(&config.name).ok(),
         config,
         engine: engine_handle,
