@@ -36,7 +36,7 @@ test: test-deps core-is-pure
 	tests/sdk/run.sh target/debug/prefix-router
 	tests/prometheus/run.sh target/debug/prefix-router
 
-# The core crate must build without Pingora, tokio or hyper (README "Layout").
+# The core crate must build without Pingora, tokio or hyper (docs/ARCHITECTURE.md).
 core-is-pure:
 	@if $(CARGO) tree -p prefix-router-core -e normal,build --prefix none | grep -E '^(pingora|tokio|hyper)'; then \
 		echo "prefix-router-core depends on the crates above; it must stay free of I/O"; exit 1; fi

@@ -11,7 +11,8 @@ use prefix_router::serve;
 /// jemalloc instead of glibc's malloc: on 1 KB requests at two data-plane threads, glibc's
 /// malloc and free took ~13% of the router's CPU plus 3% waiting on its arena lock, and
 /// `make overhead` measured 1.23-1.27x a Pingora pass-through's CPU per request with it
-/// against 0.90-1.01x with jemalloc (README "Benchmarks"); memory under load is lower too.
+/// against 0.90-1.01x with jemalloc; memory under load is lower too (docs/BENCHMARKS.md
+/// has today's figures).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -1,5 +1,6 @@
 //! Where time comes from: the monotonic clock in the router, virtual time in the lab. Only
-//! the session table reads time (its idle TTL); the prefix index orders by a logical tick.
+//! the policies' tables read time (idle TTLs, the live horizon of conversations); the
+//! prefix index orders by a logical tick.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};

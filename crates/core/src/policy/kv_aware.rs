@@ -19,7 +19,7 @@
 //!   session's own context a lot.
 //!
 //! Backends with unknown capacity always have room. The constants were chosen in the lab
-//! (`prefix-router lab --all`) for the mechanisms, not for one scenario; see the README.
+//! (`prefix-router lab --all`) for the mechanisms, not for one scenario; see docs/LAB.md.
 
 use std::cmp::Reverse;
 use std::sync::Arc;
