@@ -50,6 +50,9 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         unknown_capacity: false,
         calibrate: true,
         max_inflight_per_backend: 0,
+        replicas: 1,
+        scrape_interval: 1.0,
+        shared_table: true,
         seed: 1,
         max_requests: Some(120),
         send_session_header: false,
@@ -126,6 +129,15 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
         ),
         (Value::Null, 100_000.into())
     );
+    // The simulator publishes its load under vLLM's names; the plain upstream does not.
+    let sim_row = sized.iter().find(|w| w["url"] != plain.url()).unwrap();
+    let published = &sim_row["published"];
+    assert_eq!(
+        (published["running"].clone(), published["waiting"].clone()),
+        (0.into(), 0.into())
+    );
+    assert_eq!(published["kv_usage"], 0.0);
+    assert_eq!(other["published"], Value::Null);
     // Far more text than the sim's index may hold: it stays within its budget.
     let sim_url = format!("http://{}", sim.addr);
     for i in 0..40 {

@@ -77,6 +77,7 @@ fn selector() -> (Selector, Vec<Candidate>) {
         clock: std::sync::Arc::new(prefix_router_core::clock::Monotonic::default()),
         calibrate: true,
         session_ttl: Duration::from_secs(60),
+        conversations: None,
     };
     let selector = choose("cache_aware")
         .expect("cache_aware exists")

@@ -9,14 +9,14 @@
 //! Synchronous and lock-free on the request path (atomics); no I/O, no clock of its own.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::BackendId;
-use crate::policy::{Candidate, Decision, Selector};
+use crate::policy::{Candidate, Decision, Published, Selector};
 use crate::units::{KeyBytes, TextBytes, Tokens};
 
 /// One backend's account. Shared by every fleet snapshot that holds the backend, so that
@@ -32,6 +32,11 @@ pub struct Account {
     capacity: AtomicUsize,
     /// The capacity its index budget was last sized from, tokens.
     sized: AtomicUsize,
+    /// What it published of its load: running, waiting, KV usage (f64 bits); running is
+    /// `usize::MAX` until it published anything.
+    running: AtomicUsize,
+    waiting: AtomicUsize,
+    kv_usage: AtomicU64,
     on_free: Box<dyn Fn() + Send + Sync>,
 }
 
@@ -45,6 +50,9 @@ impl Account {
             pending: AtomicUsize::new(0),
             capacity: AtomicUsize::new(0),
             sized: AtomicUsize::new(0),
+            running: AtomicUsize::new(usize::MAX),
+            waiting: AtomicUsize::new(0),
+            kv_usage: AtomicU64::new(0),
             on_free: Box::new(|| {}),
         }
     }
@@ -75,6 +83,27 @@ impl Account {
         self.capacity.store(capacity.map_or(0, |t| t.0), Relaxed);
     }
 
+    /// What the backend last published of its load, if anything.
+    pub fn published(&self) -> Option<Published> {
+        let running = self.running.load(Relaxed);
+        (running != usize::MAX).then(|| Published {
+            running,
+            waiting: self.waiting.load(Relaxed),
+            kv_usage: f64::from_bits(self.kv_usage.load(Relaxed)),
+        })
+    }
+
+    /// Records what the backend published of its load (`None`: it does not say).
+    pub fn set_published(&self, published: Option<Published>) {
+        let Some(p) = published else {
+            self.running.store(usize::MAX, Relaxed);
+            return;
+        };
+        self.waiting.store(p.waiting, Relaxed);
+        self.kv_usage.store(p.kv_usage.to_bits(), Relaxed);
+        self.running.store(p.running.min(usize::MAX - 1), Relaxed);
+    }
+
     /// The backend as a policy sees it.
     pub fn candidate(&self) -> Candidate {
         Candidate {
@@ -83,6 +112,7 @@ impl Account {
             pending: self.pending(),
             capacity: self.capacity().unwrap_or_default().text(),
             hash: self.hash,
+            published: self.published(),
         }
     }
 

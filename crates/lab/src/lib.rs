@@ -117,6 +117,16 @@ pub struct LabArgs {
     /// and places them when a backend frees a slot (0: no limit, the router's default).
     #[arg(long, default_value_t = 0)]
     pub max_inflight_per_backend: usize,
+    /// Router replicas, each with state of its own, requests spread over them in turn as a
+    /// round-robin balancer would (a list sweeps: 1,2,4).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub replicas: Vec<usize>,
+    /// Seconds between two reads of each backend's published load by a router.
+    #[arg(long, default_value_t = 1.0)]
+    pub scrape_interval: f64,
+    /// The replicas do not share their conversation table (routers without `shared_table`).
+    #[arg(long)]
+    pub no_shared_table: bool,
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -135,6 +145,8 @@ pub struct LabResult {
     pub scenario: String,
     /// The policy.
     pub policy: String,
+    /// Router replicas.
+    pub replicas: usize,
     /// Backends.
     pub backends: usize,
     /// KV blocks per backend.
@@ -155,6 +167,8 @@ pub struct LabResult {
     pub decisions: std::collections::BTreeMap<String, u64>,
     /// Routing text routed, bytes (over the prompt tokens reported: bytes per token).
     pub text_bytes: u64,
+    /// Turns placed on another backend than their session's previous turn.
+    pub moved_turns: u64,
 }
 
 /// One setting to run every policy on.
@@ -170,6 +184,12 @@ pub struct Setting {
     pub calibrate: bool,
     /// The router's in-flight limit per backend (0: none).
     pub max_inflight_per_backend: usize,
+    /// Router replicas.
+    pub replicas: usize,
+    /// Seconds between two reads of a backend's published load.
+    pub scrape_interval: f64,
+    /// Whether the replicas share their conversation table.
+    pub shared_table: bool,
     /// Seed.
     pub seed: u64,
     /// Stop after this many requests.
@@ -242,6 +262,9 @@ impl Setting {
             kv_tokens: (!self.unknown_capacity).then_some(Tokens(sim.kv_blocks * sim.block_tokens)),
             calibrate: self.calibrate,
             max_inflight_per_backend: self.max_inflight_per_backend,
+            replicas: self.replicas.max(1),
+            scrape_interval: self.scrape_interval,
+            shared_table: self.shared_table,
         })
     }
 }
@@ -278,6 +301,7 @@ pub fn compare(
         results.push(LabResult {
             scenario: setting.scenario.name.clone(),
             policy: name.clone(),
+            replicas: setting.replicas,
             backends: setting.scenario.backends,
             kv_blocks: setting.scenario.kv_blocks,
             pooled_bound,
@@ -289,9 +313,22 @@ pub fn compare(
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
             text_bytes: run.text_bytes,
+            moved_turns: moved_turns(&run.result.outcomes),
         });
     }
     Ok(results)
+}
+
+/// Turns placed on another backend than their session's previous turn.
+fn moved_turns(outcomes: &[prefix_router_replay::Outcome]) -> u64 {
+    let mut placed: Vec<(u32, u32, &str)> = (outcomes.iter())
+        .filter_map(|o| Some((o.session, o.turn, o.exchange.backend.as_deref()?)))
+        .collect();
+    placed.sort_unstable();
+    let moved = placed
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0 && w[0].2 != w[1].2);
+    moved.count() as u64
 }
 
 /// The settings `args` asks for: its scenarios, swept over the listed values.
@@ -311,19 +348,33 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
         }
         (None, false, None) => vec![all[0].clone()],
     };
+    if args.replicas.contains(&0) || args.scrape_interval.is_nan() || args.scrape_interval <= 0.0 {
+        return Err(LabError::Invalid(
+            "--replicas must be >= 1 and --scrape-interval > 0".into(),
+        ));
+    }
     let mut out = Vec::new();
     for scenario in base {
         for s in sweep(&scenario, args)? {
-            out.push(Setting {
-                scenario: s,
-                max_tree_size: args.max_tree_size,
-                unknown_capacity: args.unknown_capacity,
-                calibrate: !args.no_calibration,
-                max_inflight_per_backend: args.max_inflight_per_backend,
-                seed: args.seed,
-                max_requests: args.max_requests,
-                send_session_header: args.send_session_header,
-            });
+            for &replicas in &args.replicas {
+                let mut s = s.clone();
+                if replicas > 1 {
+                    s.name = format!("{} r={replicas}", s.name);
+                }
+                out.push(Setting {
+                    scenario: s,
+                    max_tree_size: args.max_tree_size,
+                    unknown_capacity: args.unknown_capacity,
+                    calibrate: !args.no_calibration,
+                    max_inflight_per_backend: args.max_inflight_per_backend,
+                    replicas,
+                    scrape_interval: args.scrape_interval,
+                    shared_table: !args.no_shared_table,
+                    seed: args.seed,
+                    max_requests: args.max_requests,
+                    send_session_header: args.send_session_header,
+                });
+            }
         }
     }
     Ok(out)
@@ -468,6 +519,9 @@ mod tests {
             unknown_capacity: false,
             calibrate: true,
             max_inflight_per_backend: 0,
+            replicas: 1,
+            scrape_interval: 1.0,
+            shared_table: true,
             seed: 3,
             max_requests: Some(120),
             send_session_header: false,

@@ -12,7 +12,8 @@ use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
 use prefix_router_core::ledger::{Account, Ledger, Placing, Seat};
 use prefix_router_core::policy::{
-    Decision, PolicyChoice, PolicyParams, Request, Selector, SharedTunables, Tunables,
+    Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
+    SharedTunables, Tunables,
 };
 use prefix_router_core::request::{self, Endpoint, ParseError, SessionHeaders, SessionKey};
 use prefix_router_core::tree::TreeConfig;
@@ -42,6 +43,15 @@ pub struct RouterSetup {
     /// Requests in flight per backend at most (0: no limit); beyond, the router holds
     /// requests in its queue and places them when a backend frees a slot.
     pub max_inflight_per_backend: usize,
+    /// Router replicas, each with state of its own, requests spread over them in turn (as
+    /// a balancer in front of them would). Default 1.
+    pub replicas: usize,
+    /// Seconds between two reads of a backend's published load (`/metrics`) by a router;
+    /// replicas read at staggered moments.
+    pub scrape_interval: f64,
+    /// Whether the replicas share their conversation table (as routers configured with a
+    /// `shared_table` do), instantly.
+    pub shared_table: bool,
 }
 
 /// One placed request, as the router tracks it until it ends (drop: it ended).
@@ -78,16 +88,25 @@ pub struct LabRouter {
 }
 
 impl LabRouter {
-    /// A router with `setup` in front of backends named `names`.
-    pub fn new(setup: &RouterSetup, names: &[String]) -> Self {
-        let clock = Manual::default();
+    /// A router with `setup` in front of backends named `names`, on `clock`; `replica`
+    /// numbers it among its replicas (their tie-breaking seeds differ, as processes' do),
+    /// and `conversations` is the table they share, if they do.
+    pub fn new(
+        setup: &RouterSetup,
+        names: &[String],
+        replica: usize,
+        clock: &Manual,
+        conversations: Option<Arc<Conversations>>,
+    ) -> Self {
+        let clock = clock.clone();
         let params = PolicyParams {
             tunables: SharedTunables::fixed(setup.tunables),
             tree: setup.tree.clone(),
-            seed: setup.seed,
+            seed: setup.seed.wrapping_add(replica as u64),
             clock: Arc::new(clock.clone()),
             calibrate: setup.calibrate,
             session_ttl: Duration::from_secs_f64(setup.session_ttl.max(0.0)),
+            conversations,
         };
         let accounts: Vec<Arc<Account>> = (names.iter().enumerate())
             .map(|(b, name)| {
@@ -167,6 +186,11 @@ impl LabRouter {
     pub fn reported(&self, placement: &Placement, cached_tokens: u64) {
         let cached = Tokens(usize::try_from(cached_tokens).unwrap_or(usize::MAX));
         placement.seat.reported(&self.selector, cached);
+    }
+
+    /// Backend `backend` published `load` (read from its `/metrics`).
+    pub fn published(&self, backend: usize, load: Published) {
+        self.accounts[backend].set_published(Some(load));
     }
 
     /// The ledger's upkeep at `now`, seconds; returns the key bytes evicted.

@@ -13,6 +13,11 @@ use prefix_router_sim::SimConfig;
 use prefix_router_sim::engine::{EngineCore, Output};
 
 use crate::prepare::{Prepared, Shape};
+use std::sync::Arc;
+
+use prefix_router_core::clock::Manual;
+use prefix_router_core::policy::{Conversations, Published};
+
 use crate::router::{LabRouter, Placement, RouterSetup};
 
 /// How the clients behave: what the replay's options would say.
@@ -64,7 +69,12 @@ pub fn run(
         engines: (0..backends.len())
             .map(|_| EngineCore::new(sim.timing(), sim.kv_blocks))
             .collect(),
-        router: LabRouter::new(router, backends),
+        routers: routers(router, backends),
+        next_replica: 0,
+        scrapes: (0..router.replicas.max(1))
+            .map(|r| r as f64 * router.scrape_interval / router.replicas.max(1) as f64)
+            .collect(),
+        scrape_interval: router.scrape_interval,
         queue: BinaryHeap::new(),
         seq: 0,
         free_slots: clients.concurrency.max(1),
@@ -80,19 +90,35 @@ pub fn run(
     };
     world.run();
     let elapsed = world.last_end - world.first_arrival.unwrap_or(0.0);
-    let r = &world.router;
+    let routers = &world.routers;
+    let sum = |of: fn(&LabRouter) -> u64| routers.iter().map(of).sum::<u64>();
+    let (text_bytes, matched_bytes) = (sum(|r| r.text_bytes), sum(|r| r.matched_bytes));
+    let mut outcomes = std::collections::BTreeMap::new();
+    for (outcome, n) in routers.iter().flat_map(|r| r.outcomes.iter()) {
+        *outcomes.entry(*outcome).or_default() += n;
+    }
     Run {
         kv_evicted_blocks: world.engines.iter().map(|e| e.cache().evicted()).sum(),
-        index_evicted_bytes: r.evicted_bytes,
-        outcomes: r.outcomes.clone(),
-        text_bytes: r.text_bytes,
-        predicted_hit_rate: (r.text_bytes > 0)
-            .then(|| r.matched_bytes as f64 / r.text_bytes as f64),
+        index_evicted_bytes: sum(|r| r.evicted_bytes),
+        outcomes,
+        text_bytes,
+        predicted_hit_rate: (text_bytes > 0).then(|| matched_bytes as f64 / text_bytes as f64),
         result: RunResult {
             outcomes: world.outcomes,
             elapsed: seconds(elapsed),
         },
     }
+}
+
+/// The router replicas of `setup`, on one virtual clock, sharing a conversation table when
+/// the setup says so.
+fn routers(setup: &RouterSetup, backends: &[String]) -> Vec<LabRouter> {
+    let clock = Manual::default();
+    let shared =
+        (setup.shared_table).then(|| Arc::new(Conversations::new(Arc::new(clock.clone()))));
+    (0..setup.replicas.max(1))
+        .map(|r| LabRouter::new(setup, backends, r, &clock, shared.clone()))
+        .collect()
 }
 
 /// Something due at a time.
@@ -120,6 +146,8 @@ struct Live {
     ready: f64,
     sent: f64,
     placement: Placement,
+    /// The router replica that placed it.
+    replica: usize,
     first: Option<f64>,
     cached: usize,
     prompt: usize,
@@ -131,7 +159,12 @@ struct World<'w> {
     clients: &'w Clients,
     names: &'w [String],
     engines: Vec<EngineCore>,
-    router: LabRouter,
+    /// The router replicas; requests go to them in turn.
+    routers: Vec<LabRouter>,
+    next_replica: usize,
+    /// When each replica next reads the engines' published load.
+    scrapes: Vec<f64>,
+    scrape_interval: f64,
     queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
     free_slots: usize,
@@ -139,9 +172,9 @@ struct World<'w> {
     budget: usize,
     next_session: usize,
     live: HashMap<u64, Live>,
-    /// Requests the router holds while every backend is at its limit, with the time the
-    /// client sent each.
-    held: VecDeque<(Want, f64)>,
+    /// Requests a router replica holds while every backend is at its limit, with the time
+    /// the client sent each and the replica.
+    held: VecDeque<(Want, f64, usize)>,
     next_id: u64,
     outcomes: Vec<Outcome>,
     first_arrival: Option<f64>,
@@ -174,6 +207,7 @@ impl World<'_> {
             for engine in &mut self.engines {
                 engine.advance(now);
             }
+            self.scrape(now);
             self.drain_engines();
             while let Some(&Reverse((t, _, event))) = self.queue.peek() {
                 if f64::from_bits(t) > now {
@@ -255,28 +289,52 @@ impl World<'_> {
         self.send(now, want);
     }
 
-    /// The client sends at `now`: placed at once, or held in the router's queue while
-    /// every backend is at its in-flight limit.
+    /// The client sends at `now` to the next router replica in turn: placed at once, or
+    /// held in that replica's queue while every backend is at its in-flight limit.
     fn send(&mut self, now: f64, want: Want) {
-        if self.router.full() {
-            self.held.push_back((want, now));
+        let replica = self.next_replica;
+        self.next_replica = (replica + 1) % self.routers.len();
+        if self.routers[replica].full() {
+            self.held.push_back((want, now, replica));
         } else {
-            self.dispatch(now, want, now);
+            self.dispatch(now, want, now, replica);
         }
     }
 
-    /// Places queued requests while backends have room, by the policy at `now`.
+    /// Places held requests, in order, on the replicas whose backends have room.
     fn drain_held(&mut self, now: f64) {
-        while !self.router.full() {
-            let Some((want, sent)) = self.held.pop_front() else {
-                return;
-            };
-            self.dispatch(now, want, sent);
+        let mut kept = VecDeque::new();
+        while let Some((want, sent, replica)) = self.held.pop_front() {
+            let blocked = kept.iter().any(|&(_, _, r)| r == replica);
+            if blocked || self.routers[replica].full() {
+                kept.push_back((want, sent, replica));
+            } else {
+                self.dispatch(now, want, sent, replica);
+            }
+        }
+        self.held = kept;
+    }
+
+    /// Replicas whose read of the engines' published load is due at `now` read it.
+    fn scrape(&mut self, now: f64) {
+        for (replica, next) in self.scrapes.iter_mut().enumerate() {
+            if *next > now {
+                continue;
+            }
+            *next = now + self.scrape_interval;
+            for (backend, engine) in self.engines.iter().enumerate() {
+                let load = Published {
+                    running: engine.running(),
+                    waiting: engine.waiting(),
+                    kv_usage: engine.cache().usage(),
+                };
+                self.routers[replica].published(backend, load);
+            }
         }
     }
 
-    /// Places the request the client sent at `sent`, at `now`.
-    fn dispatch(&mut self, now: f64, want: Want, sent: f64) {
+    /// Places, on router replica `replica`, the request the client sent at `sent`, at `now`.
+    fn dispatch(&mut self, now: f64, want: Want, sent: f64, replica: usize) {
         let session = &self.plan.sessions()[want.session];
         let turn = &session.turns()[want.turn];
         let body = self
@@ -287,7 +345,7 @@ impl World<'_> {
             .send_session_header
             .then(|| session.id())
             .flatten();
-        let placed = self.router.place(now, &body, id);
+        let placed = self.routers[replica].place(now, &body, id);
         drop(body);
         let shape = self.prepared.shape(want.session, want.turn);
         let (placement, request) = match (placed, shape) {
@@ -315,6 +373,7 @@ impl World<'_> {
                 ready: want.ready,
                 sent,
                 placement,
+                replica,
                 first: None,
                 cached: 0,
                 prompt,
@@ -366,7 +425,7 @@ impl World<'_> {
                 };
                 (live.first, live.cached) = (Some(at), cached_tokens);
                 if self.clients.stream {
-                    self.router.answered(&live.placement);
+                    self.routers[live.replica].answered(&live.placement);
                 }
             }
             Output::Finished {
@@ -377,7 +436,7 @@ impl World<'_> {
                 let Some(live) = self.live.remove(&id) else {
                     return;
                 };
-                self.router.reported(&live.placement, live.cached as u64);
+                self.routers[live.replica].reported(&live.placement, live.cached as u64);
                 drop(live.placement);
                 let stream = self.clients.stream;
                 let exchange = Exchange {

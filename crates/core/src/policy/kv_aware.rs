@@ -1,14 +1,18 @@
 //! `kv_aware` (the default): each request goes where its conversation's KV already is, and
 //! each new conversation where the fleet has room for it and it starts soonest.
 //!
-//! - **Whose history is this?** The match beyond the deepest prefix that earlier texts
-//!   continue in more than one way (a system prompt, a template) is the conversation's
-//!   own history. At least [`MIN_PRIVATE`] bytes of it on some backend make the request a
-//!   continuation, at home on the backend with the longest match. A conversation the
-//!   index has lost (evicted, or too short yet) is still found in the conversation table:
-//!   by its session key, or by its anchor when the anchor is not itself a shared prefix.
-//! - **A continuation stays home**, unless home's live footprint (the sizes of the
-//!   conversations active there in the last [`LIVE_HORIZON`]) overflows its KV while
+//! - **Whose conversation is this?** The conversation table ([`Conversations`]) knows
+//!   where each conversation was last placed, by its session key, or by its anchor (the
+//!   text up to its first user message) when the anchor is not itself a shared prefix.
+//!   Router replicas share that table, so a conversation whose turns reach different
+//!   replicas keeps one home. A home this router placed but whose index no longer holds
+//!   the conversation's own history is taken as lost (evicted) and not followed.
+//! - **Else, whose history is this?** The match beyond the deepest prefix that earlier
+//!   texts continue in more than one way (a system prompt, a template) is the
+//!   conversation's own history. At least [`MIN_PRIVATE`] of it on some backend make the
+//!   request a continuation, at home on the backend with the longest match.
+//! - **A continuation stays home**, unless home's live conversations (those active there in
+//!   the last [`LIVE_HORIZON`](super::conversations::LIVE_HORIZON)) overflow its KV while
 //!   another backend has room: then it moves once, as a new conversation would be placed,
 //!   instead of thrashing home's cache.
 //! - **A new conversation** goes, among the backends with room for it (all of them when
@@ -23,9 +27,8 @@
 
 use std::cmp::Reverse;
 use std::sync::Arc;
-use std::time::Duration;
 
-use super::footprint::{Footprints, MAX_CONVERSATIONS};
+use super::conversations::{Conversations, Note};
 use super::prefix::{Ask, PrefixPolicy, Rule};
 use super::{Decision, Outcome, PolicyParams, Request, Selector, Ties};
 use crate::BackendId;
@@ -35,12 +38,6 @@ use crate::units::TextBytes;
 /// less is a coincidence of text, not a conversation.
 pub const MIN_PRIVATE: TextBytes = TextBytes(256);
 
-/// Idle time after which a conversation no longer counts in its backend's footprint.
-pub const LIVE_HORIZON: Duration = Duration::from_secs(30);
-
-/// Idle time after which the conversation table forgets a conversation.
-pub const CONVERSATION_TTL: Duration = Duration::from_secs(1800);
-
 /// Weight of the prefill queued on a backend against this request's own prefill there,
 /// when a new conversation is placed: below 1, a held prefix is followed a little past
 /// the point where recomputing it elsewhere would start sooner.
@@ -49,21 +46,20 @@ pub const QUEUE_WEIGHT: f64 = 0.3;
 /// The rule.
 pub struct KvAware {
     ties: Ties,
-    conversations: Arc<Footprints>,
+    /// This router's id in the conversation table.
+    origin: u64,
+    conversations: Arc<Conversations>,
 }
 
-/// The policy over a prefix index and a conversation table of its own; not wrapped in
-/// session affinity, which it weighs itself.
+/// The policy over a prefix index of its own and the conversation table replicas share
+/// (`params.conversations`, else one of its own); not wrapped in session affinity, which
+/// it weighs itself.
 pub fn build(params: &PolicyParams) -> Selector {
-    let clock = params.clock.clone();
-    let conversations = Arc::new(Footprints::new(
-        LIVE_HORIZON,
-        CONVERSATION_TTL,
-        MAX_CONVERSATIONS,
-        clock,
-    ));
+    let conversations = (params.conversations.clone())
+        .unwrap_or_else(|| Arc::new(Conversations::new(params.clock.clone())));
     let rule = KvAware {
         ties: Ties::new(params.seed),
+        origin: params.seed,
         conversations: Arc::clone(&conversations),
     };
     let index = params.index();
@@ -98,11 +94,32 @@ impl View<'_> {
         let capacity = self.ask.candidates[i].capacity;
         capacity.0 > 0 && self.held[i] > capacity
     }
+
+    /// Whether the request names its conversation: by a session, or by an anchor that is
+    /// not itself a prefix other texts continue.
+    fn named(&self) -> bool {
+        let request = self.ask.request;
+        request.session.is_some() || self.anchor() > self.ask.matches.shared()
+    }
+
+    fn anchor(&self) -> TextBytes {
+        TextBytes(self.ask.request.text.anchor_len())
+    }
 }
 
 impl KvAware {
     /// The backend holding this request's conversation, if any.
     fn home(&self, view: &View) -> Option<usize> {
+        let known = view.named().then(|| self.known(view)).flatten();
+        if let Some((i, origin)) = known {
+            let own = view
+                .matched(i)
+                .saturating_sub(view.anchor().max(view.ask.matches.shared()));
+            let lost = origin == self.origin && own < MIN_PRIVATE;
+            if !lost {
+                return Some(i);
+            }
+        }
         let shared = view.ask.matches.shared();
         let own = |i: usize| view.matched(i).saturating_sub(shared);
         if (0..view.len()).any(|i| own(i) >= MIN_PRIVATE) {
@@ -115,13 +132,15 @@ impl KvAware {
                 )
             }));
         }
-        let request = view.ask.request;
-        let anchor_is_own = TextBytes(request.text.anchor_len()) > shared;
-        if request.session.is_none() && !anchor_is_own {
-            return None;
-        }
-        let backend = self.conversations.backend_of(request.conversation())?;
-        view.ask.candidates.iter().position(|c| c.id == backend)
+        known.map(|(i, _)| i)
+    }
+
+    /// The candidate the conversation table places this conversation on, and who placed it.
+    fn known(&self, view: &View) -> Option<(usize, u64)> {
+        let conversation = view.ask.request.conversation();
+        let (backend, origin) = self.conversations.home_of(conversation)?;
+        let i = view.ask.candidates.iter().position(|c| c.id == backend)?;
+        Some((i, origin))
     }
 
     /// Where a new conversation starts soonest, among the backends with room for it.
@@ -147,7 +166,7 @@ impl KvAware {
 
 impl Rule for KvAware {
     fn decide(&self, ask: &Ask) -> Decision {
-        let held = (self.conversations).of(ask.candidates.iter().map(|c| c.id));
+        let held = (self.conversations).held(ask.candidates.iter().map(|c| c.id));
         let view = View { ask, held };
         let (index, outcome) = match self.home(&view) {
             Some(home)
@@ -166,7 +185,12 @@ impl Rule for KvAware {
     }
 
     fn placed(&self, request: &Request, backend: BackendId) {
-        (self.conversations).note(request.conversation(), backend, request.text.size());
+        self.conversations.note(Note {
+            conversation: request.conversation(),
+            backend,
+            bytes: request.text.size(),
+            origin: self.origin,
+        });
     }
 }
 

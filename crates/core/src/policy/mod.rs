@@ -6,7 +6,7 @@
 
 mod cache_aware;
 mod consistent_hash;
-mod footprint;
+mod conversations;
 mod kv_aware;
 mod least_load;
 mod power_of_two;
@@ -23,6 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use conversations::{Conversations, Note};
 pub use selector::{Selector, TableSize};
 pub use sessions::Sessions;
 pub use sticky::Sticky;
@@ -52,7 +53,7 @@ impl Default for Balance {
 }
 
 /// A ready backend as a policy sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Candidate {
     /// Which backend.
     pub id: BackendId,
@@ -66,7 +67,24 @@ pub struct Candidate {
     pub capacity: TextBytes,
     /// A stable hash of its address (same on every router replica).
     pub hash: u64,
+    /// The load the backend itself published, as last read; `None` when it does not say.
+    /// Every router replica reads the same.
+    pub published: Option<Published>,
 }
+
+/// The load a backend publishes of itself (vLLM's `/metrics`), as a router last read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Published {
+    /// Requests running (`vllm:num_requests_running`).
+    pub running: usize,
+    /// Requests waiting to be scheduled (`vllm:num_requests_waiting`).
+    pub waiting: usize,
+    /// Fraction of its KV blocks held by running requests, 0..=1
+    /// (`vllm:kv_cache_usage_perc`).
+    pub kv_usage: f64,
+}
+
+impl Eq for Candidate {}
 
 /// What a request offers a policy.
 pub struct Request<'r, 'a> {
@@ -242,6 +260,9 @@ pub struct PolicyParams {
     pub calibrate: bool,
     /// Idle time after which a session forgets its backend. Default 30 min.
     pub session_ttl: Duration,
+    /// The conversation table, when router replicas share one (the router replicates it,
+    /// the lab hands every replica the same); `None`: the policy keeps its own.
+    pub conversations: Option<Arc<Conversations>>,
 }
 
 impl PolicyParams {

@@ -18,6 +18,7 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             pending: TextBytes(0),
             capacity: TextBytes(0),
             hash: u64::from(i) * 7919,
+            published: None,
         })
         .collect()
 }
@@ -59,5 +60,6 @@ pub fn params(threshold: f64, abs: usize) -> PolicyParams {
         clock: std::sync::Arc::new(crate::clock::Monotonic::default()),
         calibrate: true,
         session_ttl: Duration::from_secs(60),
+        conversations: None,
     }
 }

@@ -54,6 +54,9 @@ pub fn workers(state: &State) -> Value {
                 "healthy": b.is_healthy(), "inflight": b.load(),
                 "pending_prefill_bytes": b.account.pending().0,
                 "kv_tokens": b.account.capacity().map(|t| t.0),
+                "published": b.account.published().map(|p| json!({
+                    "running": p.running, "waiting": p.waiting, "kv_usage": p.kv_usage,
+                })),
                 "index_budget_tokens": index.map(|i| i.budget(b.id).0),
                 "limit": (limit > 0).then_some(limit),
                 "tree_bytes": tree_bytes.get(&b.id).copied().unwrap_or(0),

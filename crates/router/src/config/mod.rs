@@ -15,7 +15,7 @@ use prefix_router_core::units::Tokens;
 
 pub use settings::Settings;
 
-use crate::fleet::{HealthSettings, Worker};
+use crate::fleet::{HealthSettings, ReaderSettings, Worker};
 use crate::limits::{ExchangeTimeouts, Limits, Live};
 
 /// A configuration that cannot be used, naming the option at fault.
@@ -63,6 +63,8 @@ pub struct Config {
     pub workers: Vec<Worker>,
     /// Health checks.
     pub health: HealthSettings,
+    /// Reading backends' metrics (published load, KV capacity).
+    pub metrics: ReaderSettings,
     /// The routing policy. Default `kv_aware` ([`policy::DEFAULT`]).
     pub policy: PolicyChoice,
     /// The prefix index's budget and sharding.
@@ -92,6 +94,7 @@ impl Default for Config {
             upgrade_socket: "/tmp/prefix-router-upgrade.sock".into(),
             workers: Vec::new(),
             health: HealthSettings::default(),
+            metrics: ReaderSettings::default(),
             policy: policy::choose(policy::DEFAULT).unwrap_or_else(|_| unreachable!()),
             tree: TreeConfig::default(),
             eviction_interval: Duration::from_secs(120),
@@ -123,6 +126,7 @@ impl Config {
             ),
             ("session_ttl", self.session_ttl != old.session_ttl),
             ("health_check_*", self.health != old.health),
+            ("metrics_interval", self.metrics != old.metrics),
             ("threads", self.threads != old.threads),
             ("grace_period", self.grace_period != old.grace_period),
             (
@@ -160,6 +164,11 @@ impl Config {
             workers: Worker::parse_all(s.worker_urls.as_deref().unwrap_or_default())
                 .map_err(|e| invalid("worker_urls", e.to_string()))?,
             health: health(&s, d.health)?,
+            metrics: ReaderSettings {
+                interval: seconds("metrics_interval", s.metrics_interval)?
+                    .unwrap_or(d.metrics.interval),
+                ..d.metrics
+            },
             policy: policy
                 .map_err(|e| invalid("policy", e.to_string()))?
                 .unwrap_or(d.policy),

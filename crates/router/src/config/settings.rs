@@ -70,6 +70,9 @@ pub struct Settings {
     /// Consecutive failed checks that make a healthy backend unhealthy [default: 2]
     #[arg(long)]
     pub health_check_failures: Option<usize>,
+    /// Seconds between two reads of each backend's /metrics (its load and KV capacity) [default: 1]
+    #[arg(long)]
+    pub metrics_interval: Option<f64>,
     /// Largest accepted request body in bytes [default: 33554432]
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
@@ -159,6 +162,7 @@ overlay_fields!(
     health_check_timeout,
     health_check_successes,
     health_check_failures,
+    metrics_interval,
     max_body_bytes,
     max_buffered_bytes,
     admission_timeout,

@@ -4,14 +4,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use pingora_core::protocols::l4::socket::SocketAddr as PingoraAddr;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_load_balancing::Backend as Probe;
 use prefix_router_core::BackendId;
 use prefix_router_core::ledger::Account;
-use prefix_router_core::units::Tokens;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::Worker;
@@ -34,8 +33,6 @@ pub struct Backend {
     pub account: Arc<Account>,
     /// The target Pingora's health check probes.
     pub(super) probe: Probe,
-    /// When its capacity was last asked for, ms since the fleet's origin; 0 never.
-    kv_probed_ms: AtomicU64,
     checked: AtomicBool,
     healthy: AtomicBool,
     /// Active checks in a row whose result disagrees with `healthy`.
@@ -72,7 +69,6 @@ impl Backend {
                 weight: 1,
                 ext: http::Extensions::new(),
             },
-            kv_probed_ms: AtomicU64::new(0),
             checked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             streak: AtomicUsize::new(0),
@@ -84,19 +80,6 @@ impl Backend {
     /// Requests placed on it and not finished.
     pub fn load(&self) -> usize {
         self.account.load()
-    }
-
-    /// Records the KV capacity it published, if any, asked for at `now_ms`.
-    pub fn set_capacity(&self, capacity: Option<Tokens>, now_ms: u64) {
-        self.account.set_capacity(capacity);
-        self.kv_probed_ms.store(now_ms.max(1), Relaxed);
-    }
-
-    /// Whether its capacity is to be asked for again at `now_ms`: never asked, or asked
-    /// `every_ms` ago or more.
-    pub fn kv_probe_due(&self, now_ms: u64, every_ms: u64) -> bool {
-        let last = self.kv_probed_ms.load(Relaxed);
-        last == 0 || now_ms.saturating_sub(last) >= every_ms
     }
 
     /// Whether it may get requests: its first check passed and it is healthy.

@@ -18,10 +18,7 @@ use pingora_core::services::background::BackgroundService;
 use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 use tokio::sync::Notify;
 
-use super::{Backend, Fleet, capacity};
-
-/// How often a backend's KV capacity (`vllm:cache_config_info`) is read again.
-pub const CAPACITY_EVERY: Duration = Duration::from_secs(60);
+use super::{Backend, Fleet};
 
 /// Active health checking.
 #[derive(Clone, Debug, PartialEq)]
@@ -56,7 +53,6 @@ pub struct HealthChecks {
     settings: HealthSettings,
     fleet: Arc<Fleet>,
     soon: Notify,
-    started: std::time::Instant,
 }
 
 impl HealthChecks {
@@ -75,7 +71,6 @@ impl HealthChecks {
             settings,
             fleet,
             soon: Notify::new(),
-            started: std::time::Instant::now(),
         }
     }
 
@@ -108,18 +103,6 @@ impl HealthChecks {
         }
         if first && result.is_ok() {
             info!("backend {url} passed its first health check");
-        }
-        let now_ms = self.started.elapsed().as_millis() as u64;
-        if result.is_ok() && backend.kv_probe_due(now_ms, CAPACITY_EVERY.as_millis() as u64) {
-            let tokens =
-                capacity::probe(backend.addr, &backend.authority, self.settings.timeout).await;
-            if tokens != backend.account.capacity() {
-                match tokens {
-                    Some(t) => info!("backend {url} has {} tokens of KV cache", t.0),
-                    None => info!("backend {url} does not publish its KV capacity"),
-                }
-            }
-            backend.set_capacity(tokens, now_ms);
         }
     }
 }

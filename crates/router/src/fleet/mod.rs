@@ -3,9 +3,10 @@
 //! builds their candidates from the accounts of the ready backends.
 
 mod backend;
-mod capacity;
 mod discovery;
 mod health;
+mod metrics;
+mod reader;
 mod worker;
 
 use std::net::SocketAddr;
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 pub use backend::Backend;
 pub use discovery::Discovery;
 pub use health::{HealthChecks, HealthSettings};
+pub use reader::{MetricsReader, ReaderSettings};
 pub use worker::{Worker, WorkerError};
 
 /// The backends at one moment. Never changes once published.

@@ -1,5 +1,6 @@
 //! The serving layer: assembles the Pingora server (the proxy on the data-plane listener,
-//! the admin listener, the health checks, the [`upkeep`] of the policy's index and tables,
+//! the admin listener, the health checks, the reading of backends' metrics, the [`upkeep`]
+//! of the policy's index and tables,
 //! the reload triggers, systemd [`notify`]), and runs it, either as the process
 //! ([`lifecycle`]) or on threads of its own inside another program ([`embedded`]).
 
@@ -21,7 +22,7 @@ use prefix_router_core::policy::{PolicyParams, Selector};
 use crate::admin::Admin;
 use crate::config::{Config, Source};
 use crate::control::{Control, Triggers};
-use crate::fleet::{Discovery, Fleet, HealthChecks};
+use crate::fleet::{Discovery, Fleet, HealthChecks, MetricsReader};
 use crate::limits::Current;
 use crate::proxy::Router;
 use crate::state::{Parts, State};
@@ -58,6 +59,7 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     let mut proxy =
         pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
     proxy.add_tcp(&config.listen);
+    let reader = MetricsReader::new(config.metrics.clone(), Arc::clone(&fleet));
     let health = background_service("health", HealthChecks::new(config.health.clone(), fleet));
     let control = Arc::new(Control::new(
         config.clone(),
@@ -78,6 +80,7 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(health);
+    server.add_service(background_service("metrics", reader));
     server.add_service(background_service("upkeep", upkeep.run(Arc::clone(&state))));
     server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
     let listeners = vec![config.listen.clone(), config.admin_listen.clone()];
@@ -106,6 +109,7 @@ fn selector(config: &Config, live: &Current, upkeep: &Upkeep) -> Selector {
         clock,
         calibrate: true,
         session_ttl: config.session_ttl,
+        conversations: None,
     };
     let wake = upkeep.waker();
     (config.policy.build(&params)).on_upkeep_due(move || wake.notify_one())

@@ -93,6 +93,7 @@ fn state(n: u16, checked: bool) -> State {
         clock: Arc::new(Monotonic::default()),
         calibrate: true,
         session_ttl: Duration::from_secs(60),
+        conversations: None,
     };
     State::new(Parts {
         fleet,

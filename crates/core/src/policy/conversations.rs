@@ -1,0 +1,302 @@
+//! The conversation table: which backend each conversation was last placed on and by
+//! whom (remembered for a time-to-live), and for each backend the routing text of its
+//! *live* conversations, those seen within a shorter horizon: what its KV must hold for
+//! them to keep hitting. Bounded in entries; entries leave as time passes (amortized on
+//! every note).
+//!
+//! Router replicas share it: every placement a replica makes is a [`Note`], handed to a
+//! sink (the router publishes it), and the notes of the other replicas are merged in, so
+//! that a conversation whose turns reach different replicas has one home.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::BackendId;
+use crate::clock::Clock;
+use crate::units::TextBytes;
+
+/// Idle time after which a conversation no longer counts in its backend's live text.
+pub const LIVE_HORIZON: Duration = Duration::from_secs(30);
+
+/// Idle time after which the table forgets a conversation.
+pub const CONVERSATION_TTL: Duration = Duration::from_secs(1800);
+
+/// Bound on conversations remembered.
+pub const MAX_CONVERSATIONS: usize = 1 << 20;
+
+/// One placement of a conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// The conversation (its session key, or the hash of its anchor).
+    pub conversation: u128,
+    /// Where it was placed.
+    pub backend: BackendId,
+    /// Its routing text now.
+    pub bytes: TextBytes,
+    /// Who placed it: a router replica's id.
+    pub origin: u64,
+}
+
+#[derive(Clone, Copy)]
+struct Entry {
+    backend: BackendId,
+    origin: u64,
+    bytes: TextBytes,
+    seen: Duration,
+    /// Whether `bytes` counts in its backend's sum (seen within the horizon).
+    live: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<u128, Entry>,
+    /// Notes in time order, (when, conversation), once to leave the sums at the horizon
+    /// and once to leave the table at the time-to-live; stale when seen again later.
+    live: VecDeque<(Duration, u128)>,
+    kept: VecDeque<(Duration, u128)>,
+    /// Routing text of live conversations, by backend id.
+    per_backend: Vec<TextBytes>,
+}
+
+type Sink = Box<dyn Fn(Note) + Send + Sync>;
+
+/// Conversation -> (backend, origin, size), with per-backend sums of live conversations.
+pub struct Conversations {
+    inner: Mutex<Inner>,
+    horizon: Duration,
+    ttl: Duration,
+    max: usize,
+    clock: Arc<dyn Clock>,
+    sink: OnceLock<Sink>,
+}
+
+impl Conversations {
+    /// A table on `clock` with the default horizon, time-to-live and bound.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Conversations::with(LIVE_HORIZON, CONVERSATION_TTL, MAX_CONVERSATIONS, clock)
+    }
+
+    /// A table where a conversation idle for `horizon` on `clock` no longer counts in its
+    /// backend's sum, one idle for `ttl` is forgotten, and at most `max` are remembered.
+    pub fn with(horizon: Duration, ttl: Duration, max: usize, clock: Arc<dyn Clock>) -> Self {
+        Conversations {
+            inner: Mutex::new(Inner::default()),
+            horizon,
+            ttl: ttl.max(horizon),
+            max,
+            clock,
+            sink: OnceLock::new(),
+        }
+    }
+
+    /// Hands every note made here from now on to `sink` too (the replication of the
+    /// table to other router replicas). Set once; later calls are ignored.
+    pub fn on_note(&self, sink: impl Fn(Note) + Send + Sync + 'static) {
+        let _ = self.sink.set(Box::new(sink));
+    }
+
+    /// This router placed a conversation: recorded, and handed to the sink.
+    pub fn note(&self, note: Note) {
+        self.merge(note);
+        if let Some(sink) = self.sink.get() {
+            sink(note);
+        }
+    }
+
+    /// Another replica placed a conversation: recorded.
+    pub fn merge(&self, note: Note) {
+        let now = self.expire();
+        let mut inner = self.inner.lock();
+        if inner.entries.len() >= self.max && !inner.entries.contains_key(&note.conversation) {
+            return;
+        }
+        let entry = Entry {
+            backend: note.backend,
+            origin: note.origin,
+            bytes: note.bytes,
+            seen: now,
+            live: true,
+        };
+        if let Some(old) = inner.entries.insert(note.conversation, entry) {
+            inner.sub(old);
+        }
+        inner.add(entry);
+        inner.live.push_back((now, note.conversation));
+        inner.kept.push_back((now, note.conversation));
+    }
+
+    /// Routing text of live conversations on each of `backends`, in that order.
+    pub fn held(&self, backends: impl Iterator<Item = BackendId>) -> Vec<TextBytes> {
+        self.expire();
+        let inner = self.inner.lock();
+        backends
+            .map(|b| (inner.per_backend.get(b.0 as usize).copied()).unwrap_or_default())
+            .collect()
+    }
+
+    /// The backend `conversation` was last placed on and who placed it, if it was seen
+    /// within the time-to-live.
+    pub fn home_of(&self, conversation: u128) -> Option<(BackendId, u64)> {
+        self.expire();
+        let inner = self.inner.lock();
+        inner
+            .entries
+            .get(&conversation)
+            .map(|e| (e.backend, e.origin))
+    }
+
+    /// Lets time pass: sums and table drop what went idle. Returns the time now.
+    fn expire(&self) -> Duration {
+        let now = self.clock.now();
+        let mut inner = self.inner.lock();
+        inner.expire_live(now.saturating_sub(self.horizon));
+        inner.expire_kept(now.saturating_sub(self.ttl));
+        now
+    }
+
+    /// Forgets the conversations of backends for which `live` is false.
+    fn retain(&self, live: &dyn Fn(BackendId) -> bool) {
+        let mut inner = self.inner.lock();
+        let gone: Vec<(u128, Entry)> = (inner.entries.iter())
+            .filter(|(_, e)| !live(e.backend))
+            .map(|(k, e)| (*k, *e))
+            .collect();
+        for (key, entry) in gone {
+            inner.entries.remove(&key);
+            inner.sub(entry);
+        }
+    }
+}
+
+impl super::Table for Conversations {
+    fn name(&self) -> &'static str {
+        "conversations"
+    }
+
+    fn entries(&self) -> usize {
+        self.inner.lock().entries.len()
+    }
+
+    fn sweep(&self, live: &dyn Fn(BackendId) -> bool) {
+        self.expire();
+        self.retain(live);
+    }
+}
+
+impl Inner {
+    fn add(&mut self, e: Entry) {
+        if !e.live {
+            return;
+        }
+        let i = e.backend.0 as usize;
+        if self.per_backend.len() <= i {
+            self.per_backend.resize(i + 1, TextBytes(0));
+        }
+        self.per_backend[i] += e.bytes;
+    }
+
+    fn sub(&mut self, e: Entry) {
+        if !e.live {
+            return;
+        }
+        if let Some(sum) = self.per_backend.get_mut(e.backend.0 as usize) {
+            *sum = sum.saturating_sub(e.bytes);
+        }
+    }
+
+    /// Conversations last seen before `cutoff` stop counting in the sums.
+    fn expire_live(&mut self, cutoff: Duration) {
+        while let Some((at, key)) = self.live.front().copied().filter(|&(at, _)| at < cutoff) {
+            self.live.pop_front();
+            let Some(entry) = self.entries.get(&key).copied().filter(|e| e.seen == at) else {
+                continue;
+            };
+            self.sub(entry);
+            if let Some(e) = self.entries.get_mut(&key) {
+                e.live = false;
+            }
+        }
+    }
+
+    /// Conversations last seen before `cutoff` are forgotten.
+    fn expire_kept(&mut self, cutoff: Duration) {
+        while let Some((at, key)) = self.kept.front().copied().filter(|&(at, _)| at < cutoff) {
+            self.kept.pop_front();
+            if let Some(entry) = self.entries.get(&key).copied().filter(|e| e.seen == at) {
+                self.entries.remove(&key);
+                self.sub(entry);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Manual;
+    use crate::policy::Table;
+
+    fn table() -> (Conversations, Manual) {
+        let clock = Manual::default();
+        let ttl = Duration::from_secs(600);
+        let t = Conversations::with(Duration::from_secs(60), ttl, 100, Arc::new(clock.clone()));
+        (t, clock)
+    }
+
+    fn note(conversation: u128, backend: u32, bytes: usize) -> Note {
+        Note {
+            conversation,
+            backend: BackendId(backend),
+            bytes: TextBytes(bytes),
+            origin: 7,
+        }
+    }
+
+    fn held(t: &Conversations, backends: &[u32]) -> Vec<usize> {
+        let held = t.held(backends.iter().map(|&b| BackendId(b)));
+        held.iter().map(|h| h.0).collect()
+    }
+
+    #[test]
+    fn sums_the_latest_size_and_follows_moves() {
+        let (t, _) = table();
+        t.note(note(1, 0, 100));
+        t.note(note(1, 0, 150));
+        t.note(note(2, 1, 40));
+        assert_eq!(held(&t, &[0, 1]), [150, 40]);
+        t.merge(note(1, 1, 160));
+        assert_eq!(held(&t, &[0, 1]), [0, 200]);
+        t.sweep(&|b| b != BackendId(1));
+        assert_eq!(held(&t, &[1]), [0]);
+    }
+
+    #[test]
+    fn idle_conversations_stop_counting() {
+        let (t, clock) = table();
+        t.note(note(1, 0, 100));
+        clock.set(Duration::from_secs(30));
+        t.note(note(2, 0, 10));
+        clock.set(Duration::from_secs(61));
+        assert_eq!(held(&t, &[0]), [10]);
+        clock.set(Duration::from_secs(95));
+        assert_eq!(held(&t, &[0]), [0]);
+        assert_eq!(t.home_of(1), Some((BackendId(0), 7)));
+        clock.set(Duration::from_secs(700));
+        assert_eq!(t.home_of(1), None);
+    }
+
+    #[test]
+    fn local_notes_reach_the_sink_and_merged_ones_do_not() {
+        let (t, _) = table();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&sent);
+        t.on_note(move |n| seen.lock().push(n.conversation));
+        t.note(note(1, 0, 10));
+        t.merge(note(2, 0, 10));
+        assert_eq!(*sent.lock(), [1]);
+        assert_eq!(t.entries(), 2);
+    }
+}

@@ -1,0 +1,144 @@
+//! What a backend publishes of itself on `/metrics`, under vLLM's names: its KV capacity
+//! (`vllm:cache_config_info{block_size,num_gpu_blocks}`) and its load
+//! (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`).
+//! The router sizes each backend's index from the capacity, and policies see the load as
+//! every router replica sees it alike. A backend that does not say (another server, an
+//! older vLLM) keeps the configured `max_tree_size` and no published load.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use prefix_router_core::policy::Published;
+use prefix_router_core::units::Tokens;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Largest `/metrics` page read, bytes.
+const MAX_PAGE: u64 = 8 << 20;
+
+/// What one `/metrics` page says.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Page {
+    /// KV cache tokens, if stated.
+    pub capacity: Option<Tokens>,
+    /// The load, if running and waiting are both stated (summed over engines and models;
+    /// KV usage the highest of its engines').
+    pub load: Option<Published>,
+}
+
+/// Reads a metrics page.
+pub fn parse(page: &str) -> Page {
+    Page {
+        capacity: capacity(page),
+        load: load(page),
+    }
+}
+
+/// KV cache tokens in the `vllm:cache_config_info` line of a metrics page, if any.
+fn capacity(page: &str) -> Option<Tokens> {
+    let line = page
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info{"))?;
+    let labels = &line[line.find('{')? + 1..line.rfind('}')?];
+    let label = |name: &str| -> Option<usize> {
+        let pairs = labels.split(',').filter_map(|pair| pair.split_once('='));
+        let (_, value) = pairs.into_iter().find(|(key, _)| key.trim() == name)?;
+        value.trim().trim_matches('"').parse().ok()
+    };
+    let tokens = label("block_size")?.checked_mul(label("num_gpu_blocks")?)?;
+    (tokens > 0).then_some(Tokens(tokens))
+}
+
+/// The values of every sample of metric `name` (any labels).
+fn samples<'p>(page: &'p str, name: &'p str) -> impl Iterator<Item = f64> + 'p {
+    page.lines().filter_map(move |line| {
+        let rest = line.strip_prefix(name)?;
+        let rest = match rest.as_bytes().first()? {
+            b'{' => &rest[rest.find('}')? + 1..],
+            b' ' | b'\t' => rest,
+            _ => return None,
+        };
+        let value: f64 = rest.split_whitespace().next()?.parse().ok()?;
+        value.is_finite().then_some(value)
+    })
+}
+
+fn load(page: &str) -> Option<Published> {
+    let count = |name| -> Option<usize> {
+        let mut values = samples(page, name).peekable();
+        values.peek()?;
+        Some(values.map(|v| v.max(0.0) as usize).sum())
+    };
+    let kv_usage = samples(page, "vllm:kv_cache_usage_perc").fold(0.0, f64::max);
+    Some(Published {
+        running: count("vllm:num_requests_running")?,
+        waiting: count("vllm:num_requests_waiting")?,
+        kv_usage: kv_usage.clamp(0.0, 1.0),
+    })
+}
+
+/// Reads `GET /metrics` from `addr` (HTTP/1.0, so the answer is not chunked) within
+/// `timeout`; `None` when it could not be read.
+pub async fn probe(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Page> {
+    let fetch = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request =
+            format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut page = Vec::new();
+        stream.take(MAX_PAGE).read_to_end(&mut page).await.ok()?;
+        let text = String::from_utf8_lossy(&page);
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.").then_some(())?;
+        head.split(' ').nth(1).filter(|s| *s == "200")?;
+        Some(parse(body))
+    };
+    tokio::time::timeout(timeout, fetch).await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_vllm_cache_config_info_in_any_label_order() {
+        let page = "# HELP x\nvllm:num_requests_running{model_name=\"m\"} 0.0\n\
+            vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"26250\",num_cpu_blocks=\"None\"} 1.0\n";
+        assert_eq!(capacity(page), Some(Tokens(420_000)));
+        let reordered =
+            "vllm:cache_config_info{num_gpu_blocks=\"10\",engine=\"0\",block_size=\"32\"} 1.0";
+        assert_eq!(capacity(reordered), Some(Tokens(320)));
+        let lookalike =
+            "vllm:cache_config_info{kv_block_size=\"8\",block_size=\"16\",num_gpu_blocks=\"2\"} 1";
+        assert_eq!(capacity(lookalike), Some(Tokens(32)));
+    }
+
+    #[test]
+    fn pages_without_it_or_with_unknown_blocks_say_nothing() {
+        assert_eq!(capacity("vllm:num_requests_running 0\n"), None);
+        let none = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1.0";
+        assert_eq!(capacity(none), None);
+        assert_eq!(
+            capacity("vllm:cache_config_info{block_size=\"16\"} 1.0"),
+            None
+        );
+    }
+
+    #[test]
+    fn reads_the_load_summed_over_engines() {
+        let page = "# TYPE vllm:num_requests_running gauge\n\
+            vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 3.0\n\
+            vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 2.0\n\
+            vllm:num_requests_running_total_lookalike 99\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 4.0\n\
+            vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
+            vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\n";
+        let load = parse(page).load.unwrap();
+        assert_eq!((load.running, load.waiting, load.kv_usage), (5, 4, 0.5));
+        assert_eq!(
+            parse("vllm:num_requests_running 1\n").load,
+            None,
+            "no waiting"
+        );
+        assert_eq!(parse("llamacpp:requests_processing 1\n"), Page::default());
+    }
+}

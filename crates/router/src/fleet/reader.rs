@@ -1,0 +1,84 @@
+//! Reading every backend's `/metrics` ([`metrics`](super::metrics)) on an interval (1 s by
+//! default): its published load goes to its account for policies to see, its KV capacity
+//! sizes its index. A backend that cannot be read this round has no published load until
+//! the next one; its last known capacity stays.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use log::info;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+
+use super::{Backend, Fleet, metrics};
+
+/// How a router reads its backends' metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReaderSettings {
+    /// Time between two reads of each backend. Default 1 s.
+    pub interval: Duration,
+    /// Time one read may take. Default 1 s.
+    pub timeout: Duration,
+}
+
+impl Default for ReaderSettings {
+    fn default() -> Self {
+        ReaderSettings {
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The reader of one fleet's metrics, run as a background service.
+pub struct MetricsReader {
+    settings: ReaderSettings,
+    fleet: Arc<Fleet>,
+}
+
+impl MetricsReader {
+    /// Reads `fleet`'s backends as `settings` say.
+    pub fn new(settings: ReaderSettings, fleet: Arc<Fleet>) -> Self {
+        MetricsReader { settings, fleet }
+    }
+
+    /// Reads every backend of the current snapshot once, in parallel.
+    pub async fn read_all(&self) {
+        let snapshot = self.fleet.snapshot();
+        let reads = snapshot.backends.iter().map(|b| self.read(b));
+        futures_util::future::join_all(reads).await;
+    }
+
+    async fn read(&self, backend: &Backend) {
+        let page = metrics::probe(backend.addr, &backend.authority, self.settings.timeout).await;
+        let account = &backend.account;
+        let Some(page) = page else {
+            account.set_published(None);
+            return;
+        };
+        if page.capacity != account.capacity() {
+            let url = &backend.worker.url;
+            match page.capacity {
+                Some(t) => info!("backend {url} has {} tokens of KV cache", t.0),
+                None => info!("backend {url} does not publish its KV capacity"),
+            }
+            account.set_capacity(page.capacity);
+        }
+        account.set_published(page.load);
+    }
+}
+
+#[async_trait]
+impl BackgroundService for MetricsReader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.settings.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.read_all().await,
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
