@@ -17,11 +17,15 @@ deps:
 		|| python3 -m pip install --user cmake; }
 	@command -v cmake >/dev/null 2>&1 || [ -x "$$HOME/.local/bin/cmake" ] || { echo "cmake is missing"; exit 1; }
 
-# The tests also check the systemd unit with systemd-analyze.
+# The tests also check the systemd unit with systemd-analyze, and router replicas sharing
+# their conversation table through a real redis-server.
 test-deps: deps
 	@command -v systemd-analyze >/dev/null 2>&1 || { \
 		echo "installing systemd (systemd-analyze checks the unit)"; \
 		$(SUDO) apt-get install -y systemd || { $(SUDO) apt-get update && $(SUDO) apt-get install -y systemd; }; }
+	@command -v redis-server >/dev/null 2>&1 || { \
+		echo "installing redis-server (router replicas share a table through it)"; \
+		$(SUDO) apt-get install -y redis-server || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }; }
 
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)

@@ -20,6 +20,8 @@ async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
         max_tree_size: None,
         concurrency: 64,
         out_dir: dir,
+        replicas: 1,
+        no_shared_table: false,
     };
     let results = compare(&args, |_| {}).await.unwrap();
     let hit = |i: usize| results[i].report.hit_rate.unwrap();

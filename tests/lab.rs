@@ -31,6 +31,8 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         max_tree_size: None,
         concurrency: 64,
         out_dir: dir,
+        replicas: 1,
+        no_shared_table: false,
     };
     let real = real_time(&demo, |_| {}).await.unwrap();
     let setting = Setting {

@@ -13,6 +13,7 @@ mod lab;
 mod ops;
 mod overload;
 mod replay;
+mod replicas;
 mod routing;
 mod security;
 mod sim;

@@ -56,6 +56,14 @@ pub struct DemoArgs {
     /// Requests in flight at most.
     #[arg(long, default_value_t = 256)]
     pub concurrency: usize,
+    /// Router replicas, requests spread over them in turn (a round-robin balancer); with
+    /// more than one they share their conversation table through a `redis-server` the
+    /// demo starts.
+    #[arg(long, default_value_t = 1)]
+    pub replicas: usize,
+    /// With replicas, do not share the conversation table (no `redis-server` needed).
+    #[arg(long)]
+    pub no_shared_table: bool,
     /// Where to write `demo.json` and `demo.svg`.
     #[arg(long, default_value = "demo-results")]
     pub out_dir: PathBuf,
@@ -128,20 +136,34 @@ async fn run_policy(
 ) -> anyhow::Result<Report> {
     let sims = start_sims(args).await?;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
-    let config = router_config(args, policy, &urls)?;
-    let backends = urls.len();
-    let router = tokio::task::spawn_blocking(move || {
-        let running = Embedded::start(&config);
-        running
-            .wait_ready(backends, Duration::from_secs(30))
-            .then_some(running)
-    })
-    .await?
-    .context("the router did not become ready")?;
+    let redis = (args.replicas > 1 && !args.no_shared_table)
+        .then(Redis::start)
+        .transpose()?;
+    let mut routers = Vec::with_capacity(args.replicas.max(1));
+    for _ in 0..args.replicas.max(1) {
+        let shared = redis.as_ref().map(|r| r.url.clone());
+        let config = router_config(args, policy, &urls, shared)?;
+        let backends = urls.len();
+        let router = tokio::task::spawn_blocking(move || {
+            let running = Embedded::start(&config);
+            running
+                .wait_ready(backends, Duration::from_secs(30))
+                .then_some(running)
+        })
+        .await?
+        .context("the router did not become ready")?;
+        routers.push(router);
+    }
+    if let Some(redis) = &redis {
+        redis.wait_subscribed(routers.len()).await?;
+    }
     let mut run_args = replay_args.clone();
-    run_args.url = router.url.clone();
+    run_args.url = (routers.iter().map(|r| r.url.as_str()))
+        .collect::<Vec<_>>()
+        .join(",");
     let report = replay(&run_args, workload).await?;
-    tokio::task::spawn_blocking(move || drop(router)).await?;
+    tokio::task::spawn_blocking(move || drop(routers)).await?;
+    drop(redis);
     for sim in sims {
         sim.shutdown().await;
     }
@@ -163,7 +185,12 @@ async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
     Ok(sims)
 }
 
-fn router_config(args: &DemoArgs, policy: &str, urls: &[String]) -> anyhow::Result<Config> {
+fn router_config(
+    args: &DemoArgs,
+    policy: &str,
+    urls: &[String],
+    shared_table: Option<String>,
+) -> anyhow::Result<Config> {
     let addr = free_loopback_addr()?;
     let (host, port) = addr
         .rsplit_once(':')
@@ -182,6 +209,7 @@ fn router_config(args: &DemoArgs, policy: &str, urls: &[String]) -> anyhow::Resu
         health_check_interval: Some(0.5),
         threads: Some(2),
         grace_period: Some(0.0),
+        shared_table,
         ..Settings::default()
     };
     Ok(Config::from_settings(settings)?)
@@ -196,6 +224,80 @@ fn write_outputs(args: &DemoArgs, results: &[PolicyResult]) -> anyhow::Result<()
     std::fs::write(&svg, compare::svg(results, args.speedup))?;
     println!("wrote {} and {}", json.display(), svg.display());
     Ok(())
+}
+
+/// A `redis-server` on a free loopback port for the replicas' shared table, stopped on drop.
+struct Redis {
+    child: std::process::Child,
+    addr: String,
+    url: String,
+}
+
+impl Redis {
+    fn start() -> anyhow::Result<Redis> {
+        let addr = free_loopback_addr()?;
+        let port = addr.rsplit_once(':').map_or("", |(_, p)| p).to_string();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .context(
+                "replicas share their table through redis-server, which could not be started \
+                 (install it, or pass --no-shared-table)",
+            )?;
+        Ok(Redis {
+            child,
+            url: format!("redis://{addr}"),
+            addr,
+        })
+    }
+
+    /// Waits until `n` clients subscribed (the replicas are sharing).
+    async fn wait_subscribed(&self, n: usize) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            if self.subscribers().await.is_some_and(|s| s >= n) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::bail!(
+            "the router replicas did not subscribe to redis-server at {}",
+            self.addr
+        )
+    }
+
+    /// Clients subscribed to any channel, from `INFO clients`.
+    async fn subscribers(&self) -> Option<usize> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&self.addr).await.ok()?;
+        stream
+            .write_all(b"PUBSUB NUMSUB prefix-router\r\n")
+            .await
+            .ok()?;
+        let mut reply = vec![0; 256];
+        let n = stream.read(&mut reply).await.ok()?;
+        let text = String::from_utf8_lossy(&reply[..n]);
+        text.lines()
+            .rev()
+            .find_map(|l| l.strip_prefix(':')?.parse().ok())
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A loopback `host:port` with a port the OS just handed out (bound, then released).

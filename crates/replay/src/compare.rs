@@ -49,12 +49,13 @@ pub fn table(results: &[PolicyResult], speedup: f64) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<16} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+        "{:<16} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
         "policy",
         "hit rate",
         "of bound",
         "of finite",
         "TTFT p50",
+        "TTFT p90",
         "TTFT p99",
         "e2e p50",
         "req imbal",
@@ -65,12 +66,13 @@ pub fn table(results: &[PolicyResult], speedup: f64) -> String {
         let (requests, uncached) = imbalance(&r.report);
         let _ = writeln!(
             out,
-            "{:<16} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
+            "{:<16} {:>9} {:>9} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7}",
             r.policy,
             pct(r.report.hit_rate),
             pct(r.report.hit_rate_of_bound),
             pct(of_finite(&r.report)),
             secs(r.report.ttft_ms.as_ref(), |p| p.p50, speedup),
+            secs(r.report.ttft_ms.as_ref(), |p| p.p90, speedup),
             secs(r.report.ttft_ms.as_ref(), |p| p.p99, speedup),
             secs(r.report.e2e_ms.as_ref(), |p| p.p50, speedup),
             ratio(requests),

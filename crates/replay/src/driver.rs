@@ -29,8 +29,9 @@ pub const SESSION_HEADER: &str = "x-session-id";
 /// How to run a plan.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
-    /// Full URL requests are posted to.
-    pub(crate) endpoint: String,
+    /// Full URLs requests are posted to, in turn (as a round-robin balancer in front of
+    /// router replicas would).
+    pub(crate) endpoints: Vec<String>,
     /// Model name and streaming.
     pub(crate) style: BodyStyle,
     /// Schedule compression factor (> 0).
@@ -80,6 +81,8 @@ struct Ctx {
     budget: AtomicUsize,
     slots: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Outcome>,
+    /// The next endpoint's turn.
+    turn: AtomicUsize,
 }
 
 /// Runs `plan`, calling `on_outcome` as each request completes.
@@ -100,6 +103,7 @@ pub(crate) async fn run(
         plan,
         t0,
         tx,
+        turn: AtomicUsize::new(0),
     });
     tokio::spawn(dispatch(ctx));
     let mut outcomes = Vec::new();
@@ -181,9 +185,11 @@ impl Ctx {
     async fn send(&self, si: usize, ti: usize, ready: Instant) -> Outcome {
         let session = &self.plan.sessions[si];
         let body = self.plan.body(&self.settings.style, &session.turns[ti]);
+        let endpoints = &self.settings.endpoints;
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed) % endpoints.len().max(1);
         let mut req = self
             .client
-            .post(&self.settings.endpoint)
+            .post(endpoints.get(turn).map_or("", String::as_str))
             .header(CONTENT_TYPE, "application/json")
             .body(body);
         if let (true, Some(id)) = (self.settings.send_session, &session.id) {

@@ -95,7 +95,9 @@ pub enum Synthetic {
 /// Options of the `replay` command.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct ReplayArgs {
-    /// Base URL of the target (router, peer router or backend).
+    /// Base URL of the target (router, peer router or backend); a comma-separated list
+    /// sends requests to each in turn, as a round-robin balancer in front of router
+    /// replicas would.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub url: String,
     /// Path appended to `--url` for requests.
@@ -246,20 +248,23 @@ impl ReplayArgs {
         if self.duration.is_some_and(|d| !(d.is_finite() && d >= 0.0)) {
             return bad("--duration must be >= 0");
         }
-        if !self.url.starts_with("http://") {
+        if !self.url.split(',').all(|u| u.starts_with("http://")) {
             return bad("--url must start with http:// (built without TLS)");
         }
         Ok(())
     }
 
-    fn endpoint(&self) -> String {
+    /// The URLs requests are posted to, in turn.
+    fn endpoints(&self) -> Vec<String> {
         let path = self.path.trim_start_matches('/');
-        format!("{}/{path}", self.url.trim_end_matches('/'))
+        (self.url.split(','))
+            .map(|url| format!("{}/{path}", url.trim().trim_end_matches('/')))
+            .collect()
     }
 
     fn settings(&self) -> driver::Settings {
         driver::Settings {
-            endpoint: self.endpoint(),
+            endpoints: self.endpoints(),
             style: text::BodyStyle::new(&self.model, self.stream),
             speedup: self.speedup,
             concurrency: self.concurrency,
@@ -367,7 +372,11 @@ pub async fn run(args: ReplayArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if !args.quiet {
-        eprintln!("replaying {} -> {}", workload.describe(), args.endpoint());
+        eprintln!(
+            "replaying {} -> {}",
+            workload.describe(),
+            args.endpoints().join(", ")
+        );
     }
     let report = replay(&args, &workload).await?;
     print!("{}", report.table());
@@ -415,7 +424,7 @@ mod tests {
         .args;
         assert_eq!(a.synthetic, Some(Synthetic::Agent));
         assert_eq!(a.backend_metrics, ["http://a:1", "http://b:2"]);
-        assert_eq!(a.endpoint(), "http://h:1/v1/chat/completions");
+        assert_eq!(a.endpoints(), ["http://h:1/v1/chat/completions"]);
         assert!(Cli::try_parse_from(["replay", "--trace", "x", "--synthetic", "agent"]).is_err());
     }
 

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fleet;
 pub mod limits;
 pub mod proxy;
+pub mod replication;
 pub mod serve;
 pub mod state;
 pub mod stats;

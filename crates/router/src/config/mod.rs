@@ -17,6 +17,7 @@ pub use settings::Settings;
 
 use crate::fleet::{HealthSettings, ReaderSettings, Worker};
 use crate::limits::{ExchangeTimeouts, Limits, Live};
+use crate::replication::SharedTable;
 
 /// A configuration that cannot be used, naming the option at fault.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +66,8 @@ pub struct Config {
     pub health: HealthSettings,
     /// Reading backends' metrics (published load, KV capacity).
     pub metrics: ReaderSettings,
+    /// Where router replicas share their conversation table. Default none.
+    pub shared_table: Option<SharedTable>,
     /// The routing policy. Default `kv_aware` ([`policy::DEFAULT`]).
     pub policy: PolicyChoice,
     /// The prefix index's budget and sharding.
@@ -95,6 +98,7 @@ impl Default for Config {
             workers: Vec::new(),
             health: HealthSettings::default(),
             metrics: ReaderSettings::default(),
+            shared_table: None,
             policy: policy::choose(policy::DEFAULT).unwrap_or_else(|_| unreachable!()),
             tree: TreeConfig::default(),
             eviction_interval: Duration::from_secs(120),
@@ -127,6 +131,7 @@ impl Config {
             ("session_ttl", self.session_ttl != old.session_ttl),
             ("health_check_*", self.health != old.health),
             ("metrics_interval", self.metrics != old.metrics),
+            ("shared_table*", self.shared_table != old.shared_table),
             ("threads", self.threads != old.threads),
             ("grace_period", self.grace_period != old.grace_period),
             (
@@ -169,6 +174,7 @@ impl Config {
                     .unwrap_or(d.metrics.interval),
                 ..d.metrics
             },
+            shared_table: shared_table(&s)?,
             policy: policy
                 .map_err(|e| invalid("policy", e.to_string()))?
                 .unwrap_or(d.policy),
@@ -307,6 +313,36 @@ fn health(s: &Settings, d: HealthSettings) -> Result<HealthSettings, ConfigError
             .unwrap_or(d.successes),
         failures: positive("health_check_failures", s.health_check_failures)?.unwrap_or(d.failures),
     })
+}
+
+fn shared_table(s: &Settings) -> Result<Option<SharedTable>, ConfigError> {
+    let Some(url) = s.shared_table.as_deref() else {
+        return Ok(None);
+    };
+    let address = url
+        .strip_prefix("redis://")
+        .unwrap_or(url)
+        .trim_end_matches('/');
+    let valid = (address.rsplit_once(':')).is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains('/') && port.parse::<u16>().is_ok_and(|p| p > 0)
+    });
+    if !valid {
+        return Err(invalid(
+            "shared_table",
+            format!("`{url}` is not redis://host:port"),
+        ));
+    }
+    let channel = s
+        .shared_table_channel
+        .clone()
+        .unwrap_or_else(|| "prefix-router".into());
+    if channel.is_empty() {
+        return Err(invalid("shared_table_channel", "must not be empty".into()));
+    }
+    Ok(Some(SharedTable {
+        address: address.to_string(),
+        channel,
+    }))
 }
 
 fn session_headers(names: &[String]) -> Result<SessionHeaders, ConfigError> {

@@ -73,6 +73,12 @@ pub struct Settings {
     /// Seconds between two reads of each backend's /metrics (its load and KV capacity) [default: 1]
     #[arg(long)]
     pub metrics_interval: Option<f64>,
+    /// Redis or Valkey server (redis://host:port) through which router replicas share their conversation table [default: none]
+    #[arg(long)]
+    pub shared_table: Option<String>,
+    /// Channel of the shared table; replicas of one fleet use the same [default: prefix-router]
+    #[arg(long)]
+    pub shared_table_channel: Option<String>,
     /// Largest accepted request body in bytes [default: 33554432]
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
@@ -163,6 +169,8 @@ overlay_fields!(
     health_check_successes,
     health_check_failures,
     metrics_interval,
+    shared_table,
+    shared_table_channel,
     max_body_bytes,
     max_buffered_bytes,
     admission_timeout,

@@ -17,7 +17,7 @@ use pingora_core::services::background::background_service;
 use pingora_core::services::listening::Service;
 use prefix_router_core::clock::{Clock, Monotonic};
 use prefix_router_core::ledger::Ledger;
-use prefix_router_core::policy::{PolicyParams, Selector};
+use prefix_router_core::policy::{Conversations, PolicyParams, Selector};
 
 use crate::admin::Admin;
 use crate::config::{Config, Source};
@@ -25,6 +25,7 @@ use crate::control::{Control, Triggers};
 use crate::fleet::{Discovery, Fleet, HealthChecks, MetricsReader};
 use crate::limits::Current;
 use crate::proxy::Router;
+use crate::replication::Replication;
 use crate::state::{Parts, State};
 use crate::stats::Stats;
 use notify::Readiness;
@@ -48,9 +49,10 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     discovery.publish_blocking(config.live.limits.exchange.connect);
     let upkeep = Upkeep::default();
     let live = Current::new(config.live.clone());
+    let params = params(config, &live);
     let state = Arc::new(State::new(Parts {
         fleet: Arc::clone(&fleet),
-        selector: selector(config, &live, &upkeep),
+        selector: selector(config, &params, &upkeep),
         policy_name: config.policy.name,
         ledger: Ledger::new(config.eviction_interval),
         live,
@@ -81,6 +83,16 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     server.add_service(admin);
     server.add_service(health);
     server.add_service(background_service("metrics", reader));
+    if let (Some(shared), Some(conversations)) = (&config.shared_table, &params.conversations) {
+        let replication = Replication::new(
+            shared.clone(),
+            Arc::clone(conversations),
+            Arc::clone(&state.fleet),
+            Arc::clone(&state.stats),
+            params.seed,
+        );
+        server.add_service(background_service("shared table", replication));
+    }
     server.add_service(background_service("upkeep", upkeep.run(Arc::clone(&state))));
     server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
     let listeners = vec![config.listen.clone(), config.admin_listen.clone()];
@@ -100,19 +112,25 @@ fn server_conf(config: &Config) -> ServerConf {
     conf
 }
 
-fn selector(config: &Config, live: &Current, upkeep: &Upkeep) -> Selector {
+/// What the policy is built from; with a shared table, its conversation table is the one
+/// replication keeps in step with the other replicas.
+fn params(config: &Config, live: &Current) -> PolicyParams {
     let clock: Arc<dyn Clock> = Arc::new(Monotonic::default());
-    let params = PolicyParams {
+    let shared = config.shared_table.is_some();
+    PolicyParams {
         tunables: live.tunables(),
         tree: config.tree.clone(),
         seed: seed(),
+        conversations: shared.then(|| Arc::new(Conversations::new(Arc::clone(&clock)))),
         clock,
         calibrate: true,
         session_ttl: config.session_ttl,
-        conversations: None,
-    };
+    }
+}
+
+fn selector(config: &Config, params: &PolicyParams, upkeep: &Upkeep) -> Selector {
     let wake = upkeep.waker();
-    (config.policy.build(&params)).on_upkeep_due(move || wake.notify_one())
+    (config.policy.build(params)).on_upkeep_due(move || wake.notify_one())
 }
 
 /// A seed that differs between router processes, so replicas do not break ties in step.

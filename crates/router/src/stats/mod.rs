@@ -40,6 +40,8 @@ pub struct Stats {
     tree_nodes: IntGaugeVec,
     tree_heap_bytes: IntGaugeVec,
     table_entries: IntGaugeVec,
+    shared_notes: IntCounterVec,
+    shared_connected: IntGauge,
     /// Requests by backend alone, for `/stats` (not exported: `requests` has them by route
     /// and status too).
     backend_requests: IntCounterVec,
@@ -165,6 +167,15 @@ impl Stats {
                 "Prefix-index heap bytes, nodes and keys",
                 &["model"],
             ),
+            shared_notes: counter_vec(
+                "shared_table_notes_total",
+                "Conversation placements exchanged with other router replicas",
+                &["direction"],
+            ),
+            shared_connected: gauge(
+                "shared_table_connected",
+                "1 while subscribed to the shared table's server",
+            ),
             table_entries: gauge_vec(
                 "table_entries",
                 "Entries of the tables the policy keeps (sessions, conversations)",
@@ -200,7 +211,7 @@ impl Stats {
         stats
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 24] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 26] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
@@ -221,6 +232,8 @@ impl Stats {
             Box::new(self.tree_nodes.clone()),
             Box::new(self.tree_heap_bytes.clone()),
             Box::new(self.table_entries.clone()),
+            Box::new(self.shared_notes.clone()),
+            Box::new(self.shared_connected.clone()),
             Box::new(self.buffered_bytes.clone()),
             Box::new(self.budget_waiting.clone()),
             Box::new(self.queued.clone()),
@@ -339,6 +352,17 @@ impl Stats {
     /// The configuration generation (1 at start).
     pub fn generation(&self) -> i64 {
         self.generation.get()
+    }
+
+    /// `n` notes of the shared conversation table went `direction` (`sent`, `received`,
+    /// `dropped`).
+    pub fn shared_notes(&self, direction: &str, n: u64) {
+        self.shared_notes.with_label_values(&[direction]).inc_by(n);
+    }
+
+    /// Whether the shared table's server is subscribed to.
+    pub fn shared_connected(&self, connected: bool) {
+        self.shared_connected.set(i64::from(connected));
     }
 
     /// Prefix-index keys were evicted.

@@ -1,0 +1,239 @@
+//! Sharing the conversation table among router replicas through Redis (or Valkey)
+//! publish/subscribe. Each placement a replica makes of a conversation is published on a
+//! channel; every replica merges the others' placements into its own table. Replicas then
+//! agree on each conversation's home whichever replica a turn reaches, at the cost of one
+//! note (40 bytes) per routed request, batched off the request path. Off unless
+//! `shared_table` is configured: a single router never needs it.
+//!
+//! Backends are named on the wire by the hash of their address, the same on every
+//! replica. A replica that loses the server keeps routing on its own table and reconnects
+//! with backoff; notes that cannot be sent are dropped and counted, never queued without
+//! bound.
+
+mod resp;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use log::{info, warn};
+use parking_lot::Mutex;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use prefix_router_core::BackendId;
+use prefix_router_core::policy::{Conversations, Note};
+use prefix_router_core::units::TextBytes;
+use tokio::sync::mpsc;
+
+use crate::fleet::Fleet;
+use crate::stats::Stats;
+use resp::{Connection, Reply, RespError};
+
+/// Notes waiting to be published at most; beyond, new ones are dropped.
+const OUTBOX: usize = 1 << 16;
+/// Notes published in one message at most.
+const BATCH: usize = 1024;
+/// Wire format version, the first byte of every message.
+const VERSION: u8 = 1;
+/// Bytes of one note on the wire.
+const NOTE_BYTES: usize = 40;
+
+/// Where replicas share their table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedTable {
+    /// `host:port` of the Redis or Valkey server.
+    pub address: String,
+    /// The channel the replicas of one fleet publish on. Default `prefix-router`.
+    pub channel: String,
+}
+
+/// The replication of one router's conversation table, run as a background service.
+pub struct Replication {
+    settings: SharedTable,
+    conversations: Arc<Conversations>,
+    fleet: Arc<Fleet>,
+    stats: Arc<Stats>,
+    /// This router's id in the table: its own notes come back from the server and are
+    /// skipped.
+    origin: u64,
+    outbox: Mutex<Option<mpsc::Receiver<Note>>>,
+}
+
+impl Replication {
+    /// Replication of `conversations` (whose notes carry `origin`) as `settings` say; from
+    /// now on every note made in the table is queued for publishing.
+    pub fn new(
+        settings: SharedTable,
+        conversations: Arc<Conversations>,
+        fleet: Arc<Fleet>,
+        stats: Arc<Stats>,
+        origin: u64,
+    ) -> Self {
+        let (tx, rx) = mpsc::channel(OUTBOX);
+        let dropped = Arc::clone(&stats);
+        conversations.on_note(move |note| {
+            if tx.try_send(note).is_err() {
+                dropped.shared_notes("dropped", 1);
+            }
+        });
+        Replication {
+            settings,
+            conversations,
+            fleet,
+            stats,
+            origin,
+            outbox: Mutex::new(Some(rx)),
+        }
+    }
+
+    /// Publishes queued notes until the connection fails.
+    async fn publish(&self, outbox: &mut mpsc::Receiver<Note>) -> Result<(), RespError> {
+        let mut connection = Connection::connect(&self.settings.address).await?;
+        let mut batch = Vec::with_capacity(BATCH);
+        loop {
+            if outbox.recv_many(&mut batch, BATCH).await == 0 {
+                return Ok(());
+            }
+            let payload = self.encode(&batch);
+            let sent = batch.len() as u64;
+            batch.clear();
+            let channel = self.settings.channel.as_bytes();
+            connection
+                .writer
+                .send(&[b"PUBLISH", channel, &payload])
+                .await?;
+            match connection.reader.next().await? {
+                Reply::Integer(_) => self.stats.shared_notes("sent", sent),
+                Reply::Error(e) => warn!("shared table: the server refused a publish: {e}"),
+                _ => return Err(RespError::Protocol("unexpected reply to PUBLISH")),
+            }
+        }
+    }
+
+    /// Merges the other replicas' notes until the connection fails.
+    async fn subscribe(&self) -> Result<(), RespError> {
+        let mut connection = Connection::connect(&self.settings.address).await?;
+        let channel = self.settings.channel.as_bytes();
+        connection.writer.send(&[b"SUBSCRIBE", channel]).await?;
+        loop {
+            let Reply::Array(items) = connection.reader.next().await? else {
+                return Err(RespError::Protocol("unexpected reply on a subscription"));
+            };
+            match items.as_slice() {
+                [Reply::Bulk(Some(kind)), _, Reply::Bulk(Some(payload))] if kind == b"message" => {
+                    self.merge(payload)
+                }
+                [Reply::Bulk(Some(kind)), ..] if kind == b"subscribe" => {
+                    self.stats.shared_connected(true);
+                    info!("shared table: subscribed on {}", self.settings.address);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn encode(&self, notes: &[Note]) -> Vec<u8> {
+        let snapshot = self.fleet.snapshot();
+        let hash_of = |id: BackendId| {
+            snapshot
+                .backends
+                .iter()
+                .find(|b| b.id == id)
+                .map(|b| b.account.hash)
+        };
+        let mut payload = Vec::with_capacity(1 + notes.len() * NOTE_BYTES);
+        payload.push(VERSION);
+        for note in notes {
+            let Some(hash) = hash_of(note.backend) else {
+                continue;
+            };
+            payload.extend_from_slice(&note.conversation.to_le_bytes());
+            payload.extend_from_slice(&hash.to_le_bytes());
+            payload.extend_from_slice(&(note.bytes.0 as u64).to_le_bytes());
+            payload.extend_from_slice(&note.origin.to_le_bytes());
+        }
+        payload
+    }
+
+    fn merge(&self, payload: &[u8]) {
+        let Some(records) = payload.strip_prefix(&[VERSION]) else {
+            return;
+        };
+        let snapshot = self.fleet.snapshot();
+        let mut merged = 0;
+        for record in records.chunks_exact(NOTE_BYTES) {
+            let Some(note) = decode(record) else {
+                continue;
+            };
+            if note.origin == self.origin {
+                continue;
+            }
+            let Some(backend) = snapshot
+                .backends
+                .iter()
+                .find(|b| b.account.hash == note.hash)
+            else {
+                continue;
+            };
+            self.conversations.merge(Note {
+                conversation: note.conversation,
+                backend: backend.id,
+                bytes: TextBytes(usize::try_from(note.bytes).unwrap_or(usize::MAX)),
+                origin: note.origin,
+            });
+            merged += 1;
+        }
+        self.stats.shared_notes("received", merged);
+    }
+}
+
+/// One note as it travels.
+struct Wire {
+    conversation: u128,
+    hash: u64,
+    bytes: u64,
+    origin: u64,
+}
+
+fn decode(record: &[u8]) -> Option<Wire> {
+    let u64_at = |at: usize| Some(u64::from_le_bytes(record.get(at..at + 8)?.try_into().ok()?));
+    Some(Wire {
+        conversation: u128::from_le_bytes(record.get(..16)?.try_into().ok()?),
+        hash: u64_at(16)?,
+        bytes: u64_at(24)?,
+        origin: u64_at(32)?,
+    })
+}
+
+#[async_trait]
+impl BackgroundService for Replication {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let Some(mut outbox) = self.outbox.lock().take() else {
+            return;
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let started = std::time::Instant::now();
+            let failed = tokio::select! {
+                e = self.publish(&mut outbox) => e.err(),
+                e = self.subscribe() => e.err(),
+                _ = shutdown.changed() => return,
+            };
+            self.stats.shared_connected(false);
+            if started.elapsed() > Duration::from_secs(10) {
+                backoff = Duration::from_millis(100);
+            }
+            if let Some(e) = failed {
+                warn!(
+                    "shared table {}: {e}; reconnecting in {backoff:?}",
+                    self.settings.address
+                );
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = shutdown.changed() => return,
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+}

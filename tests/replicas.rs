@@ -1,0 +1,149 @@
+//! Router replicas behind a balancer that spreads requests in turn: with a shared table on
+//! a real Redis server, each conversation keeps one backend whichever replica a turn
+//! reaches.
+
+use std::collections::BTreeSet;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// A `redis-server` on a free loopback port, killed on drop.
+struct Redis {
+    child: Child,
+    url: String,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        let addr = free_loopback_addr().unwrap();
+        let port = addr.rsplit_once(':').unwrap().1.to_string();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server (make test-deps installs it)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Redis {
+            child,
+            url: format!("redis://{addr}"),
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn metric(router: &TestRouter, name: &str, labels: &[(&str, &str)]) -> f64 {
+    sum(&router.metrics().await, name, labels)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_a_table_keep_each_conversation_on_one_backend() {
+    let redis = Redis::start();
+    let ups = [
+        Upstream::start("a").await,
+        Upstream::start("b").await,
+        Upstream::start("c").await,
+        Upstream::start("d").await,
+    ];
+    let mut s = settings(&ups.iter().collect::<Vec<_>>());
+    s.shared_table = Some(redis.url.clone());
+    let replicas = [TestRouter::start(s.clone(), 4), TestRouter::start(s, 4)];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for r in &replicas {
+        while metric(r, "prefix_router_shared_table_connected", &[]).await < 1.0 {
+            assert!(Instant::now() < deadline, "a replica never subscribed");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // The second replica has seen other traffic: on its own, it would break ties and
+    // weigh backends differently from the first.
+    for other in 0..3 {
+        let text = format!("unrelated request {other}: {}", "summarize ".repeat(200));
+        let (status, _) = post(
+            &replicas[1].url,
+            "/v1/chat/completions",
+            &chat(&[("user", text)]),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let prompt = "You are a coding agent. Follow the repository's conventions. ".repeat(60);
+    for conversation in 0..8 {
+        let first = format!(
+            "conversation {conversation}: {}",
+            "fix the failing test ".repeat(30)
+        );
+        let mut messages = vec![("system", prompt.clone()), ("user", first)];
+        for turn in 0..6 {
+            // A balancer in front of the replicas: each turn to the next replica.
+            let router = &replicas[(conversation + turn) % 2];
+            let (status, _) = post(&router.url, "/v1/chat/completions", &chat(&messages)).await;
+            assert_eq!(status, 200);
+            let answer = format!(
+                "turn {turn} of {conversation}: {}",
+                "edited a file ".repeat(50)
+            );
+            messages.push(("assistant", answer));
+            messages.push(("user", format!("tool result {turn}: {}", "ok ".repeat(100))));
+        }
+    }
+    for conversation in 0..8 {
+        let marker = format!("conversation {conversation}: ");
+        let homes: BTreeSet<&str> = (ups.iter())
+            .filter(|u| {
+                u.received()
+                    .iter()
+                    .any(|r| contains(&r.body, marker.as_bytes()))
+            })
+            .map(|u| u.name())
+            .collect();
+        assert_eq!(
+            homes.len(),
+            1,
+            "conversation {conversation} went to {homes:?}"
+        );
+    }
+    for r in &replicas {
+        assert!(
+            metric(
+                r,
+                "prefix_router_shared_table_notes_total",
+                &[("direction", "sent")]
+            )
+            .await
+                >= 24.0
+        );
+        assert!(
+            metric(
+                r,
+                "prefix_router_shared_table_notes_total",
+                &[("direction", "received")]
+            )
+            .await
+                >= 24.0
+        );
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
