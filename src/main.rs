@@ -43,6 +43,19 @@ enum Command {
     Demo(prefix_router_demo::DemoArgs),
     /// Compare policies in virtual time: deterministic, no sockets (scenarios, sweeps).
     Lab(prefix_router_lab::LabArgs),
+    /// Render and tokenize request bodies as the engine would (one JSON body per line on
+    /// stdin, one JSON answer per line on stdout): for checking a model's template.
+    Tokenize(TokenizeArgs),
+}
+
+#[derive(Args)]
+struct TokenizeArgs {
+    /// The model's tokenizer directory (tokenizer.json, tokenizer_config.json).
+    #[arg(long)]
+    tokenizer: PathBuf,
+    /// The endpoint the bodies are for: chat, completions or responses.
+    #[arg(long, default_value = "chat")]
+    endpoint: String,
 }
 
 #[derive(Args)]
@@ -75,6 +88,7 @@ fn main() -> anyhow::Result<()> {
         Some(Command::Replay(args)) => runtime()?.block_on(prefix_router_replay::run(args)),
         Some(Command::Demo(args)) => runtime()?.block_on(prefix_router_demo::run(args)),
         Some(Command::Lab(args)) => Ok(prefix_router_lab::run(&args)?),
+        Some(Command::Tokenize(args)) => tokenize(&args),
         None => serve(cli.serve),
     }
 }
@@ -106,6 +120,34 @@ impl log::Log for Redacting {
     fn flush(&self) {
         self.0.flush();
     }
+}
+
+/// The `tokenize` command: `{"ids": [...]}` or `{"error": ..., "reason": ...}` per body.
+fn tokenize(args: &TokenizeArgs) -> anyhow::Result<()> {
+    use std::io::{BufRead, Write};
+    let model = prefix_router_tokens::Model::load(&args.tokenizer)?;
+    let endpoint = prefix_router_core::request::Endpoint::from_path(&format!(
+        "/v1/{}",
+        match args.endpoint.as_str() {
+            "chat" => "chat/completions",
+            other => other,
+        }
+    ))
+    .context("--endpoint must be chat, completions or responses")?;
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for line in std::io::stdin().lock().lines() {
+        let line = line?;
+        let answer = model
+            .renderer()
+            .prompt(endpoint, line.as_bytes())
+            .and_then(|prompt| model.ids(&prompt));
+        let json = match answer {
+            Ok(ids) => serde_json::json!({ "ids": ids }),
+            Err(e) => serde_json::json!({ "error": e.to_string(), "reason": e.label() }),
+        };
+        writeln!(out, "{json}")?;
+    }
+    Ok(())
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

@@ -30,31 +30,61 @@ const LINK: u64 = 0x9e37_79b9_7f4a_7c15;
 /// The chained hashes of every full block of `text`, each as 8 little-endian bytes.
 pub fn chain(text: &RoutingText) -> Vec<[u8; 8]> {
     let mut hashes = Vec::with_capacity(text.len() / BLOCK_BYTES);
-    let mut prev = ROOT;
-    let mut carry = [0u8; BLOCK_BYTES];
-    let mut filled = 0;
+    let mut chainer = Chainer::default();
     for part in text.parts() {
-        let mut bytes = part.as_ref();
-        if filled > 0 {
-            let take = (BLOCK_BYTES - filled).min(bytes.len());
-            carry[filled..filled + take].copy_from_slice(&bytes[..take]);
-            (filled, bytes) = (filled + take, &bytes[take..]);
-            if filled < BLOCK_BYTES {
-                continue;
+        chainer.push(part.as_ref(), &mut hashes);
+    }
+    hashes
+}
+
+/// A chain being built as bytes arrive: each full block hashed and linked to the one
+/// before it; the bytes of a last partial block wait for more. Cloning it keeps its place
+/// (to resume a chain later from the same point).
+#[derive(Clone, Debug)]
+pub struct Chainer {
+    prev: u64,
+    carry: [u8; BLOCK_BYTES],
+    filled: usize,
+}
+
+impl Default for Chainer {
+    fn default() -> Self {
+        Chainer {
+            prev: ROOT,
+            carry: [0; BLOCK_BYTES],
+            filled: 0,
+        }
+    }
+}
+
+impl Chainer {
+    /// Appends `bytes`, pushing the hash of every block they complete onto `hashes`.
+    pub fn push(&mut self, mut bytes: &[u8], hashes: &mut Vec<[u8; 8]>) {
+        if self.filled > 0 {
+            let take = (BLOCK_BYTES - self.filled).min(bytes.len());
+            self.carry[self.filled..self.filled + take].copy_from_slice(&bytes[..take]);
+            (self.filled, bytes) = (self.filled + take, &bytes[take..]);
+            if self.filled < BLOCK_BYTES {
+                return;
             }
-            prev = link(prev, &carry);
-            hashes.push(prev.to_le_bytes());
+            self.prev = link(self.prev, &self.carry);
+            hashes.push(self.prev.to_le_bytes());
+            self.filled = 0;
         }
         let mut blocks = bytes.chunks_exact(BLOCK_BYTES);
         for block in &mut blocks {
-            prev = link(prev, block);
-            hashes.push(prev.to_le_bytes());
+            self.prev = link(self.prev, block);
+            hashes.push(self.prev.to_le_bytes());
         }
         let rest = blocks.remainder();
-        carry[..rest.len()].copy_from_slice(rest);
-        filled = rest.len();
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.filled = rest.len();
     }
-    hashes
+
+    /// The bytes waiting for their block to fill.
+    pub fn pending(&self) -> &[u8] {
+        &self.carry[..self.filled]
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,17 @@
+//! The model's own tokens: a chat, completions or responses body rendered with the model's
+//! chat template ([`render`]) as vLLM renders it, tokenized with its tokenizer, and turned
+//! into the chain of token-block hashes the prefix index keys on ([`encode`]),
+//! incrementally over a conversation's turns. Loaded from a Hugging Face tokenizer
+//! directory ([`model`]).
+//!
+//! Pure computation: no I/O but reading the model directory once.
+#![deny(unsafe_code)]
+
+pub mod encode;
+pub mod model;
+pub mod render;
+mod template;
+
+pub use encode::{BLOCK_TOKENS, TokenCache, Tokenized};
+pub use model::{Model, ModelError};
+pub use render::{Prompt, Unrendered};
