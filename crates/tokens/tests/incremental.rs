@@ -1,0 +1,102 @@
+//! Incremental tokenizing equals tokenizing the whole render, turn after turn, for the real
+//! Qwen3 and Llama 3.1 tokenizers (fetched by `tests/tokens/fetch.sh target/tokenizers`,
+//! which `make test` runs first; `PREFIX_ROUTER_TOKENIZERS` names another directory).
+
+use std::path::PathBuf;
+
+use prefix_router_core::request::Endpoint;
+use prefix_router_tokens::encode::chain_of_ids;
+use prefix_router_tokens::{Model, TokenCache};
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+/// The model called `name`, loaded once.
+fn model(name: &'static str) -> &'static Model {
+    static MODELS: std::sync::Mutex<Vec<(&str, &Model)>> = std::sync::Mutex::new(Vec::new());
+    let mut models = MODELS.lock().unwrap();
+    if let Some((_, m)) = models.iter().find(|(n, _)| *n == name) {
+        return m;
+    }
+    let model: &'static Model = Box::leak(Box::new(load(name)));
+    models.push((name, model));
+    model
+}
+
+fn load(name: &str) -> Model {
+    let dir = std::env::var_os("PREFIX_ROUTER_TOKENIZERS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/tokenizers")))
+        .join(name);
+    Model::load(&dir).unwrap_or_else(|e| {
+        panic!("{e}: run tests/tokens/fetch.sh target/tokenizers (make test does)")
+    })
+}
+
+fn word() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[a-z]{1,8}",
+        Just("é日本🎉".to_string()),
+        Just("\n".to_string()),
+        Just("<think>\nhmm\n</think>\n\n".to_string()),
+        Just(String::new()),
+    ]
+}
+
+fn turn() -> impl Strategy<Value = (String, String)> {
+    (
+        prop::collection::vec(word(), 0..30).prop_map(|w| w.join(" ")),
+        prop::collection::vec(word(), 0..30).prop_map(|w| w.join(" ")),
+    )
+}
+
+/// Every turn of a conversation, the incremental chain equals the whole render's.
+fn check(model: &Model, system: &str, turns: &[(String, String)]) -> Result<(), TestCaseError> {
+    let cache = TokenCache::new(64 << 20);
+    let mut messages = vec![json!({"role": "system", "content": system})];
+    for (question, answer) in turns {
+        messages.push(json!({"role": "user", "content": question}));
+        let body = json!({"model": "m", "messages": Value::from(messages.clone())});
+        let bytes = serde_json::to_vec(&body).unwrap();
+        let prompt = model.renderer().prompt(Endpoint::Chat, &bytes).unwrap();
+        let incremental = model.encode(&prompt, 7, &cache).unwrap();
+        let whole = chain_of_ids(&model.ids(&prompt).unwrap());
+        prop_assert_eq!(&incremental.chain, &whole.chain);
+        prop_assert_eq!(incremental.tokens, whole.tokens);
+        messages.push(json!({"role": "assistant", "content": answer}));
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn incremental_equals_whole_for_qwen3(system in "[a-z ]{0,40}", turns in prop::collection::vec(turn(), 1..6)) {
+        check(model("qwen3"), &system, &turns)?;
+    }
+
+    #[test]
+    fn incremental_equals_whole_for_llama3_1(system in "[a-z ]{0,40}", turns in prop::collection::vec(turn(), 1..6)) {
+        check(model("llama3_1"), &system, &turns)?;
+    }
+}
+
+#[test]
+fn the_next_turn_reuses_the_previous_render() {
+    let model = model("qwen3");
+    let cache = TokenCache::new(64 << 20);
+    let long = "a conversation about code ".repeat(400);
+    let mut messages = vec![json!({"role": "user", "content": long})];
+    let encode = |messages: &[Value]| {
+        let bytes = serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap();
+        let prompt = model.renderer().prompt(Endpoint::Chat, &bytes).unwrap();
+        model.encode(&prompt, 1, &cache).unwrap()
+    };
+    let first = encode(&messages);
+    assert_eq!(first.reused, 0);
+    messages.push(json!({"role": "assistant", "content": "done"}));
+    messages.push(json!({"role": "user", "content": "and now?"}));
+    let next = encode(&messages);
+    assert!(next.reused > first.tokens / 2, "{next:?} after {}", first.tokens);
+    assert!(cache.bytes() > 0 && cache.len() == 1);
+}
