@@ -143,7 +143,7 @@ impl Model {
             Prompt::Ids(ids) => return Ok(ids.clone()),
             Prompt::Text { text, special } => (text.as_str(), *special),
         };
-        let encoding = (self.tokenizer.encode_fast(text, special))
+        let encoding = (self.tokenizer_for(text).encode_fast(text, special))
             .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -162,7 +162,7 @@ impl Model {
                 text,
                 special: true,
             } => {
-                let encoding = (self.tokenizer.encode_fast(text.as_str(), true))
+                let encoding = (self.tokenizer_for(text).encode_fast(text.as_str(), true))
                     .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
                 Ok(chain_of_ids(encoding.get_ids()))
             }
@@ -197,7 +197,7 @@ impl Model {
             None => Vec::new(),
         };
         let suffix = &text[offset..];
-        let encoding = (self.tokenizer.encode(suffix, false))
+        let encoding = (self.tokenizer_for(suffix).encode(suffix, false))
             .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
         let mut hasher = Xxh3::new();
         hasher.update(&text.as_bytes()[..offset]);

@@ -26,6 +26,9 @@ pub enum ModelError {
 /// A loaded model: its tokenizer and how its chats are rendered.
 pub struct Model {
     pub(crate) tokenizer: Tokenizer,
+    /// The same tokenizer without its normalizer, when that is a Unicode normal form
+    /// (NFC, NFKC, ...): those leave ASCII text as it is, so ASCII text skips them.
+    plain: Option<Tokenizer>,
     pub(crate) renderer: Renderer,
     /// The ids of its added tokens (special or not): the tokenizer splits the text on
     /// these first, so tokenizing stops and restarts at each of them.
@@ -58,6 +61,7 @@ impl Model {
             })?;
         let added = tokenizer.get_added_tokens_decoder().into_keys().collect();
         Ok(Model {
+            plain: without_normal_form(&tokenizer),
             renderer: Renderer {
                 lists_content: source.as_deref().is_some_and(Template::lists_content),
                 template,
@@ -68,10 +72,29 @@ impl Model {
         })
     }
 
+    /// The tokenizer for `text`: the one without a normalizer when that changes nothing.
+    pub(crate) fn tokenizer_for(&self, text: &str) -> &Tokenizer {
+        match &self.plain {
+            Some(plain) if text.is_ascii() => plain,
+            _ => &self.tokenizer,
+        }
+    }
+
     /// The renderer of its requests.
     pub fn renderer(&self) -> &Renderer {
         &self.renderer
     }
+}
+
+/// `tokenizer` without its normalizer, if that is only a Unicode normal form.
+fn without_normal_form(tokenizer: &Tokenizer) -> Option<Tokenizer> {
+    let normalizer = serde_json::to_value(tokenizer.get_normalizer()?).ok()?;
+    let kind = normalizer.get("type")?.as_str()?;
+    matches!(kind, "NFC" | "NFD" | "NFKC" | "NFKD").then(|| {
+        let mut plain = tokenizer.clone();
+        plain.with_normalizer(None::<tokenizers::NormalizerWrapper>);
+        plain
+    })
 }
 
 /// The chat template: `chat_template.jinja` if present, else the config's `chat_template`
