@@ -167,6 +167,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         file: args.config,
         flags: args.settings,
     };
-    let (server, handles) = serve::build(&config, source, Some(opt));
+    let (server, handles) =
+        serve::build(&config, source, Some(opt)).context("invalid configuration")?;
     serve::lifecycle::run(server, handles.state)
 }

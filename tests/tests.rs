@@ -19,3 +19,4 @@ mod security;
 mod sim;
 mod soak;
 mod streaming;
+mod tokens;

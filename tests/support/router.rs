@@ -56,7 +56,8 @@ impl TestRouter {
                 file,
                 flags: settings,
             },
-        );
+        )
+        .expect("loadable tokenizers");
         assert!(
             running.wait_ready(ready, Duration::from_secs(20)),
             "router not ready"

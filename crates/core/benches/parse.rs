@@ -109,11 +109,7 @@ fn bench_route(c: &mut Criterion) {
     let (selector, candidates) = selector();
     let route = |body: &[u8]| {
         let parsed = parse(Endpoint::Chat, body).expect("a valid body");
-        let request = Request {
-            model: parsed.model,
-            text: &parsed.text,
-            session: None,
-        };
+        let request = Request::new(parsed.model, &parsed.text, None);
         selector.select(&request, &candidates).index
     };
     let mut n = 0u64;

@@ -88,11 +88,7 @@ fn selector() -> Selector {
 
 fn route(selector: &Selector, body: &[u8]) {
     let parsed = parse(Endpoint::Chat, body).unwrap();
-    let request = Request {
-        model: parsed.model,
-        text: &parsed.text,
-        session: None,
-    };
+    let request = Request::new(parsed.model, &parsed.text, None);
     selector.select(&request, &candidates(&[0, 0]));
 }
 

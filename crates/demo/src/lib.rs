@@ -145,12 +145,14 @@ async fn run_policy(
         let config = router_config(args, policy, &urls, shared)?;
         let backends = urls.len();
         let router = tokio::task::spawn_blocking(move || {
-            let running = Embedded::start(&config);
-            running
-                .wait_ready(backends, Duration::from_secs(30))
-                .then_some(running)
+            let running = Embedded::start(&config)?;
+            anyhow::Ok(
+                running
+                    .wait_ready(backends, Duration::from_secs(30))
+                    .then_some(running),
+            )
         })
-        .await?
+        .await??
         .context("the router did not become ready")?;
         routers.push(router);
     }

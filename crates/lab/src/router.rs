@@ -146,11 +146,8 @@ impl LabRouter {
         if let Some(value) = session_id.and_then(|id| HeaderValue::from_str(id).ok()) {
             headers.insert("x-session-id", value);
         }
-        let request = Request {
-            model: parsed.model,
-            text: &parsed.text,
-            session: SessionKey::find(&headers, &self.headers, parsed.session),
-        };
+        let session = SessionKey::find(&headers, &self.headers, parsed.session);
+        let request = Request::new(parsed.model, &parsed.text, session);
         let accounts: Vec<&Arc<Account>> = self.accounts.iter().collect();
         let text = parsed.text.size();
         let placing = (self.ledger).place(&accounts, self.limit, text, |candidates| {

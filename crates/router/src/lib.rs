@@ -2,7 +2,7 @@
 //! settings; what a reload may change is one [`limits::Live`] snapshot), the backends and
 //! their health ([`fleet`]), what holds requests back ([`admission`]), the proxy and its
 //! transport ([`proxy`]), metrics ([`stats`]), the admin listener ([`admin`]), runtime
-//! changes ([`control`]) and the serving layer ([`serve`]: assembly, upkeep, lifecycle).
+//! changes ([`control`]), token mode ([`tokens`]) and the serving layer ([`serve`]: assembly, upkeep, lifecycle).
 //! Routing decisions and placement bookkeeping come from `prefix-router-core`.
 #![deny(unsafe_code)]
 
@@ -18,3 +18,4 @@ pub mod replication;
 pub mod serve;
 pub mod state;
 pub mod stats;
+pub mod tokens;

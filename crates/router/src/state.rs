@@ -14,6 +14,7 @@ use crate::admission::{Budget, Queue};
 use crate::fleet::Fleet;
 use crate::limits::{Current, Live};
 use crate::stats::Stats;
+use crate::tokens::Tokenizers;
 
 /// Everything requests share.
 pub struct State {
@@ -35,6 +36,8 @@ pub struct State {
     pub budget: Arc<Budget>,
     /// Requests waiting for a backend below its in-flight limit.
     pub queue: Queue,
+    /// The models' tokenizers (token mode) and their token cache.
+    pub tokenizers: Tokenizers,
     live: Current,
     active: AtomicUsize,
     draining: AtomicBool,
@@ -54,6 +57,8 @@ pub struct Parts {
     pub live: Current,
     /// Metrics.
     pub stats: Arc<Stats>,
+    /// The models' tokenizers.
+    pub tokenizers: Tokenizers,
 }
 
 /// One request being served (from its header to its log line); dropping it ends it.
@@ -78,6 +83,7 @@ impl State {
             ties: Ties::new(0),
             budget: Budget::reading(parts.live.buffered_bytes()),
             queue: Queue::default(),
+            tokenizers: parts.tokenizers,
             live: parts.live,
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),

@@ -23,10 +23,13 @@ fn root() -> PathBuf {
 /// A coding-agent conversation of `turns` turns of about 4 KB each.
 fn conversation(turns: usize) -> Vec<Value> {
     let code = "fn step(x: &str) -> String {\n    format!(\"{x} and more\")\n}\n".repeat(70);
-    let mut messages = vec![json!({"role": "system", "content": "You are a coding agent. ".repeat(40)})];
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a coding agent. ".repeat(40)})];
     for t in 0..turns {
         messages.push(json!({"role": "user", "content": format!("turn {t}: fix this\n{code}")}));
-        messages.push(json!({"role": "assistant", "content": format!("done {t}: {}", "edited ".repeat(300))}));
+        messages.push(
+            json!({"role": "assistant", "content": format!("done {t}: {}", "edited ".repeat(300))}),
+        );
     }
     messages
 }
@@ -36,15 +39,24 @@ fn body(messages: &[Value]) -> Vec<u8> {
 }
 
 fn benches(c: &mut Criterion) {
-    let model = Model::load(&root().join("tokenizers/qwen3")).expect("run tests/tokens/fetch.sh target/tokenizers");
-    let small = body(&conversation(0)[..1].iter().cloned().chain([json!({"role": "user", "content": "hello ".repeat(150)})]).collect::<Vec<_>>());
+    let model = Model::load(&root().join("tokenizers/qwen3"))
+        .expect("run tests/tokens/fetch.sh target/tokenizers");
+    let small = body(
+        &conversation(0)[..1]
+            .iter()
+            .cloned()
+            .chain([json!({"role": "user", "content": "hello ".repeat(150)})])
+            .collect::<Vec<_>>(),
+    );
     let mut long = conversation(50);
     while body(&long).len() < 400_000 {
         long.extend(conversation(1).into_iter().skip(1));
     }
     let long_body = body(&long);
     let mut next = long.clone();
-    next.push(json!({"role": "user", "content": format!("and now: {}", "check the tests ".repeat(250))}));
+    next.push(
+        json!({"role": "user", "content": format!("and now: {}", "check the tests ".repeat(250))}),
+    );
     let next_body = body(&next);
     let prompt = |b: &[u8]| model.renderer().prompt(Endpoint::Chat, b).unwrap();
     if let Prompt::Text { text, .. } = prompt(&long_body) {
@@ -57,7 +69,10 @@ fn benches(c: &mut Criterion) {
         let mut key = 0u128;
         b.iter(|| {
             key += 1;
-            model.encode(&prompt(black_box(&small)), key, &cache).unwrap().tokens
+            model
+                .encode(&prompt(black_box(&small)), key, &cache)
+                .unwrap()
+                .tokens
         })
     });
     group.bench_function("new_400KB_conversation", |b| {
@@ -65,10 +80,15 @@ fn benches(c: &mut Criterion) {
         let mut key = 0u128;
         b.iter(|| {
             key += 1;
-            model.encode(&prompt(black_box(&long_body)), key, &cache).unwrap().tokens
+            model
+                .encode(&prompt(black_box(&long_body)), key, &cache)
+                .unwrap()
+                .tokens
         })
     });
-    group.bench_function("render_only_400KB", |b| b.iter(|| prompt(black_box(&next_body))));
+    group.bench_function("render_only_400KB", |b| {
+        b.iter(|| prompt(black_box(&next_body)))
+    });
     group.bench_function("next_turn_400KB_plus_4KB", |b| {
         b.iter_batched(
             || {
@@ -76,7 +96,12 @@ fn benches(c: &mut Criterion) {
                 model.encode(&prompt(&long_body), 1, &cache).unwrap();
                 cache
             },
-            |cache| model.encode(&prompt(black_box(&next_body)), 1, &cache).unwrap().reused,
+            |cache| {
+                model
+                    .encode(&prompt(black_box(&next_body)), 1, &cache)
+                    .unwrap()
+                    .reused
+            },
             BatchSize::PerIteration,
         )
     });

@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use prefix_router_core::policy::TokenBlocks;
 use prefix_router_core::request::blocks::Chainer;
+use prefix_router_core::units::Tokens;
 use smallvec::SmallVec;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -34,6 +36,16 @@ pub struct Tokenized {
     pub tokens: usize,
     /// Of those, tokens reused from the conversation's previous render.
     pub reused: usize,
+}
+
+impl Tokenized {
+    /// As a request offers them to the policy.
+    pub fn blocks(&self) -> TokenBlocks<'_> {
+        TokenBlocks {
+            chain: &self.chain,
+            tokens: Tokens(self.tokens),
+        }
+    }
 }
 
 /// A place in a render where tokenizing may restart: the start of an added token.

@@ -25,7 +25,12 @@ fn model(name: &'static str) -> &'static Model {
 fn load(name: &str) -> Model {
     let dir = std::env::var_os("PREFIX_ROUTER_TOKENIZERS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../target/tokenizers")))
+        .unwrap_or_else(|| {
+            PathBuf::from(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../../target/tokenizers"
+            ))
+        })
         .join(name);
     Model::load(&dir).unwrap_or_else(|e| {
         panic!("{e}: run tests/tokens/fetch.sh target/tokenizers (make test does)")
@@ -97,6 +102,10 @@ fn the_next_turn_reuses_the_previous_render() {
     messages.push(json!({"role": "assistant", "content": "done"}));
     messages.push(json!({"role": "user", "content": "and now?"}));
     let next = encode(&messages);
-    assert!(next.reused > first.tokens / 2, "{next:?} after {}", first.tokens);
+    assert!(
+        next.reused > first.tokens / 2,
+        "{next:?} after {}",
+        first.tokens
+    );
     assert!(cache.bytes() > 0 && cache.len() == 1);
 }

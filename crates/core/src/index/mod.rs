@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use parking_lot::Mutex;
 
 use crate::BackendId;
-use crate::request::{RoutingText, blocks};
 use crate::tree::{Matches, PrefixTrees, TreeConfig, TreeStats};
 use crate::units::{KeyBytes, TextBytes, Tokens};
 use calibration::Calibration;
@@ -38,27 +37,35 @@ impl PrefixIndex {
         }
     }
 
-    /// Matches `text` in `model`'s tree, lets `decide` pick a backend from the matches (in
-    /// routing text, whole blocks), and records the text under it, in one step under one
-    /// shard lock. `decide` must not call back into the index. Returns the backend picked.
+    /// Matches `chain` (a prompt's blocks, [`Request::chain`]) in `model`'s tree, lets
+    /// `decide` pick a backend from the matches (in routing text, whole blocks, of a prompt
+    /// of `total`), and records the chain under it, in one step under one shard lock.
+    /// `decide` must not call back into the index. Returns the backend picked.
+    ///
+    /// [`Request::chain`]: crate::policy::Request::chain
     pub fn route(
         &self,
         model: &[u8],
-        text: &RoutingText,
+        chain: &[[u8; 8]],
+        total: TextBytes,
         decide: impl FnOnce(&Matches<TextBytes>) -> Option<BackendId>,
     ) -> Option<BackendId> {
-        let chain = blocks::chain(text);
-        let total = text.size();
         let routed = (self.trees).route(model, &[chain.as_flattened()], |keys| {
             decide(&keys.text(total))
         });
         routed.map(|r| r.backend)
     }
 
-    /// Records `text` under `backend` (chosen by someone else); returns how much of it the
+    /// The matches of `chain` in `model`'s tree, recording nothing.
+    pub fn matches(&self, model: &[u8], chain: &[[u8; 8]], total: TextBytes) -> Matches<TextBytes> {
+        (self.trees)
+            .matches(model, &[chain.as_flattened()])
+            .text(total)
+    }
+
+    /// Records `chain` under `backend` (chosen by someone else); returns how much of it the
     /// backend was believed to hold before.
-    pub fn record(&self, model: &[u8], text: &RoutingText, backend: BackendId) -> TextBytes {
-        let chain = blocks::chain(text);
+    pub fn record(&self, model: &[u8], chain: &[[u8; 8]], backend: BackendId) -> TextBytes {
         let routed = (self.trees).route(model, &[chain.as_flattened()], |_| Some(backend));
         routed.map_or(TextBytes(0), |r| KeyBytes(r.matched).text())
     }

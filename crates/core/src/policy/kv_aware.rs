@@ -103,7 +103,7 @@ impl View<'_> {
     }
 
     fn anchor(&self) -> TextBytes {
-        TextBytes(self.ask.request.text.anchor_len())
+        self.ask.request.anchor()
     }
 }
 
@@ -188,7 +188,7 @@ impl Rule for KvAware {
         self.conversations.note(Note {
             conversation: request.conversation(),
             backend,
-            bytes: request.text.size(),
+            bytes: request.size(),
             origin: self.origin,
         });
     }

@@ -19,6 +19,7 @@ mod sessions;
 mod sticky;
 mod ties;
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,9 +33,9 @@ pub use ties::Ties;
 use crate::BackendId;
 use crate::clock::Clock;
 use crate::index::PrefixIndex;
-use crate::request::{RoutingText, SessionKey};
+use crate::request::{RoutingText, SessionKey, blocks};
 use crate::tree::TreeConfig;
-use crate::units::TextBytes;
+use crate::units::{TextBytes, Tokens};
 
 /// Balance bounds shared by `cache_aware` and session affinity: the fleet is imbalanced when
 /// max in-flight - min in-flight > `abs` and max > min * `rel`.
@@ -94,15 +95,74 @@ pub struct Request<'r, 'a> {
     pub text: &'r RoutingText<'a>,
     /// The session key, when the client gave one.
     pub session: Option<SessionKey>,
+    /// The prompt's own tokens, when its model's tokenizer rendered it (token mode): the
+    /// index then keys on their blocks and every size is in tokens. `None`: text mode.
+    pub tokens: Option<TokenBlocks<'r>>,
+    /// Decide without remembering anything (`POST /route`): the index, the tables and
+    /// the rotation stay as they were.
+    pub explain: bool,
 }
 
-impl Request<'_, '_> {
+/// A prompt's tokens as the index keys on them: the chained hashes of its blocks of 16
+/// token ids, and its token count.
+#[derive(Clone, Copy, Debug)]
+pub struct TokenBlocks<'r> {
+    /// One hash per full block.
+    pub chain: &'r [[u8; 8]],
+    /// Tokens in the prompt.
+    pub tokens: Tokens,
+}
+
+impl<'r, 'a> Request<'r, 'a> {
+    /// A request routed on its text, to be remembered.
+    pub fn new(model: &'a [u8], text: &'r RoutingText<'a>, session: Option<SessionKey>) -> Self {
+        Request {
+            model,
+            text,
+            session,
+            tokens: None,
+            explain: false,
+        }
+    }
+
     /// What names the conversation across its turns: the session key when the client gave
     /// one, else a hash of the text up to its first user message.
     pub fn conversation(&self) -> u128 {
         match self.session {
             Some(session) => session.0,
             None => self.text.anchor_hash(),
+        }
+    }
+
+    /// What the index keys on: the token blocks in token mode, else the text's blocks.
+    pub fn chain(&self) -> Cow<'r, [[u8; 8]]> {
+        match self.tokens {
+            Some(t) => Cow::Borrowed(t.chain),
+            None => Cow::Owned(blocks::chain(self.text)),
+        }
+    }
+
+    /// The prompt's size in routing text: its tokens at [`TEXT_BYTES_PER_TOKEN`] in token
+    /// mode (exact in the index's units), else the text's bytes.
+    ///
+    /// [`TEXT_BYTES_PER_TOKEN`]: crate::units::TEXT_BYTES_PER_TOKEN
+    pub fn size(&self) -> TextBytes {
+        match self.tokens {
+            Some(t) => t.tokens.text(),
+            None => self.text.size(),
+        }
+    }
+
+    /// The text up to the first user message, in the unit of [`Self::size`] (scaled from
+    /// its bytes in token mode).
+    pub fn anchor(&self) -> TextBytes {
+        let bytes = self.text.anchor_len();
+        match self.tokens {
+            Some(t) if !self.text.is_empty() => {
+                let share = bytes as f64 / self.text.len() as f64;
+                TextBytes((t.tokens.text().0 as f64 * share) as usize)
+            }
+            _ => TextBytes(bytes),
         }
     }
 }

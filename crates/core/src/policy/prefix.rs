@@ -61,8 +61,17 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
             })
             .collect();
         let candidates = &sized[..];
+        let (chain, total) = (request.chain(), request.size());
+        if request.explain {
+            let matches = self.index.matches(request.model, &chain, total);
+            return self.rule.decide(&Ask {
+                matches: &matches,
+                candidates,
+                request,
+            });
+        }
         let mut decision = Decision::new(0, Outcome::PrefixMiss);
-        let routed = self.index.route(request.model, request.text, |matches| {
+        let routed = self.index.route(request.model, &chain, total, |matches| {
             decision = self.rule.decide(&Ask {
                 matches,
                 candidates,
@@ -77,7 +86,12 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
     }
 
     fn record(&self, request: &Request, backend: BackendId) -> TextBytes {
-        let matched = self.index.record(request.model, request.text, backend);
+        let chain = request.chain();
+        if request.explain {
+            let matches = self.index.matches(request.model, &chain, request.size());
+            return matches.matched(backend);
+        }
+        let matched = self.index.record(request.model, &chain, backend);
         self.rule.placed(request, backend);
         matched
     }

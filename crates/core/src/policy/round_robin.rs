@@ -16,8 +16,11 @@ pub fn build(params: &PolicyParams) -> Selector {
 }
 
 impl Policy for RoundRobin {
-    fn choose(&self, _: &Request, candidates: &[Candidate]) -> Decision {
-        let turn = self.next.fetch_add(1, Relaxed);
+    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        let turn = match request.explain {
+            true => self.next.load(Relaxed),
+            false => self.next.fetch_add(1, Relaxed),
+        };
         Decision::new(turn % candidates.len(), Outcome::Balanced)
     }
 }

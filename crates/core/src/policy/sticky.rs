@@ -49,7 +49,9 @@ impl<P: Policy> Sticky<P> {
             return None;
         }
         let matched = self.inner.record(request, backend);
-        self.sessions.set(key, backend);
+        if !request.explain {
+            self.sessions.set(key, backend);
+        }
         Some(Decision {
             index,
             outcome: Outcome::Session,
@@ -64,7 +66,7 @@ impl<P: Policy> Policy for Sticky<P> {
             return decision;
         }
         let decision = self.inner.choose(request, candidates);
-        if let Some(key) = request.session {
+        if let Some(key) = request.session.filter(|_| !request.explain) {
             self.sessions.set(key, candidates[decision.index].id);
         }
         decision

@@ -39,11 +39,7 @@ pub fn text(s: &'static str) -> RoutingText<'static> {
 
 /// A request for model `m` with `text` and an optional session id.
 pub fn request<'r>(text: &'r RoutingText<'static>, session: Option<&str>) -> Request<'r, 'static> {
-    Request {
-        model: b"m",
-        text,
-        session: session.map(|s| SessionKey::of(s.as_bytes())),
-    }
+    Request::new(b"m", text, session.map(|s| SessionKey::of(s.as_bytes())))
 }
 
 /// Policy parameters with `threshold` and an imbalance bound of `abs` requests (rel 1.5).

@@ -1,8 +1,9 @@
 //! The admin listener, separate from the data plane and bound to 127.0.0.1 by default:
 //! `/metrics` (Prometheus text), `/stats` and `/workers` (JSON), the peers' worker endpoints
-//! (`/list_workers`, `POST /add_worker?url=`, `POST /remove_worker?url=`), `POST /reload`
-//! and `/health`. With a token configured, every request needs `Authorization: Bearer`.
+//! (`/list_workers`, `POST /add_worker?url=`, `POST /remove_worker?url=`), `POST /reload`,
+//! `POST /route` (what the router would do with a request: [`explain`]) and `/health`. With a token configured, every request needs `Authorization: Bearer`.
 
+mod explain;
 mod view;
 
 use std::sync::Arc;
@@ -14,7 +15,9 @@ use pingora_core::protocols::http::ServerSession;
 use serde_json::{Value, json};
 
 use crate::control::Control;
-use crate::error::error_body;
+use bytes::Bytes;
+
+use crate::error::{RouterError, error_body};
 use crate::state::State;
 
 /// An admin endpoint.
@@ -27,11 +30,12 @@ enum Endpoint {
     AddWorker,
     RemoveWorker,
     Reload,
+    Route,
 }
 
 /// Every admin endpoint, declared once: the admin listener serves these and the data plane
 /// answers 404 to their paths (`/health` is both listeners' own and is not listed).
-const ENDPOINTS: [(Method, &str, Endpoint); 7] = [
+const ENDPOINTS: [(Method, &str, Endpoint); 8] = [
     (Method::GET, "/metrics", Endpoint::Metrics),
     (Method::GET, "/stats", Endpoint::Stats),
     (Method::GET, "/workers", Endpoint::Workers),
@@ -39,6 +43,7 @@ const ENDPOINTS: [(Method, &str, Endpoint); 7] = [
     (Method::POST, "/add_worker", Endpoint::AddWorker),
     (Method::POST, "/remove_worker", Endpoint::RemoveWorker),
     (Method::POST, "/reload", Endpoint::Reload),
+    (Method::POST, "/route", Endpoint::Route),
 ];
 
 /// Whether `path` is an admin endpoint's (whatever the method).
@@ -85,7 +90,7 @@ impl Admin {
             let message = format!("{method} {path} is not an admin endpoint");
             return failure(StatusCode::NOT_FOUND, &message, "not_found");
         };
-        let url = query.and_then(url_param);
+        let url = query.and_then(|q| param(q, "url"));
         match endpoint {
             Endpoint::Metrics => self.metrics(),
             Endpoint::Stats => json_ok(&view::stats(&self.state)),
@@ -93,12 +98,34 @@ impl Admin {
             Endpoint::ListWorkers => json_ok(&json!({"urls": self.control.worker_urls().await})),
             Endpoint::AddWorker => self.change(url, Change::Add).await,
             Endpoint::RemoveWorker => self.change(url, Change::Remove).await,
+            Endpoint::Route => failure(StatusCode::BAD_REQUEST, "no body", "invalid_request"),
             Endpoint::Reload => match self.control.reload().await {
                 Ok(()) => {
                     json_ok(&json!({"reloaded": true, "generation": self.state.stats.generation()}))
                 }
                 Err(e) => failure(StatusCode::BAD_REQUEST, &e.to_string(), "reload_failed"),
             },
+        }
+    }
+
+    /// `POST /route?path=`: reads the body (up to `max_body_bytes`) and explains it.
+    async fn explain(&self, session: &mut ServerSession, query: Option<&str>) -> Response<Vec<u8>> {
+        let path = query.and_then(|q| param(q, "path"));
+        let path = path.as_deref().unwrap_or("/v1/chat/completions");
+        let limit = self.state.live().limits.max_body_bytes;
+        let explained = match read_body(session, limit).await {
+            Ok(body) => {
+                let headers = &session.req_header().headers;
+                explain::explain(&self.state, path, headers, body).await
+            }
+            Err(e) => Err(e),
+        };
+        match explained {
+            Ok(value) => json_ok(&value),
+            Err(e) => {
+                let status = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+                text(status, "application/json", e.body().to_vec())
+            }
         }
     }
 
@@ -146,16 +173,34 @@ impl ServeHttp for Admin {
         let head = session.req_header();
         let (method, path) = (head.method.clone(), head.uri.path().to_string());
         let query = head.uri.query().map(str::to_string);
+        if endpoint(&method, &path) == Some(Endpoint::Route) {
+            return self.explain(session, query.as_deref()).await;
+        }
         self.route(&method, &path, query.as_deref()).await
     }
 }
 
-/// The `url` query parameter, percent-decoded.
-fn url_param(query: &str) -> Option<String> {
+/// Query parameter `name`, percent-decoded.
+fn param(query: &str, name: &str) -> Option<String> {
     query.split('&').find_map(|pair| {
         let (key, value) = pair.split_once('=')?;
-        (key == "url").then(|| percent_decode(value))
+        (key == name).then(|| percent_decode(value))
     })
+}
+
+/// The whole request body, refused past `limit` bytes.
+async fn read_body(session: &mut ServerSession, limit: usize) -> Result<Bytes, RouterError> {
+    let mut body = Vec::new();
+    loop {
+        match session.read_request_body().await {
+            Ok(Some(chunk)) if body.len() + chunk.len() > limit => {
+                return Err(RouterError::BodyTooLarge { limit });
+            }
+            Ok(Some(chunk)) => body.extend_from_slice(&chunk),
+            Ok(None) => return Ok(Bytes::from(body)),
+            Err(e) => return Err(RouterError::Malformed(e.to_string())),
+        }
+    }
 }
 
 fn percent_decode(text: &str) -> String {
@@ -217,11 +262,14 @@ mod tests {
     #[test]
     fn url_parameter_is_decoded() {
         assert_eq!(
-            url_param("x=1&url=http%3A%2F%2F10.0.0.1%3A8000").as_deref(),
+            param("x=1&url=http%3A%2F%2F10.0.0.1%3A8000", "url").as_deref(),
             Some("http://10.0.0.1:8000")
         );
-        assert_eq!(url_param("url=http://a:1").as_deref(), Some("http://a:1"));
-        assert_eq!(url_param("other=1"), None);
+        assert_eq!(
+            param("url=http://a:1", "url").as_deref(),
+            Some("http://a:1")
+        );
+        assert_eq!(param("other=1", "url"), None);
     }
 
     #[test]

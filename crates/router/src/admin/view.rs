@@ -30,6 +30,8 @@ pub fn refresh_gauges(state: &State) {
     (state.stats).set_state(&backends, &trees, &state.selector.tables());
     let budget = &state.budget;
     (state.stats).set_load(budget.held(), budget.waiting(), state.queue.len());
+    let (bytes, entries) = state.tokenizers.cache_size();
+    state.stats.set_token_cache(bytes, entries);
 }
 
 fn ratio(part: u64, whole: u64) -> Option<f64> {

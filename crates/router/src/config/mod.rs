@@ -18,6 +18,7 @@ pub use settings::Settings;
 use crate::fleet::{HealthSettings, ReaderSettings, Worker};
 use crate::limits::{ExchangeTimeouts, Limits, Live};
 use crate::replication::SharedTable;
+use crate::tokens::TokenSettings;
 
 /// A configuration that cannot be used, naming the option at fault.
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +87,8 @@ pub struct Config {
     pub grace_period: Duration,
     /// Time runtimes get to stop after the drain. Default 5 s.
     pub shutdown_timeout: Duration,
+    /// Token mode: which models' prompts are tokenized. Default none (text mode).
+    pub tokens: TokenSettings,
 }
 
 impl Default for Config {
@@ -107,6 +110,7 @@ impl Default for Config {
             threads: cpus(),
             grace_period: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(5),
+            tokens: TokenSettings::default(),
         }
     }
 }
@@ -133,6 +137,7 @@ impl Config {
             ("metrics_interval", self.metrics != old.metrics),
             ("shared_table*", self.shared_table != old.shared_table),
             ("threads", self.threads != old.threads),
+            ("tokenizer*", self.tokens != old.tokens),
             ("grace_period", self.grace_period != old.grace_period),
             (
                 "shutdown_timeout",
@@ -191,6 +196,11 @@ impl Config {
                 .unwrap_or(d.grace_period),
             shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout)?
                 .unwrap_or(d.shutdown_timeout),
+            tokens: TokenSettings {
+                default: s.tokenizer.clone(),
+                models: s.tokenizers.clone().unwrap_or_default(),
+                cache_bytes: s.token_cache_bytes.unwrap_or(d.tokens.cache_bytes),
+            },
         })
     }
 }

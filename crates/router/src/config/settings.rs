@@ -133,6 +133,15 @@ pub struct Settings {
     /// Seconds runtimes get to stop after the drain [default: 5]
     #[arg(long)]
     pub shutdown_timeout: Option<f64>,
+    /// Tokenizer directory (tokenizer.json, tokenizer_config.json) of every model without one in `[tokenizers]`: the router renders and tokenizes prompts as the engine does [default: none, text mode]
+    #[arg(long)]
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// Tokenizer directories by served model name (config file only: a `[tokenizers]` table)
+    #[arg(skip)]
+    pub tokenizers: Option<std::collections::BTreeMap<String, std::path::PathBuf>>,
+    /// Bytes the conversations' token cache may hold [default: 268435456]
+    #[arg(long)]
+    pub token_cache_bytes: Option<usize>,
 }
 
 /// Lists each field once: `overlay` takes the value from `over` where it is set.
@@ -189,4 +198,7 @@ overlay_fields!(
     threads,
     grace_period,
     shutdown_timeout,
+    tokenizer,
+    tokenizers,
+    token_cache_bytes,
 );

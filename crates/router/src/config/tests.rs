@@ -177,3 +177,25 @@ fn help_names_every_policy_and_the_default_the_config_uses() {
         .name;
     assert!(help.contains(&format!("[default: {default}]")), "{help}");
 }
+
+#[test]
+fn tokenizers_come_by_model_from_the_file_and_for_every_model_from_the_flag() {
+    let dir = std::env::temp_dir().join(format!("prefix-router-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("router.toml");
+    let file = "token_cache_bytes = 1024\n[tokenizers]\n\"Qwen/Qwen3-8B\" = \"/models/qwen3\"\n";
+    std::fs::write(&path, file).unwrap();
+    let flags = Settings {
+        tokenizer: Some("/models/any".into()),
+        ..Settings::default()
+    };
+    let config = Config::load(Some(&path), flags).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let tokens = &config.tokens;
+    assert_eq!(tokens.default.as_deref(), Some(Path::new("/models/any")));
+    assert_eq!(tokens.models["Qwen/Qwen3-8B"], Path::new("/models/qwen3"));
+    assert_eq!(tokens.cache_bytes, 1024);
+    let defaults = Config::from_settings(Settings::default()).unwrap();
+    assert_eq!(defaults.tokens, crate::tokens::TokenSettings::default());
+    assert_eq!(config.restart_only_changes(&defaults), vec!["tokenizer*"]);
+}

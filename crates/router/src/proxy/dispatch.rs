@@ -34,7 +34,7 @@ pub enum Route<'r, 'a> {
 impl Route<'_, '_> {
     fn text(&self) -> TextBytes {
         match self {
-            Route::Policy(request) => request.text.size(),
+            Route::Policy(request) => request.size(),
             Route::AnyBackend => TextBytes(0),
         }
     }

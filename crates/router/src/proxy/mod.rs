@@ -24,14 +24,16 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use prefix_router_core::ledger::Seat;
 use prefix_router_core::policy::Request;
 use prefix_router_core::request::{self, Endpoint, SessionKey};
-use prefix_router_core::units::Tokens;
+use prefix_router_core::units::{TextBytes, Tokens};
 
 use crate::admin;
 use crate::error::RouterError;
 use crate::fleet::Backend;
 use crate::limits::Limits;
 use crate::state::{Active, State};
+use crate::tokens::Tokenizing;
 use dispatch::{Answered, Placed, Route};
+use prefix_router_tokens::Tokenized;
 use relay::{Answering, Reply, Trace, Upstream};
 
 /// The proxy service.
@@ -52,7 +54,8 @@ pub struct Ctx {
     request_id: String,
     started: Instant,
     route: &'static str,
-    text_len: usize,
+    /// The prompt's size, and whether it is in tokens (token mode) or text bytes.
+    prompt: (TextBytes, bool),
     placed: Option<Placed>,
     failure: Option<RouterError>,
 }
@@ -67,7 +70,7 @@ impl ProxyHttp for Router {
             request_id: String::new(),
             started: Instant::now(),
             route: "other",
-            text_len: 0,
+            prompt: (TextBytes(0), false),
             placed: None,
             failure: None,
         }
@@ -145,12 +148,20 @@ impl Router {
         let bytes = body.bytes.clone();
         let parsed = endpoint.map(|e| request::parse(e, &bytes)).transpose()?;
         let headers = &session.req_header().headers;
-        let request = parsed.as_ref().map(|p| Request {
-            model: p.model,
-            text: &p.text,
-            session: SessionKey::find(headers, &limits.session_headers, p.session),
+        let mut request = parsed.as_ref().map(|p| {
+            let session = SessionKey::find(headers, &limits.session_headers, p.session);
+            Request::new(p.model, &p.text, session)
         });
-        ctx.text_len = request.as_ref().map_or(0, |r| r.text.len());
+        let tokens = match (&request, endpoint) {
+            (Some(r), Some(e)) => tokenize(state, e, &bytes, r).await,
+            _ => None,
+        };
+        if let (Some(request), Some(t)) = (&mut request, &tokens) {
+            request.tokens = Some(t.blocks());
+        }
+        if let Some(r) = &request {
+            ctx.prompt = (r.size(), r.tokens.is_some());
+        }
         let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
         let mut upstream = Upstream {
             head: headers::upstream_request(session.req_header()),
@@ -169,6 +180,32 @@ impl Router {
             closing: state.draining(),
         };
         relay(state, limits, session, answered, reply).await
+    }
+}
+
+/// The prompt's own tokens, when its model has a tokenizer and the body renders; counted
+/// either way.
+async fn tokenize(
+    state: &State,
+    endpoint: Endpoint,
+    body: &Bytes,
+    request: &Request<'_, '_>,
+) -> Option<Tokenized> {
+    let tokens = (state.tokenizers)
+        .tokenize(endpoint, body, request.model, request.conversation())
+        .await;
+    match tokens {
+        Tokenizing::Untokenized => None,
+        Tokenizing::Tokenized(t) => {
+            state.stats.prompt("tokens", "rendered");
+            state.stats.tokenized(t.tokens, t.reused);
+            Some(t)
+        }
+        Tokenizing::Unrendered(why) => {
+            debug!("routed on its text: {why}");
+            state.stats.prompt("text", why.label());
+            None
+        }
     }
 }
 
@@ -245,16 +282,20 @@ fn log_request(session: &Session, ctx: &Ctx, status: u16) {
         Some(p) => (
             p.backend.worker.url.as_str(),
             p.decision.outcome.label(),
-            p.decision.matched.0,
+            p.decision.matched,
         ),
-        None => ("-", "-", 0),
+        None => ("-", "-", TextBytes(0)),
+    };
+    let (size, tokens) = ctx.prompt;
+    let (matched, size, unit) = match tokens {
+        true => (matched.tokens().0, size.tokens().0, "tokens"),
+        false => (matched.0, size.0, "bytes"),
     };
     let line = format_args!(
-        "[{}] {} {} -> {backend} {outcome} matched {matched}/{} bytes, status {status}, {:.1} ms",
+        "[{}] {} {} -> {backend} {outcome} matched {matched}/{size} {unit}, status {status}, {:.1} ms",
         ctx.request_id,
         head.method,
         head.uri.path(),
-        ctx.text_len,
         ms(elapsed)
     );
     match &ctx.failure {

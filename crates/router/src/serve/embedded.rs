@@ -12,6 +12,7 @@ use super::lifecycle::{Drained, watch_phases};
 use super::{Handles, build};
 use crate::config::Config;
 use crate::config::Source;
+use prefix_router_tokens::ModelError;
 
 /// A router running in this process.
 pub struct Embedded {
@@ -39,13 +40,13 @@ impl ShutdownSignalWatch for StopSignal {
 
 impl Embedded {
     /// Starts the router for `config` (listening on `config.listen`) on a thread of its own.
-    pub fn start(config: &Config) -> Embedded {
+    pub fn start(config: &Config) -> Result<Embedded, ModelError> {
         Embedded::start_from(config, Source::default())
     }
 
     /// Like [`Embedded::start`], for a `config` read from `source` (so that it can reload).
-    pub fn start_from(config: &Config, source: Source) -> Embedded {
-        let (server, handles) = build(config, source, None);
+    pub fn start_from(config: &Config, source: Source) -> Result<Embedded, ModelError> {
+        let (server, handles) = build(config, source, None)?;
         watch_phases(&server, handles.state.clone(), Drained::Wait);
         let (stop, stopped) = oneshot::channel();
         let signal = Box::new(StopSignal(parking_lot::Mutex::new(Some(stopped))));
@@ -54,12 +55,12 @@ impl Embedded {
                 shutdown_signal: signal,
             })
         });
-        Embedded {
+        Ok(Embedded {
             url: format!("http://{}", config.listen),
             handles,
             stop: Some(stop),
             thread: Some(thread),
-        }
+        })
     }
 
     /// Waits (up to `timeout`) until the listener accepts and `backends` passed their first

@@ -28,7 +28,9 @@ use crate::proxy::Router;
 use crate::replication::Replication;
 use crate::state::{Parts, State};
 use crate::stats::Stats;
+use crate::tokens::Tokenizers;
 use notify::Readiness;
+use prefix_router_tokens::ModelError;
 use upkeep::Upkeep;
 
 /// The running parts, for callers that need to look inside (tests, admin).
@@ -40,8 +42,13 @@ pub struct Handles {
 }
 
 /// Builds the server for `config` read from `source`; `opt` carries Pingora's own flags
-/// (upgrade).
-pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Handles) {
+/// (upgrade). Fails only on a tokenizer directory that cannot be loaded.
+pub fn build(
+    config: &Config,
+    source: Source,
+    opt: Option<Opt>,
+) -> Result<(Server, Handles), ModelError> {
+    let tokenizers = Tokenizers::load(&config.tokens)?;
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
     server.bootstrap();
     let fleet = Arc::new(Fleet::new());
@@ -57,6 +64,7 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
         ledger: Ledger::new(config.eviction_interval),
         live,
         stats: Arc::new(Stats::new()),
+        tokenizers,
     }));
     let mut proxy =
         pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
@@ -97,7 +105,7 @@ pub fn build(config: &Config, source: Source, opt: Option<Opt>) -> (Server, Hand
     server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
     let listeners = vec![config.listen.clone(), config.admin_listen.clone()];
     server.add_service(background_service("notify", Readiness { listeners }));
-    (server, Handles { state, control })
+    Ok((server, Handles { state, control }))
 }
 
 fn server_conf(config: &Config) -> ServerConf {

@@ -50,6 +50,10 @@ pub struct Stats {
     queued: IntGauge,
     queue_wait: Histogram,
     shed: IntCounterVec,
+    prompts: IntCounterVec,
+    router_tokens: IntCounterVec,
+    token_cache_bytes: IntGauge,
+    token_cache_entries: IntGauge,
 }
 
 /// What `/stats` shows of one backend.
@@ -198,6 +202,26 @@ impl Stats {
                 "Requests refused with 503 overloaded, by reason",
                 &["reason"],
             ),
+            prompts: counter_vec(
+                "prompts_total",
+                "Routed prompts of models with a tokenizer, by index mode (tokens, or text \
+                 when the body was not rendered) and reason",
+                &["mode", "reason"],
+            ),
+            router_tokens: counter_vec(
+                "prompt_tokens_total",
+                "Tokens of the prompts the router tokenized, by whether they were reused from \
+                 the conversation's previous turn or tokenized now",
+                &["source"],
+            ),
+            token_cache_bytes: gauge(
+                "token_cache_bytes",
+                "Bytes the conversations' token cache holds",
+            ),
+            token_cache_entries: gauge(
+                "token_cache_entries",
+                "Conversations the token cache holds",
+            ),
         };
         stats.register_all();
         stats.generation.set(1);
@@ -211,7 +235,7 @@ impl Stats {
         stats
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 26] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 30] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
@@ -239,6 +263,10 @@ impl Stats {
             Box::new(self.queued.clone()),
             Box::new(self.queue_wait.clone()),
             Box::new(self.shed.clone()),
+            Box::new(self.prompts.clone()),
+            Box::new(self.router_tokens.clone()),
+            Box::new(self.token_cache_bytes.clone()),
+            Box::new(self.token_cache_entries.clone()),
         ]
     }
 
@@ -308,6 +336,30 @@ impl Stats {
                 .with_label_values(&[backend])
                 .inc_by(usage.cached);
         }
+    }
+
+    /// A prompt of a model with a tokenizer was routed in `mode` (`tokens` or `text`) for
+    /// `reason` (`rendered`, or why it was not).
+    pub fn prompt(&self, mode: &str, reason: &str) {
+        self.prompts.with_label_values(&[mode, reason]).inc();
+    }
+
+    /// The router tokenized a prompt of `tokens` tokens, `reused` of them from the
+    /// conversation's previous turn.
+    pub fn tokenized(&self, tokens: usize, reused: usize) {
+        let fresh = tokens.saturating_sub(reused) as u64;
+        self.router_tokens
+            .with_label_values(&["reused"])
+            .inc_by(reused as u64);
+        self.router_tokens
+            .with_label_values(&["tokenized"])
+            .inc_by(fresh);
+    }
+
+    /// Sets the token cache's gauges.
+    pub fn set_token_cache(&self, bytes: usize, entries: usize) {
+        self.token_cache_bytes.set(bytes as i64);
+        self.token_cache_entries.set(entries as i64);
     }
 
     /// A request left the router's queue after waiting `waited`.

@@ -102,6 +102,7 @@ fn state(n: u16, checked: bool) -> State {
         ledger: Ledger::new(Duration::from_secs(60)),
         live,
         stats: Arc::new(Stats::new()),
+        tokenizers: crate::tokens::Tokenizers::none(),
     })
 }
 

@@ -1,0 +1,91 @@
+//! `POST /route`: what the router would do with a request, without sending it or
+//! remembering it. The body is the request's body as a client would send it to
+//! `?path=` (default `/v1/chat/completions`), with its headers (`x-session-id`, ...); the
+//! answer names the backend the policy would choose, why, the index mode (`tokens` or
+//! `text`), and per ready backend the prefix it is believed to hold and its load.
+//! Sizes are in tokens: exact in token mode, text bytes / 4 in text mode (`estimated`).
+
+use bytes::Bytes;
+use http::HeaderMap;
+use prefix_router_core::ledger::Account;
+use prefix_router_core::policy::{Candidate, Request};
+use prefix_router_core::request::{self, Endpoint, SessionKey};
+use prefix_router_core::units::TextBytes;
+use serde_json::{Value, json};
+
+use crate::error::RouterError;
+use crate::state::State;
+use crate::tokens::Tokenizing;
+
+/// Explains the routing of `body` sent to `path` with `headers`.
+pub async fn explain(
+    state: &State,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Value, RouterError> {
+    let endpoint = Endpoint::from_path(path)
+        .ok_or_else(|| RouterError::Malformed(format!("`{path}` is not a routed path")))?;
+    let parsed = request::parse(endpoint, &body)?;
+    let limits = &state.live().limits;
+    let session = SessionKey::find(headers, &limits.session_headers, parsed.session);
+    let mut request = Request::new(parsed.model, &parsed.text, session);
+    request.explain = true;
+    let conversation = request.conversation();
+    let tokenizing = (state.tokenizers)
+        .tokenize(endpoint, &body, parsed.model, conversation)
+        .await;
+    let (mode, unrendered) = match &tokenizing {
+        Tokenizing::Tokenized(t) => {
+            request.tokens = Some(t.blocks());
+            ("tokens", None)
+        }
+        Tokenizing::Unrendered(why) => ("text", Some(why.to_string())),
+        Tokenizing::Untokenized => ("text", None),
+    };
+    let ready = state.fleet.ready(&[]);
+    let accounts = ready.accounts();
+    let limit = limits.max_inflight_per_backend;
+    let is_open = |a: &Account| limit == 0 || a.load() < limit;
+    let open: Vec<usize> = (0..accounts.len())
+        .filter(|&i| is_open(accounts[i]))
+        .collect();
+    if open.is_empty() {
+        return Err(RouterError::NoBackend);
+    }
+    let candidates: Vec<Candidate> = open.iter().map(|&i| accounts[i].candidate()).collect();
+    let decision = state.selector.select(&request, &candidates);
+    let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
+    let size = request.size();
+    let matches =
+        (state.selector.index()).map(|index| index.matches(request.model, &request.chain(), size));
+    let backends: Vec<Value> = (accounts.iter().enumerate())
+        .map(|(i, a)| {
+            json!({
+                "url": url(i),
+                "matched_tokens": matches.as_ref().map(|m| tokens(m.matched(a.id))),
+                "load": a.load(),
+                "pending_tokens": tokens(a.pending()),
+                "capacity_tokens": a.capacity().map(|t| t.0),
+                "open": is_open(a),
+            })
+        })
+        .collect();
+    Ok(json!({
+        "backend": open.get(decision.index).and_then(|&i| url(i)),
+        "policy": state.policy_name,
+        "outcome": decision.outcome.label(),
+        "mode": mode,
+        "unrendered": unrendered,
+        "prompt_tokens": tokens(size),
+        "estimated": mode == "text",
+        "matched_tokens": tokens(decision.matched),
+        "session": session.is_some(),
+        "backends": backends,
+    }))
+}
+
+/// Tokens a size stands for (exact in token mode).
+fn tokens(size: TextBytes) -> usize {
+    size.tokens().0
+}
