@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use prefix_router::config::Settings;
 use prefix_router_core::request::Endpoint;
+use prefix_router_sim::SimConfig;
+use prefix_router_sim::hf::HfModel;
 use prefix_router_tokens::Model;
 use serde_json::{Value, json};
 
@@ -194,4 +196,41 @@ async fn explain_estimates_in_text_mode_and_refuses_bad_bodies_like_the_data_pla
         0,
         "nothing was sent"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_simulator_holds_the_tokens_the_router_predicted() {
+    let model = std::sync::Arc::new(HfModel::load(&qwen3()).unwrap());
+    let mut sims = Vec::new();
+    for i in 0..2 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let config = SimConfig {
+            tokenizer: Some(model.clone()),
+            time_scale: 1000.0,
+            name: format!("sim-{i}"),
+            ..SimConfig::default()
+        };
+        sims.push(prefix_router_sim::start(config, listener).await.unwrap());
+    }
+    let urls = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
+    let router_settings = Settings {
+        worker_urls: Some(urls),
+        tokenizer: Some(qwen3()),
+        ..settings(&[])
+    };
+    let router = TestRouter::start(router_settings, 2);
+    let (status, first) = post(&router.url, "/v1/chat/completions", &turn(1)).await;
+    assert_eq!(status, 200, "{first}");
+    let second = serde_json::to_vec(&turn(2)).unwrap();
+    let (_, why) = explain(&router, "/v1/chat/completions", &second).await;
+    assert_eq!(why["mode"], "tokens");
+    let (status, reply) = post(&router.url, "/v1/chat/completions", &turn(2)).await;
+    assert_eq!(status, 200, "{reply}");
+    let usage = &reply["usage"];
+    assert_eq!(usage["prompt_tokens"], why["prompt_tokens"], "{reply}");
+    assert_eq!(
+        usage["prompt_tokens_details"]["cached_tokens"],
+        why["matched_tokens"]
+    );
+    assert!(why["matched_tokens"].as_u64().unwrap() > 100);
 }

@@ -1,14 +1,19 @@
 """The router's tokens against Hugging Face's: generated chat requests, rendered and
 tokenized by `prefix-router tokenize` and by transformers' `apply_chat_template(...,
-tokenize=True)` on the same messages as vLLM hands them to the template.
+tokenize=True)` on the same messages as vLLM hands them to the template. The simulator
+(`prefix-router sim --tokenizer`, its own implementation) is checked the same way through
+its `/tokenize` endpoint.
 
 Usage: compare.py ROUTER_BINARY MODEL_DIR NAME [COUNT]
 """
 
 import json
 import random
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 
 from transformers import AutoTokenizer
 
@@ -112,16 +117,43 @@ def reference(tok, body):
     return list(ids)
 
 
-def main():
-    binary, model_dir, name = sys.argv[1:4]
-    count = int(sys.argv[4]) if len(sys.argv) > 4 else 300
-    rng = random.Random(f"{name}-{count}")
-    bodies = [request(rng) for _ in range(count)]
-    tok = AutoTokenizer.from_pretrained(model_dir)
+def router_answers(binary, model_dir, bodies):
     lines = "\n".join(json.dumps(b) for b in bodies) + "\n"
     run = subprocess.run([binary, "tokenize", "--tokenizer", model_dir], input=lines,
                          capture_output=True, text=True, check=True)
-    answers = [json.loads(l) for l in run.stdout.splitlines()]
+    return [json.loads(l) for l in run.stdout.splitlines()]
+
+
+def sim_answers(binary, model_dir, bodies):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sim = subprocess.Popen([binary, "sim", "--tokenizer", model_dir, "--base-port", str(port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.1)
+        answers = []
+        for body in bodies:
+            request = urllib.request.Request(url + "/tokenize", data=json.dumps(body).encode(),
+                                             headers={"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=60) as r:
+                    answers.append({"ids": json.load(r)["tokens"]})
+            except urllib.error.HTTPError as e:
+                answers.append({"error": e.read().decode()[:200], "reason": str(e.code)})
+        return answers
+    finally:
+        sim.terminate()
+        sim.wait(timeout=10)
+
+
+def compare(label, tok, bodies, answers):
     assert len(answers) == len(bodies), (len(answers), len(bodies))
     mismatches, errors, tokens = [], [], 0
     for i, (body, answer) in enumerate(zip(bodies, answers)):
@@ -129,7 +161,7 @@ def main():
             want = reference(tok, body)
         except Exception as e:  # the template refused it: the router must refuse too
             if "error" not in answer:
-                mismatches.append((i, f"transformers refused ({e}), the router rendered it"))
+                mismatches.append((i, f"transformers refused ({e}), {label} rendered it"))
             continue
         if "error" in answer:
             errors.append((i, answer["reason"], answer["error"][:200]))
@@ -139,16 +171,27 @@ def main():
         if got != want:
             at = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
             mismatches.append((i, f"first difference at token {at} of {len(want)}: "
-                                  f"router {tok.decode(got[max(0, at - 3):at + 5])!r} "
+                                  f"{label} {tok.decode(got[max(0, at - 3):at + 5])!r} "
                                   f"vs transformers {tok.decode(want[max(0, at - 3):at + 5])!r}"))
-    print(f"{name}: {len(bodies)} requests, {tokens} tokens: "
+    print(f"{label}: {len(bodies)} requests, {tokens} tokens: "
           f"{len(bodies) - len(mismatches) - len(errors)} identical, "
           f"{len(mismatches)} different, {len(errors)} not rendered")
     for m in mismatches[:10]:
         print("  different:", m)
     for e in errors[:10]:
         print("  not rendered:", e)
-    sys.exit(1 if mismatches or errors else 0)
+    return not mismatches and not errors
+
+
+def main():
+    binary, model_dir, name = sys.argv[1:4]
+    count = int(sys.argv[4]) if len(sys.argv) > 4 else 300
+    rng = random.Random(f"{name}-{count}")
+    bodies = [request(rng) for _ in range(count)]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    router = compare(f"{name} router", tok, bodies, router_answers(binary, model_dir, bodies))
+    sim = compare(f"{name} simulator", tok, bodies, sim_answers(binary, model_dir, bodies))
+    sys.exit(0 if router and sim else 1)
 
 
 if __name__ == "__main__":

@@ -89,10 +89,7 @@ impl Prepared {
 
 fn shape(plan: &Plan, turn: &Turn, sim: &SimConfig, model: &str, stream: bool) -> Shape {
     let body = plan.request_body(turn, model, stream);
-    let Ok(value) = serde_json::from_slice(&body) else {
-        return Shape::Refused(400);
-    };
-    match prefix_router_sim::prepare(sim, Endpoint::Chat, &value, 0) {
+    match prefix_router_sim::prepare(sim, Endpoint::Chat, &body, 0) {
         Ok((request, _)) => Shape::Accepted {
             hashes: request.hashes.into(),
             prompt_tokens: request.prompt_tokens,

@@ -105,17 +105,19 @@ impl Tokenizers {
     }
 
     /// Renders and tokenizes `body` of `endpoint` for `model`, reusing what the cache holds
-    /// of `conversation`'s previous turn.
+    /// of the previous turn of the conversation `conversation` names (asked only when the
+    /// model has a tokenizer: text mode pays nothing here).
     pub async fn tokenize(
         &self,
         endpoint: Endpoint,
         body: &Bytes,
         model: &[u8],
-        conversation: u128,
+        conversation: impl FnOnce() -> u128,
     ) -> Tokenizing {
         let Some(model) = self.model(model) else {
             return Tokenizing::Untokenized;
         };
+        let conversation = conversation();
         let result = if body.len() <= INLINE_BYTES {
             encode(model, endpoint, body, conversation, &self.cache)
         } else {

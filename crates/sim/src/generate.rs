@@ -76,7 +76,7 @@ impl Job {
 pub async fn generate(
     shared: &Arc<Shared>,
     endpoint: Endpoint,
-    body: Value,
+    body: Bytes,
 ) -> Result<Response<Body>, ApiError> {
     let config = &shared.config;
     let number = shared.next_number.fetch_add(1, Relaxed);
@@ -109,21 +109,36 @@ pub async fn generate(
 }
 
 /// What the engine gets for a generation request body of `endpoint`: the prompt rendered
-/// with the instance's template, counted in tokens and hashed into blocks, as request `id`;
-/// and whether the client asked for a stream. The lab feeds its engines through this too.
+/// with the instance's template (the model's own with `--tokenizer`), counted in tokens
+/// and hashed into blocks, as request `id`; and whether the client asked for a stream.
+/// The lab feeds its engines through this too.
 pub fn prepare(
     config: &SimConfig,
     endpoint: Endpoint,
-    body: &Value,
+    raw: &[u8],
     id: u64,
 ) -> Result<(EngineRequest, bool), ApiError> {
-    let parsed = template::parse(endpoint, body, config.bytes_per_token)?;
-    let prompt_tokens = template::token_count(&parsed.prompt, config.bytes_per_token);
+    let body: Value = serde_json::from_slice(raw)?;
+    let parsed = template::parse(endpoint, &body, config.bytes_per_token)?;
+    let (prompt_tokens, hashes) = match &config.tokenizer {
+        Some(model) => {
+            let ids = model.ids(endpoint, raw)?;
+            let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
+            (
+                ids.len(),
+                block_hashes(&bytes, config.block_tokens.saturating_mul(4)),
+            )
+        }
+        None => {
+            let block_bytes = config.block_tokens.saturating_mul(config.bytes_per_token);
+            let tokens = template::token_count(&parsed.prompt, config.bytes_per_token);
+            (tokens, block_hashes(&parsed.prompt, block_bytes))
+        }
+    };
     check_length(config, prompt_tokens, parsed.output_tokens)?;
-    let block_bytes = config.block_tokens.saturating_mul(config.bytes_per_token);
     let request = EngineRequest {
         id,
-        hashes: block_hashes(&parsed.prompt, block_bytes),
+        hashes,
         prompt_tokens,
         output_tokens: parsed.output_tokens,
     };

@@ -113,15 +113,15 @@ async fn dispatch(
         Route::Health => Ok(full(StatusCode::OK, None, Bytes::new())),
         Route::Models => Ok(json_response(StatusCode::OK, &models(&shared.config))),
         Route::Metrics => Ok(metrics(shared)),
-        Route::Tokenize => tokenize(shared, read_json(request).await?),
+        Route::Tokenize => tokenize(shared, &read_body(request).await?),
         Route::Generate(endpoint) => {
-            generate::generate(shared, endpoint, read_json(request).await?).await
+            generate::generate(shared, endpoint, read_body(request).await?).await
         }
     }
 }
 
-/// Reads the whole body (at most [`MAX_BODY_BYTES`]) and parses it as JSON.
-async fn read_json(request: Request<Incoming>) -> Result<Value, ApiError> {
+/// Reads the whole body (at most [`MAX_BODY_BYTES`]).
+async fn read_body(request: Request<Incoming>) -> Result<Bytes, ApiError> {
     let collected = Limited::new(request.into_body(), MAX_BODY_BYTES)
         .collect()
         .await;
@@ -134,7 +134,7 @@ async fn read_json(request: Request<Incoming>) -> Result<Value, ApiError> {
         }
         Err(err) => return Err(ApiError::BodyRead(err.to_string())),
     };
-    Ok(serde_json::from_slice(&bytes)?)
+    Ok(bytes)
 }
 
 fn models(config: &SimConfig) -> Value {
@@ -163,7 +163,8 @@ fn metrics(shared: &Shared) -> Response<Body> {
 }
 
 /// vLLM's `/tokenize`: `{"count", "max_model_len", "tokens", "token_strs": null}`.
-fn tokenize(shared: &Shared, body: Value) -> Result<Response<Body>, ApiError> {
+fn tokenize(shared: &Shared, raw: &[u8]) -> Result<Response<Body>, ApiError> {
+    let body: Value = serde_json::from_slice(raw)?;
     if !body.is_object() {
         return Err(ApiError::invalid(
             "body",
@@ -171,8 +172,10 @@ fn tokenize(shared: &Shared, body: Value) -> Result<Response<Body>, ApiError> {
         ));
     }
     let bpt = shared.config.bytes_per_token;
-    let prompt = template::render_tokenize(&body, bpt)?;
-    let tokens = template::token_ids(&prompt, bpt);
+    let tokens = match &shared.config.tokenizer {
+        Some(model) => model.tokenize(raw)?,
+        None => template::token_ids(&template::render_tokenize(&body, bpt)?, bpt),
+    };
     let answer = json!({
         "count": tokens.len(),
         "max_model_len": shared.config.max_model_len,

@@ -31,6 +31,7 @@ mod driver;
 pub mod engine;
 pub mod error;
 mod generate;
+pub mod hf;
 mod http;
 mod instance;
 pub mod metrics;
@@ -78,6 +79,9 @@ pub struct SimConfig {
     pub max_model_len: usize,
     /// Instance name: `system_fingerprint` and the `x-sim-instance` header (default "sim").
     pub name: String,
+    /// A real model's chat template and tokenizer (`--tokenizer DIR`); default none: the
+    /// built-in template at `bytes_per_token` bytes a token.
+    pub tokenizer: Option<std::sync::Arc<hf::HfModel>>,
 }
 
 impl Default for SimConfig {
@@ -94,6 +98,7 @@ impl Default for SimConfig {
             time_scale: 1.0,
             max_model_len: 131_072,
             name: "sim".to_owned(),
+            tokenizer: None,
         }
     }
 }
@@ -251,6 +256,11 @@ pub struct SimArgs {
     /// Name prefix: instance names are `{name}-{port}`.
     #[arg(long, default_value = "sim")]
     pub name: String,
+    /// A model's tokenizer directory (tokenizer.json, tokenizer_config.json): prompts are
+    /// rendered with its chat template and counted with its tokenizer, as vLLM does
+    /// [default: the built-in template, --bytes-per-token bytes a token]
+    #[arg(long)]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl SimArgs {
@@ -268,6 +278,7 @@ impl SimArgs {
             time_scale: self.time_scale,
             max_model_len: self.max_model_len,
             name: format!("{}-{port}", self.name),
+            tokenizer: None,
         }
     }
 }
@@ -279,6 +290,10 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         ..args.config(0)
     }
     .validate()?;
+    let tokenizer = (args.tokenizer.as_deref())
+        .map(hf::HfModel::load)
+        .transpose()?
+        .map(std::sync::Arc::new);
     let mut handles = Vec::with_capacity(usize::from(args.count));
     for i in 0..args.count {
         let port = match args.base_port {
@@ -291,7 +306,11 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("binding {}:{port}", args.host))?;
         let bound = listener.local_addr()?;
-        let handle = start(args.config(bound.port()), listener).await?;
+        let config = SimConfig {
+            tokenizer: tokenizer.clone(),
+            ..args.config(bound.port())
+        };
+        let handle = start(config, listener).await?;
         log::info!("sim instance {} listening on http://{bound}", handle.name());
         handles.push(handle);
     }

@@ -33,7 +33,7 @@ pub async fn explain(
     request.explain = true;
     let conversation = request.conversation();
     let tokenizing = (state.tokenizers)
-        .tokenize(endpoint, &body, parsed.model, conversation)
+        .tokenize(endpoint, &body, parsed.model, || conversation)
         .await;
     let (mode, unrendered) = match &tokenizing {
         Tokenizing::Tokenized(t) => {
