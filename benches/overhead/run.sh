@@ -11,7 +11,10 @@
 # figures as ratios to nginx's and to the pass-through's.
 #
 # Usage: benches/overhead/run.sh   (or: make overhead)
-# Env: DURATION (seconds per run, default 15), ROUNDS (default 1), THREADS (data plane
+# Env: DURATION (seconds per run, default 15), ROUNDS (default 1), BASELINE (another
+# prefix-router binary, run as forwarder `before` with the same flags, to compare two
+# builds side by side), TOKENIZER (a tokenizer directory: the router also runs in token
+# mode, as forwarder `tokens`), THREADS (data plane
 # threads of the router and the pass-through, default: the number of CPUs, their default),
 # PROFILE (a directory: record each router run with `perf record -g` into
 # PROFILE/router-<KB>.data).
@@ -89,6 +92,19 @@ wait_port "$router"; wait_port "$pass"; sleep 1
 declare -A idle=([nginx]=$(rss_kb "$nginx_pid") [pingora]=$(rss_kb "$pass_pid") [router]=$(rss_kb "$router_pid"))
 declare -A pid=([nginx]=$nginx_pid [pingora]=$pass_pid [router]=$router_pid)
 declare -A port=([nginx]=$proxy [pingora]=$pass [router]=$router)
+forwarders="nginx pingora router"
+
+extra_router() { # name, binary, extra flags...
+  local name=$1 binary=$2; shift 2
+  local p a; p=$(free_port); a=$(free_port)
+  RUST_LOG=warn "$binary" serve --host 127.0.0.1 --port "$p" --admin-port "$a" \
+    --threads "$threads" --policy cache_aware --upgrade-socket "$work/$name.sock" \
+    --worker-urls "http://127.0.0.1:$up1,http://127.0.0.1:$up2" "$@" &
+  pid[$name]=$!; port[$name]=$p; wait_port "$p"; sleep 1
+  idle[$name]=$(rss_kb "${pid[$name]}"); forwarders="$forwarders $name"
+}
+[ -z "${BASELINE:-}" ] || extra_router before "$BASELINE"
+[ -z "${TOKENIZER:-}" ] || extra_router tokens "$root/target/release/prefix-router" --tokenizer "$TOKENIZER"
 
 run() { # forwarder, body KB, connections -> one result line
   local name=$1 kb=$2 conns=$3 url="http://127.0.0.1:${port[$1]}"
@@ -108,7 +124,7 @@ run() { # forwarder, body KB, connections -> one result line
 results=$work/results
 for _ in $(seq "$rounds"); do
   for load in "1 32" "400 8"; do
-    for name in nginx pingora router; do run "$name" $load | tee -a "$results" >&2; done
+    for name in $forwarders; do run "$name" $load | tee -a "$results" >&2; done
   done
 done
 curl -s "http://127.0.0.1:$admin/metrics" | grep -E '^prefix_router_(tree_bytes|requests_total)' >&2 || true

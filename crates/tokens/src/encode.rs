@@ -151,13 +151,17 @@ impl TokenCache {
 impl Model {
     /// `prompt`'s token ids, tokenized whole (what the engine prefills).
     pub fn ids(&self, prompt: &Prompt) -> Result<Vec<u32>, Unrendered> {
-        let (text, special) = match prompt {
-            Prompt::Ids(ids) => return Ok(ids.clone()),
-            Prompt::Text { text, special } => (text.as_str(), *special),
-        };
-        let encoding = (self.tokenizer_for(text).encode_fast(text, special))
-            .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
+        match prompt {
+            Prompt::Ids(ids) => Ok(ids.clone()),
+            Prompt::Text {
+                text,
+                special: false,
+            } => Ok(self.pieces(text)?.ids),
+            Prompt::Text {
+                text,
+                special: true,
+            } => self.with_special_tokens(text),
+        }
     }
 
     /// `prompt`'s tokens as chained block hashes; a rendered chat reuses what `cache`
@@ -173,11 +177,7 @@ impl Model {
             Prompt::Text {
                 text,
                 special: true,
-            } => {
-                let encoding = (self.tokenizer_for(text).encode_fast(text.as_str(), true))
-                    .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
-                Ok(chain_of_ids(encoding.get_ids()))
-            }
+            } => Ok(chain_of_ids(&self.with_special_tokens(text)?)),
             Prompt::Text {
                 text,
                 special: false,
@@ -208,17 +208,17 @@ impl Model {
             Some(entry) => entry.boundaries[..kept].to_vec(),
             None => Vec::new(),
         };
-        let suffix = &text[offset..];
-        let encoding = (self.tokenizer_for(suffix).encode(suffix, false))
-            .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
+        let pieces = self.pieces(&text[offset..])?;
         let mut hasher = Xxh3::new();
         hasher.update(&text.as_bytes()[..offset]);
         let mut hashed = offset;
-        for (i, (&id, &(from, _))) in (encoding.get_ids().iter())
-            .zip(encoding.get_offsets())
-            .enumerate()
-        {
-            if self.added.contains(&id) && !(i == 0 && start.is_some()) {
+        let mut added = pieces.added.iter().peekable();
+        for (i, &id) in pieces.ids.iter().enumerate() {
+            let Some(&(from, _)) = added.next_if(|(_, at)| *at == i) else {
+                chainer.push(&id.to_le_bytes(), &mut chain);
+                continue;
+            };
+            if !(i == 0 && start.is_some()) {
                 let at = offset + from;
                 hasher.update(&text.as_bytes()[hashed..at]);
                 hashed = at;
@@ -232,7 +232,7 @@ impl Model {
             }
             chainer.push(&id.to_le_bytes(), &mut chain);
         }
-        let total = tokens + encoding.get_ids().len();
+        let total = tokens + pieces.ids.len();
         let tokenized = Tokenized {
             chain: chain.clone(),
             tokens: total,
@@ -244,6 +244,22 @@ impl Model {
 }
 
 impl Model {
+    /// `text`'s ids as the `tokenizers` crate's own pipeline gives them (no special tokens
+    /// added): the reference the shortcut is tested against.
+    #[doc(hidden)]
+    pub fn reference_ids(&self, text: &str) -> Result<Vec<u32>, Unrendered> {
+        let encoding = (self.tokenizer.encode_fast(text, false))
+            .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// `text`'s ids with the tokenizer's special tokens added (a completion's BOS).
+    fn with_special_tokens(&self, text: &str) -> Result<Vec<u32>, Unrendered> {
+        let encoding = (self.tokenizer.encode_fast(text, true))
+            .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// Whether `text` has the added token of `boundary` at its offset: only then are the
     /// tokens before it those of the earlier render.
     fn starts_with(&self, text: &str, boundary: &Boundary) -> bool {

@@ -8,6 +8,7 @@
 #![deny(unsafe_code)]
 
 pub mod encode;
+mod fast;
 pub mod model;
 pub mod render;
 mod template;

@@ -9,7 +9,8 @@ use minijinja::Value;
 use serde_json::Value as Json;
 use tokenizers::Tokenizer;
 
-use crate::render::Renderer;
+use crate::fast::{Fast, Pieces};
+use crate::render::{Renderer, Unrendered};
 use crate::template::Template;
 
 /// Why a model directory cannot be used.
@@ -26,9 +27,11 @@ pub enum ModelError {
 /// A loaded model: its tokenizer and how its chats are rendered.
 pub struct Model {
     pub(crate) tokenizer: Tokenizer,
-    /// The same tokenizer without its normalizer, when that is a Unicode normal form
-    /// (NFC, NFKC, ...): those leave ASCII text as it is, so ASCII text skips them.
-    plain: Option<Tokenizer>,
+    /// The shortcut to the same ids, for a byte-level BPE tokenizer.
+    fast: Option<Fast>,
+    /// Whether its normalizer is none or a Unicode normal form (NFC, NFKC, ...), which
+    /// leaves ASCII text as it is.
+    ascii_unchanged: bool,
     pub(crate) renderer: Renderer,
     /// The ids of its added tokens (special or not): the tokenizer splits the text on
     /// these first, so tokenizing stops and restarts at each of them.
@@ -61,7 +64,8 @@ impl Model {
             })?;
         let added = tokenizer.get_added_tokens_decoder().into_keys().collect();
         Ok(Model {
-            plain: without_normal_form(&tokenizer),
+            fast: Fast::new(&tokenizer),
+            ascii_unchanged: leaves_ascii(&tokenizer),
             renderer: Renderer {
                 lists_content: source.as_deref().is_some_and(Template::lists_content),
                 template,
@@ -72,12 +76,26 @@ impl Model {
         })
     }
 
-    /// The tokenizer for `text`: the one without a normalizer when that changes nothing.
-    pub(crate) fn tokenizer_for(&self, text: &str) -> &Tokenizer {
-        match &self.plain {
-            Some(plain) if text.is_ascii() => plain,
-            _ => &self.tokenizer,
+    /// The ids of `text` (no special tokens added) and where its added tokens are: by the
+    /// shortcut when the normalizer leaves `text` as it is, else by the tokenizer itself.
+    pub(crate) fn pieces(&self, text: &str) -> Result<Pieces, Unrendered> {
+        let unnormalized = self.tokenizer.get_normalizer().is_none();
+        if let Some(fast) = self
+            .fast
+            .as_ref()
+            .filter(|_| unnormalized || (self.ascii_unchanged && text.is_ascii()))
+        {
+            let model = self.tokenizer.get_model();
+            return fast.encode(model, text).map_err(Unrendered::Tokenizer);
         }
+        let encoding = (self.tokenizer.encode(text, false))
+            .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
+        let ids = encoding.get_ids().to_vec();
+        let added = (ids.iter().zip(encoding.get_offsets()).enumerate())
+            .filter(|(_, (id, _))| self.added.contains(id))
+            .map(|(i, (_, &(from, _)))| (from, i))
+            .collect();
+        Ok(Pieces { ids, added })
     }
 
     /// The renderer of its requests.
@@ -86,15 +104,16 @@ impl Model {
     }
 }
 
-/// `tokenizer` without its normalizer, if that is only a Unicode normal form.
-fn without_normal_form(tokenizer: &Tokenizer) -> Option<Tokenizer> {
-    let normalizer = serde_json::to_value(tokenizer.get_normalizer()?).ok()?;
-    let kind = normalizer.get("type")?.as_str()?;
-    matches!(kind, "NFC" | "NFD" | "NFKC" | "NFKD").then(|| {
-        let mut plain = tokenizer.clone();
-        plain.with_normalizer(None::<tokenizers::NormalizerWrapper>);
-        plain
-    })
+/// Whether `tokenizer`'s normalizer leaves ASCII text as it is: none, or only a Unicode
+/// normal form.
+fn leaves_ascii(tokenizer: &Tokenizer) -> bool {
+    let Some(normalizer) = tokenizer.get_normalizer() else {
+        return true;
+    };
+    let kind = serde_json::to_value(normalizer)
+        .ok()
+        .and_then(|n| n["type"].as_str().map(str::to_string));
+    matches!(kind.as_deref(), Some("NFC" | "NFD" | "NFKC" | "NFKD"))
 }
 
 /// The chat template: `chat_template.jinja` if present, else the config's `chat_template`

@@ -109,3 +109,33 @@ fn the_next_turn_reuses_the_previous_render() {
     );
     assert!(cache.bytes() > 0 && cache.len() == 1);
 }
+
+/// Text of every kind the tokenizers split on: words, digits, spaces and newlines of all
+/// runs, punctuation, contractions, non-ASCII, and the models' added tokens.
+fn raw_text() -> impl Strategy<Value = String> {
+    let piece = prop_oneof![
+        "[a-zA-Z]{1,12}",
+        "[0-9]{1,7}",
+        "[ \t\n\r]{1,4}",
+        "[!-/:-@\\[-`{-~]{1,5}",
+        Just("'s don't I'LL".to_string()),
+        Just("é日本🎉 naïve e\u{301}".to_string()),
+        Just("<|im_start|>user\n".to_string()),
+        Just("<|eot_id|><|start_header_id|>".to_string()),
+        Just("<think>".to_string()),
+    ];
+    prop::collection::vec(piece, 0..60).prop_map(|p| p.concat())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_shortcut_gives_the_tokenizers_own_ids(text in raw_text()) {
+        for name in ["qwen3", "llama3_1"] {
+            let model = model(name);
+            let prompt = prefix_router_tokens::Prompt::Text { text: text.clone(), special: false };
+            prop_assert_eq!(model.ids(&prompt).unwrap(), model.reference_ids(&text).unwrap(), "{}", name);
+        }
+    }
+}
