@@ -14,7 +14,10 @@
 # Env: DURATION (seconds per run, default 15), ROUNDS (default 1), BASELINE (another
 # prefix-router binary, run as forwarder `before` with the same flags, to compare two
 # builds side by side), TOKENIZER (a tokenizer directory: the router also runs in token
-# mode, as forwarder `tokens`), THREADS (data plane
+# mode, as forwarder `tokens`), VLLM_ROUTER (vllm-router's executable, from
+# `pip install vllm-router==0.1.17` in a venv: run as forwarder `vllmrt` with its kv_aware
+# policy, which tokenizes with the model directory in VLLM_ROUTER_TOKENIZER = TOKENIZER; its
+# KV event sources point at ports where nothing publishes), THREADS (data plane
 # threads of the router and the pass-through, default: the number of CPUs, their default),
 # PROFILE (a directory: record each router run with `perf record -g` into
 # PROFILE/router-<KB>.data).
@@ -105,6 +108,17 @@ extra_router() { # name, binary, extra flags...
 }
 [ -z "${BASELINE:-}" ] || extra_router before "$BASELINE"
 [ -z "${TOKENIZER:-}" ] || extra_router tokens "$root/target/release/prefix-router" --tokenizer "$TOKENIZER"
+if [ -n "${VLLM_ROUTER:-}" ]; then
+  p=$(free_port); e1=$(free_port); e2=$(free_port)
+  VLLM_ROUTER_TOKENIZER="${TOKENIZER:?VLLM_ROUTER needs TOKENIZER}" RUST_LOG=warn "$VLLM_ROUTER" \
+    --host 127.0.0.1 --port "$p" --policy kv_aware \
+    --worker-urls "http://127.0.0.1:$up1" "http://127.0.0.1:$up2" \
+    --kv-event-source "http://127.0.0.1:$up1=tcp://127.0.0.1:$e1" \
+    --kv-event-source "http://127.0.0.1:$up2=tcp://127.0.0.1:$e2" \
+    --kv-event-model "$TOKENIZER" >"$work/vllm-router.log" 2>&1 &
+  pid[vllmrt]=$!; port[vllmrt]=$p; wait_port "$p"; sleep 2
+  idle[vllmrt]=$(rss_kb "${pid[vllmrt]}"); forwarders="$forwarders vllmrt"
+fi
 
 run() { # forwarder, body KB, connections -> one result line
   local name=$1 kb=$2 conns=$3 url="http://127.0.0.1:${port[$1]}"
