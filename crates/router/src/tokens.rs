@@ -26,7 +26,8 @@ pub struct TokenSettings {
     /// Tokenizer directories by served model name (`[tokenizers]` in the config file).
     /// Default none.
     pub models: BTreeMap<String, PathBuf>,
-    /// Bytes the conversations' token cache may hold (LRU). Default 256 MiB.
+    /// Bytes the token cache (the ids of the prompt segments seen) may hold (LRU).
+    /// Default 256 MiB.
     pub cache_bytes: usize,
 }
 
@@ -40,7 +41,7 @@ impl Default for TokenSettings {
     }
 }
 
-/// The loaded tokenizers and the conversations' token cache.
+/// The loaded tokenizers and the token cache.
 pub struct Tokenizers {
     models: HashMap<Vec<u8>, Arc<Model>>,
     default: Option<Arc<Model>>,
@@ -99,30 +100,22 @@ impl Tokenizers {
         self.models.get(model).or(self.default.as_ref())
     }
 
-    /// The conversations' token cache: (bytes, conversations).
+    /// The token cache: (bytes, segments).
     pub fn cache_size(&self) -> (usize, usize) {
         (self.cache.bytes(), self.cache.len())
     }
 
-    /// Renders and tokenizes `body` of `endpoint` for `model`, reusing what the cache holds
-    /// of the previous turn of the conversation `conversation` names (asked only when the
-    /// model has a tokenizer: text mode pays nothing here).
-    pub async fn tokenize(
-        &self,
-        endpoint: Endpoint,
-        body: &Bytes,
-        model: &[u8],
-        conversation: impl FnOnce() -> u128,
-    ) -> Tokenizing {
+    /// Renders and tokenizes `body` of `endpoint` for `model`, taking from the cache the
+    /// segments it holds (earlier turns, shared system prompts and tools).
+    pub async fn tokenize(&self, endpoint: Endpoint, body: &Bytes, model: &[u8]) -> Tokenizing {
         let Some(model) = self.model(model) else {
             return Tokenizing::Untokenized;
         };
-        let conversation = conversation();
         let result = if body.len() <= INLINE_BYTES {
-            encode(model, endpoint, body, conversation, &self.cache)
+            encode(model, endpoint, body, &self.cache)
         } else {
             let (model, cache, body) = (Arc::clone(model), Arc::clone(&self.cache), body.clone());
-            let work = move || encode(&model, endpoint, &body, conversation, &cache);
+            let work = move || encode(&model, endpoint, &body, &cache);
             match tokio::task::spawn_blocking(work).await {
                 Ok(result) => result,
                 Err(e) => Err(Unrendered::Tokenizer(e.to_string())),
@@ -139,9 +132,8 @@ fn encode(
     model: &Model,
     endpoint: Endpoint,
     body: &[u8],
-    conversation: u128,
     cache: &TokenCache,
 ) -> Result<Tokenized, Unrendered> {
     let prompt = model.renderer().prompt(endpoint, body)?;
-    model.encode(&prompt, conversation, cache)
+    model.encode(&prompt, cache)
 }

@@ -64,27 +64,21 @@ fn benches(c: &mut Criterion) {
     }
     let mut group = c.benchmark_group("qwen3");
     group.sample_size(20);
+    // Nothing seen before: an empty cache every time.
+    let fresh = |body: &'static [u8]| move || (body, TokenCache::new(1 << 30));
+    let encode = |(body, cache): (&[u8], TokenCache)| {
+        model
+            .encode(&prompt(black_box(body)), &cache)
+            .unwrap()
+            .tokens
+    };
+    let small: &'static [u8] = small.leak();
+    let long: &'static [u8] = long_body.clone().leak();
     group.bench_function("1KB_request", |b| {
-        let cache = TokenCache::new(1 << 30);
-        let mut key = 0u128;
-        b.iter(|| {
-            key += 1;
-            model
-                .encode(&prompt(black_box(&small)), key, &cache)
-                .unwrap()
-                .tokens
-        })
+        b.iter_batched(fresh(small), encode, BatchSize::SmallInput)
     });
     group.bench_function("new_400KB_conversation", |b| {
-        let cache = TokenCache::new(1 << 30);
-        let mut key = 0u128;
-        b.iter(|| {
-            key += 1;
-            model
-                .encode(&prompt(black_box(&long_body)), key, &cache)
-                .unwrap()
-                .tokens
-        })
+        b.iter_batched(fresh(long), encode, BatchSize::PerIteration)
     });
     group.bench_function("render_only_400KB", |b| {
         b.iter(|| prompt(black_box(&next_body)))
@@ -93,12 +87,12 @@ fn benches(c: &mut Criterion) {
         b.iter_batched(
             || {
                 let cache = TokenCache::new(1 << 30);
-                model.encode(&prompt(&long_body), 1, &cache).unwrap();
+                model.encode(&prompt(&long_body), &cache).unwrap();
                 cache
             },
             |cache| {
                 model
-                    .encode(&prompt(black_box(&next_body)), 1, &cache)
+                    .encode(&prompt(black_box(&next_body)), &cache)
                     .unwrap()
                     .reused
             },

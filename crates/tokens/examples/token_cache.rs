@@ -1,7 +1,7 @@
-//! The token cache's memory for many long conversations: N conversations of about 400 KB
-//! (each its own, from its first message), rendered and tokenized with the tokenizer in
-//! DIR into one cache without a limit; prints the bytes the cache accounts for and the
-//! growth of the process's resident memory.
+//! The token cache's memory for many long conversations: N conversations of about 400 KB,
+//! every message its own (nothing shared between conversations), rendered and tokenized
+//! with the tokenizer in DIR into one cache without a limit; prints the bytes the cache
+//! accounts for and the growth of the process's resident memory.
 //!
 //! Usage: cargo run --release -p prefix-router-tokens --example token_cache -- DIR [N]
 
@@ -28,8 +28,8 @@ fn body(n: usize) -> Vec<u8> {
     let mut messages = vec![json!({"role": "system", "content": "You are a coding agent."})];
     messages.push(json!({"role": "user", "content": format!("conversation {n}: {code}")}));
     for t in 0..95 {
-        messages.push(json!({"role": "assistant", "content": format!("done {t}: edited")}));
-        messages.push(json!({"role": "user", "content": format!("turn {t}: {code}")}));
+        messages.push(json!({"role": "assistant", "content": format!("done {t} of {n}: edited")}));
+        messages.push(json!({"role": "user", "content": format!("turn {t} of {n}: {code}")}));
     }
     serde_json::to_vec(&json!({"model": "m", "messages": messages})).unwrap_or_default()
 }
@@ -46,7 +46,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let body = body(i);
         bytes += body.len();
         let prompt = model.renderer().prompt(Endpoint::Chat, &body)?;
-        tokens += model.encode(&prompt, i as u128, &cache)?.tokens;
+        tokens += model.encode(&prompt, &cache)?.tokens;
     }
     let grown = rss_mib() - before;
     println!(

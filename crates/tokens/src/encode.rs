@@ -2,14 +2,14 @@
 //! [`BLOCK_TOKENS`] token ids (a vLLM block), linked as the text index links its blocks
 //! (`prefix_router_core::request::blocks`), so that one hash names a whole prefix.
 //!
-//! Incremental: the next turn of a conversation renders whole (a template may change
-//! earlier messages, Qwen3's drops earlier reasoning), but tokenizes only what follows the
-//! longest prefix of the render that is byte for byte the one tokenized last time, cut
-//! at an added token (`<|im_start|>`, `<|eot_id|>`, ...). The tokenizer splits its input
-//! on added tokens before anything else, so the tokens before one never depend on the
-//! text after it: the result is the whole render's tokens, exactly. What is kept per
-//! conversation is the chain and, at each added token, a hash of the render up to it and
-//! the chain's state there: about half a byte per token, bounded as a whole (LRU).
+//! Incremental: a render is cut at its added tokens (`<|im_start|>`, `<|eot_id|>`, ...).
+//! The tokenizer splits its input on those before anything else, so the text between two
+//! of them tokenizes to the same ids wherever it appears. Each such segment's ids are kept
+//! in a [`TokenCache`] keyed by a hash of its text, bounded in bytes (LRU). The next turn
+//! of a conversation, and a new conversation opening with a system prompt or tools seen
+//! before, tokenize only the segments not seen yet; the result is the whole render's ids,
+//! exactly. The whole render is still made every time: a template may change earlier
+//! messages (Qwen3's drops earlier reasoning), and then only the changed segments miss.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -19,13 +19,20 @@ use prefix_router_core::policy::TokenBlocks;
 use prefix_router_core::request::blocks::Chainer;
 use prefix_router_core::units::Tokens;
 use smallvec::SmallVec;
-use xxhash_rust::xxh3::Xxh3;
+use xxhash_rust::xxh3::xxh3_128;
 
 use crate::model::Model;
 use crate::render::{Prompt, Unrendered};
 
 /// Token ids per block: vLLM's default block size.
 pub const BLOCK_TOKENS: usize = 16;
+
+/// Segments shorter than this are tokenized every time (a role name, a newline): cheaper
+/// than a lookup.
+const MIN_CACHED_BYTES: usize = 64;
+
+/// Bytes a cached segment costs besides its ids (map and order entries).
+const ENTRY_OVERHEAD: usize = 96;
 
 /// A prompt's tokens as the index keys on them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,7 +41,7 @@ pub struct Tokenized {
     pub chain: Vec<[u8; 8]>,
     /// Its token count.
     pub tokens: usize,
-    /// Of those, tokens reused from the conversation's previous render.
+    /// Of those, tokens taken from the cache instead of tokenized.
     pub reused: usize,
 }
 
@@ -48,42 +55,15 @@ impl Tokenized {
     }
 }
 
-/// A place in a render where tokenizing may restart: the start of an added token.
-#[derive(Clone, Debug)]
-struct Boundary {
-    /// Byte offset in the render.
-    offset: usize,
-    /// Hash of the render up to `offset`.
-    hash: u64,
-    /// Tokens before it.
-    tokens: usize,
-    /// The added token that starts there.
-    id: u32,
-    /// The chain's state there.
-    chainer: Chainer,
-}
-
-/// What is kept of one conversation's last render.
-struct Entry {
-    boundaries: Vec<Boundary>,
-    chain: Vec<[u8; 8]>,
-}
-
-impl Entry {
-    fn bytes(&self) -> usize {
-        self.chain.len() * 8 + self.boundaries.len() * std::mem::size_of::<Boundary>() + 64
-    }
-}
-
 #[derive(Default)]
 struct Lru {
-    map: HashMap<u128, (Arc<Entry>, u64)>,
+    map: HashMap<u128, (Arc<[u32]>, u64)>,
     order: BTreeMap<u64, u128>,
     tick: u64,
     bytes: usize,
 }
 
-/// The conversations' last renders, bounded in bytes.
+/// The token ids of segments seen, by a hash of their text, bounded in bytes.
 pub struct TokenCache {
     lru: Mutex<Lru>,
     budget: usize,
@@ -103,7 +83,7 @@ impl TokenCache {
         self.lru.lock().bytes
     }
 
-    /// Conversations held now.
+    /// Segments held now.
     pub fn len(&self) -> usize {
         self.lru.lock().map.len()
     }
@@ -113,36 +93,39 @@ impl TokenCache {
         self.len() == 0
     }
 
-    fn get(&self, key: u128) -> Option<Arc<Entry>> {
+    fn get(&self, key: u128) -> Option<Arc<[u32]>> {
         let mut lru = self.lru.lock();
         let tick = lru.tick + 1;
         lru.tick = tick;
-        let (entry, old) = lru
+        let (ids, old) = lru
             .map
             .get_mut(&key)
-            .map(|(e, t)| (Arc::clone(e), std::mem::replace(t, tick)))?;
+            .map(|(ids, t)| (Arc::clone(ids), std::mem::replace(t, tick)))?;
         lru.order.remove(&old);
         lru.order.insert(tick, key);
-        Some(entry)
+        Some(ids)
     }
 
-    fn put(&self, key: u128, entry: Entry) {
-        let bytes = entry.bytes();
+    fn put(&self, key: u128, ids: &[u32]) {
+        let cost = |ids: &[u32]| ids.len() * 4 + ENTRY_OVERHEAD;
+        if cost(ids) > self.budget {
+            return;
+        }
         let mut lru = self.lru.lock();
         let tick = lru.tick + 1;
         lru.tick = tick;
-        if let Some((old, old_tick)) = lru.map.insert(key, (Arc::new(entry), tick)) {
+        if let Some((old, old_tick)) = lru.map.insert(key, (ids.into(), tick)) {
             lru.order.remove(&old_tick);
-            lru.bytes -= old.bytes();
+            lru.bytes -= cost(&old);
         }
         lru.order.insert(tick, key);
-        lru.bytes += bytes;
+        lru.bytes += cost(ids);
         while lru.bytes > self.budget {
             let Some((_, oldest)) = lru.order.pop_first() else {
                 break;
             };
             if let Some((gone, _)) = lru.map.remove(&oldest) {
-                lru.bytes -= gone.bytes();
+                lru.bytes -= cost(&gone);
             }
         }
     }
@@ -156,7 +139,7 @@ impl Model {
             Prompt::Text {
                 text,
                 special: false,
-            } => Ok(self.pieces(text)?.ids),
+            } => self.plain_ids(text),
             Prompt::Text {
                 text,
                 special: true,
@@ -164,14 +147,9 @@ impl Model {
         }
     }
 
-    /// `prompt`'s tokens as chained block hashes; a rendered chat reuses what `cache`
-    /// holds of conversation `key`'s previous render.
-    pub fn encode(
-        &self,
-        prompt: &Prompt,
-        key: u128,
-        cache: &TokenCache,
-    ) -> Result<Tokenized, Unrendered> {
+    /// `prompt`'s tokens as chained block hashes; a rendered chat takes the segments
+    /// `cache` holds from it and adds those it tokenized.
+    pub fn encode(&self, prompt: &Prompt, cache: &TokenCache) -> Result<Tokenized, Unrendered> {
         match prompt {
             Prompt::Ids(ids) => Ok(chain_of_ids(ids)),
             Prompt::Text {
@@ -181,76 +159,52 @@ impl Model {
             Prompt::Text {
                 text,
                 special: false,
-            } => self.encode_render(text, key, cache),
+            } => self.encode_render(text, cache),
         }
     }
 
-    fn encode_render(
+    /// A render's ids, segment by segment through `cache`; tokenized whole when the
+    /// tokenizer's added tokens cannot be found apart from it.
+    fn encode_render(&self, text: &str, cache: &TokenCache) -> Result<Tokenized, Unrendered> {
+        let Some(cuts) = self.cuts(text) else {
+            return Ok(chain_of_ids(&self.plain_ids(text)?));
+        };
+        let mut ids = Vec::with_capacity(text.len() / 3);
+        let mut reused = 0;
+        let mut at = 0;
+        for (start, end, id) in cuts {
+            reused += self.cached_segment(&text[at..start], cache, &mut ids)?;
+            ids.push(id);
+            at = end;
+        }
+        reused += self.cached_segment(&text[at..], cache, &mut ids)?;
+        Ok(Tokenized {
+            reused,
+            ..chain_of_ids(&ids)
+        })
+    }
+
+    /// Appends the ids of `segment` (no added token in it) to `ids`, from `cache` when
+    /// it holds them; returns how many came from the cache.
+    fn cached_segment(
         &self,
-        text: &str,
-        key: u128,
+        segment: &str,
         cache: &TokenCache,
-    ) -> Result<Tokenized, Unrendered> {
-        let previous = cache.get(key);
-        let (start, kept) = match &previous {
-            Some(entry) => resume_point(entry, text, |b| self.starts_with(text, b)),
-            None => (None, 0),
-        };
-        let (offset, tokens, mut chainer) = match &start {
-            Some(b) => (b.offset, b.tokens, b.chainer.clone()),
-            None => (0, 0, Chainer::default()),
-        };
-        let mut chain: Vec<[u8; 8]> = match &previous {
-            Some(entry) => entry.chain[..tokens / BLOCK_TOKENS].to_vec(),
-            None => Vec::with_capacity(text.len() / 4 / BLOCK_TOKENS),
-        };
-        let mut boundaries: Vec<Boundary> = match &previous {
-            Some(entry) => entry.boundaries[..kept].to_vec(),
-            None => Vec::new(),
-        };
-        let pieces = self.pieces(&text[offset..])?;
-        let mut hasher = Xxh3::new();
-        hasher.update(&text.as_bytes()[..offset]);
-        let mut hashed = offset;
-        let mut added = pieces.added.iter().peekable();
-        for (i, &id) in pieces.ids.iter().enumerate() {
-            let Some(&(from, _)) = added.next_if(|(_, at)| *at == i) else {
-                chainer.push(&id.to_le_bytes(), &mut chain);
-                continue;
-            };
-            if !(i == 0 && start.is_some()) {
-                let at = offset + from;
-                hasher.update(&text.as_bytes()[hashed..at]);
-                hashed = at;
-                boundaries.push(Boundary {
-                    offset: at,
-                    hash: hasher.digest(),
-                    tokens: tokens + i,
-                    id,
-                    chainer: chainer.clone(),
-                });
-            }
-            chainer.push(&id.to_le_bytes(), &mut chain);
+        ids: &mut Vec<u32>,
+    ) -> Result<usize, Unrendered> {
+        if segment.len() < MIN_CACHED_BYTES {
+            self.segment_ids(segment, ids)?;
+            return Ok(0);
         }
-        let total = tokens + pieces.ids.len();
-        let tokenized = Tokenized {
-            chain: chain.clone(),
-            tokens: total,
-            reused: tokens,
-        };
-        cache.put(key, Entry { boundaries, chain });
-        Ok(tokenized)
-    }
-}
-
-impl Model {
-    /// `text`'s ids as the `tokenizers` crate's own pipeline gives them (no special tokens
-    /// added): the reference the shortcut is tested against.
-    #[doc(hidden)]
-    pub fn reference_ids(&self, text: &str) -> Result<Vec<u32>, Unrendered> {
-        let encoding = (self.tokenizer.encode_fast(text, false))
-            .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
-        Ok(encoding.get_ids().to_vec())
+        let key = xxh3_128(segment.as_bytes());
+        if let Some(hit) = cache.get(key) {
+            ids.extend_from_slice(&hit);
+            return Ok(hit.len());
+        }
+        let start = ids.len();
+        self.segment_ids(segment, ids)?;
+        cache.put(key, &ids[start..]);
+        Ok(0)
     }
 
     /// `text`'s ids with the tokenizer's special tokens added (a completion's BOS).
@@ -258,43 +212,6 @@ impl Model {
         let encoding = (self.tokenizer.encode_fast(text, true))
             .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
-    }
-
-    /// Whether `text` has the added token of `boundary` at its offset: only then are the
-    /// tokens before it those of the earlier render.
-    fn starts_with(&self, text: &str, boundary: &Boundary) -> bool {
-        let token = self.tokenizer.id_to_token(boundary.id);
-        token.is_some_and(|t| text.as_bytes()[boundary.offset..].starts_with(t.as_bytes()))
-    }
-}
-
-/// The last boundary of `entry` at which `text` still reads as the render it was made
-/// from (up to it, and with the same added token there), and how many boundaries that
-/// keeps.
-fn resume_point(
-    entry: &Entry,
-    text: &str,
-    starts_with: impl Fn(&Boundary) -> bool,
-) -> (Option<Boundary>, usize) {
-    let mut hasher = Xxh3::new();
-    let mut hashed = 0;
-    let mut found = None;
-    for (kept, boundary) in entry.boundaries.iter().enumerate() {
-        if boundary.offset > text.len() || !text.is_char_boundary(boundary.offset) {
-            break;
-        }
-        hasher.update(&text.as_bytes()[hashed..boundary.offset]);
-        hashed = boundary.offset;
-        if hasher.digest() != boundary.hash {
-            break;
-        }
-        if starts_with(boundary) {
-            found = Some((boundary.clone(), kept + 1));
-        }
-    }
-    match found {
-        Some((boundary, kept)) => (Some(boundary), kept),
-        None => (None, 0),
     }
 }
 

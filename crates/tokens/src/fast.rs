@@ -13,15 +13,6 @@ use serde_json::Value;
 use tokenizers::utils::SysRegex;
 use tokenizers::{Model as _, ModelWrapper, Tokenizer};
 
-/// Token ids, and where the added tokens among them start.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct Pieces {
-    /// The ids.
-    pub ids: Vec<u32>,
-    /// (byte offset in the text, index in `ids`) of each added token.
-    pub added: Vec<(usize, usize)>,
-}
-
 /// The shortcut for one tokenizer.
 pub(crate) struct Fast {
     added: AhoCorasick,
@@ -64,39 +55,44 @@ impl Fast {
     }
 
     /// The ids of `text`, tokenized without special tokens added.
-    pub fn encode(&self, model: &ModelWrapper, text: &str) -> Result<Pieces, String> {
-        let mut out = Pieces::default();
-        let mut word = String::new();
+    pub fn encode(&self, model: &ModelWrapper, text: &str) -> Result<Vec<u32>, String> {
+        let mut ids = Vec::with_capacity(text.len() / 3);
         let mut at = 0;
-        for found in self.added.find_iter(text) {
-            self.segment(model, &text[at..found.start()], &mut word, &mut out)?;
-            out.added.push((found.start(), out.ids.len()));
-            out.ids.push(self.added_ids[found.pattern().as_usize()]);
-            at = found.end();
+        for (start, end, id) in self.cuts(text) {
+            self.segment(model, &text[at..start], &mut ids)?;
+            ids.push(id);
+            at = end;
         }
-        self.segment(model, &text[at..], &mut word, &mut out)?;
-        Ok(out)
+        self.segment(model, &text[at..], &mut ids)?;
+        Ok(ids)
     }
 
-    /// Text between added tokens: split by the regex (matches and the gaps between them
-    /// are pieces), each piece's bytes as byte-level characters, through the BPE model.
-    fn segment(
+    /// The added tokens in `text`, leftmost longest: (start, end, id).
+    pub fn cuts<'t>(&'t self, text: &'t str) -> impl Iterator<Item = (usize, usize, u32)> + 't {
+        (self.added.find_iter(text))
+            .map(|m| (m.start(), m.end(), self.added_ids[m.pattern().as_usize()]))
+    }
+
+    /// The ids of text without added tokens, appended to `ids`: split by the regex
+    /// (matches and the gaps between them are pieces), each piece's bytes as byte-level
+    /// characters, through the BPE model.
+    pub fn segment(
         &self,
         model: &ModelWrapper,
         text: &str,
-        word: &mut String,
-        out: &mut Pieces,
+        ids: &mut Vec<u32>,
     ) -> Result<(), String> {
+        let mut word = String::new();
         let mut at = 0;
         for (start, end) in self.split.find_iter(text) {
             if start > at {
-                self.piece(model, &text[at..start], word, out)?;
+                self.piece(model, &text[at..start], &mut word, ids)?;
             }
-            self.piece(model, &text[start..end], word, out)?;
+            self.piece(model, &text[start..end], &mut word, ids)?;
             at = end;
         }
         if at < text.len() {
-            self.piece(model, &text[at..], word, out)?;
+            self.piece(model, &text[at..], &mut word, ids)?;
         }
         Ok(())
     }
@@ -106,7 +102,7 @@ impl Fast {
         model: &ModelWrapper,
         piece: &str,
         word: &mut String,
-        out: &mut Pieces,
+        ids: &mut Vec<u32>,
     ) -> Result<(), String> {
         if piece.is_empty() {
             return Ok(());
@@ -114,7 +110,7 @@ impl Fast {
         word.clear();
         word.extend(piece.bytes().map(|b| self.byte_chars[usize::from(b)]));
         let tokens = model.tokenize(word).map_err(|e| e.to_string())?;
-        out.ids.extend(tokens.iter().map(|t| t.id));
+        ids.extend(tokens.iter().map(|t| t.id));
         Ok(())
     }
 }

@@ -2,14 +2,13 @@
 //! tokenizer), `tokenizer_config.json` (its chat template and special tokens), and, when
 //! present, `chat_template.jinja` (a template kept apart, which wins).
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use minijinja::Value;
 use serde_json::Value as Json;
 use tokenizers::Tokenizer;
 
-use crate::fast::{Fast, Pieces};
+use crate::fast::Fast;
 use crate::render::{Renderer, Unrendered};
 use crate::template::Template;
 
@@ -33,9 +32,6 @@ pub struct Model {
     /// leaves ASCII text as it is.
     ascii_unchanged: bool,
     pub(crate) renderer: Renderer,
-    /// The ids of its added tokens (special or not): the tokenizer splits the text on
-    /// these first, so tokenizing stops and restarts at each of them.
-    pub(crate) added: HashSet<u32>,
 }
 
 impl Model {
@@ -62,7 +58,6 @@ impl Model {
                 path: config_path.clone(),
                 cause: format!("chat_template: {e}"),
             })?;
-        let added = tokenizer.get_added_tokens_decoder().into_keys().collect();
         Ok(Model {
             fast: Fast::new(&tokenizer),
             ascii_unchanged: leaves_ascii(&tokenizer),
@@ -72,30 +67,54 @@ impl Model {
                 special_tokens: special_tokens(&config),
             },
             tokenizer,
-            added,
         })
     }
 
-    /// The ids of `text` (no special tokens added) and where its added tokens are: by the
-    /// shortcut when the normalizer leaves `text` as it is, else by the tokenizer itself.
-    pub(crate) fn pieces(&self, text: &str) -> Result<Pieces, Unrendered> {
-        let unnormalized = self.tokenizer.get_normalizer().is_none();
-        if let Some(fast) = self
-            .fast
-            .as_ref()
-            .filter(|_| unnormalized || (self.ascii_unchanged && text.is_ascii()))
-        {
-            let model = self.tokenizer.get_model();
-            return fast.encode(model, text).map_err(Unrendered::Tokenizer);
+    /// The ids of `text` (no special tokens added): by the shortcut where it applies,
+    /// else by the tokenizer itself.
+    pub(crate) fn plain_ids(&self, text: &str) -> Result<Vec<u32>, Unrendered> {
+        match self.shortcut(text) {
+            Some(fast) => {
+                (fast.encode(self.tokenizer.get_model(), text)).map_err(Unrendered::Tokenizer)
+            }
+            None => self.reference_ids(text),
         }
-        let encoding = (self.tokenizer.encode(text, false))
+    }
+
+    /// The ids of a `segment` holding no added token, appended to `ids`.
+    pub(crate) fn segment_ids(&self, segment: &str, ids: &mut Vec<u32>) -> Result<(), Unrendered> {
+        match self.shortcut(segment) {
+            Some(fast) => (fast.segment(self.tokenizer.get_model(), segment, ids))
+                .map_err(Unrendered::Tokenizer),
+            None => {
+                ids.extend(self.reference_ids(segment)?);
+                Ok(())
+            }
+        }
+    }
+
+    /// The shortcut, when it gives the tokenizer's own ids for `text`: the tokenizer has
+    /// the shape it handles, and its normalizer (if any) leaves `text` as it is.
+    pub(crate) fn shortcut(&self, text: &str) -> Option<&Fast> {
+        let unnormalized = self.tokenizer.get_normalizer().is_none();
+        (self.fast.as_ref()).filter(|_| unnormalized || (self.ascii_unchanged && text.is_ascii()))
+    }
+
+    /// The added tokens of `text` (start, end, id), when the shortcut knows them.
+    pub(crate) fn cuts<'t>(
+        &'t self,
+        text: &'t str,
+    ) -> Option<impl Iterator<Item = (usize, usize, u32)> + 't> {
+        self.fast.as_ref().map(|fast| fast.cuts(text))
+    }
+
+    /// `text`'s ids as the `tokenizers` crate's own pipeline gives them (no special tokens
+    /// added): the road when the shortcut does not apply, and its reference in tests.
+    #[doc(hidden)]
+    pub fn reference_ids(&self, text: &str) -> Result<Vec<u32>, Unrendered> {
+        let encoding = (self.tokenizer.encode_fast(text, false))
             .map_err(|e| Unrendered::Tokenizer(e.to_string()))?;
-        let ids = encoding.get_ids().to_vec();
-        let added = (ids.iter().zip(encoding.get_offsets()).enumerate())
-            .filter(|(_, (id, _))| self.added.contains(id))
-            .map(|(i, (_, &(from, _)))| (from, i))
-            .collect();
-        Ok(Pieces { ids, added })
+        Ok(encoding.get_ids().to_vec())
     }
 
     /// The renderer of its requests.

@@ -31,9 +31,8 @@ pub async fn explain(
     let session = SessionKey::find(headers, &limits.session_headers, parsed.session);
     let mut request = Request::new(parsed.model, &parsed.text, session);
     request.explain = true;
-    let conversation = request.conversation();
     let tokenizing = (state.tokenizers)
-        .tokenize(endpoint, &body, parsed.model, || conversation)
+        .tokenize(endpoint, &body, parsed.model)
         .await;
     let (mode, unrendered) = match &tokenizing {
         Tokenizing::Tokenized(t) => {

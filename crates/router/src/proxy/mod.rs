@@ -192,7 +192,7 @@ async fn tokenize(
     request: &Request<'_, '_>,
 ) -> Option<Tokenized> {
     let tokens = (state.tokenizers)
-        .tokenize(endpoint, body, request.model, || request.conversation())
+        .tokenize(endpoint, body, request.model)
         .await;
     match tokens {
         Tokenizing::Untokenized => None,
