@@ -1,9 +1,9 @@
 //! The token cache's memory for many long conversations: N conversations of about 400 KB,
 //! every message its own (nothing shared between conversations), rendered and tokenized
-//! with the tokenizer in DIR into one cache without a limit; prints the bytes the cache
-//! accounts for and the growth of the process's resident memory.
+//! with the tokenizer in DIR into one cache of BUDGET bytes (default: no limit); prints the
+//! bytes the cache accounts for and the growth of the process's resident memory.
 //!
-//! Usage: cargo run --release -p prefix-router-tokens --example token_cache -- DIR [N]
+//! Usage: cargo run --release -p prefix-router-tokens --example token_cache -- DIR [N [BUDGET]]
 
 use std::time::Instant;
 
@@ -38,8 +38,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let dir = args.next().ok_or("usage: token_cache DIR [N]")?;
     let n: usize = args.next().map_or(Ok(1000), |a| a.parse())?;
+    let budget: usize = args.next().map_or(Ok(usize::MAX), |a| a.parse())?;
     let model = Model::load(dir.as_ref())?;
-    let cache = TokenCache::new(usize::MAX);
+    let cache = TokenCache::new(budget);
     let (before, started) = (rss_mib(), Instant::now());
     let (mut tokens, mut bytes) = (0, 0);
     for i in 0..n {
@@ -50,8 +51,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let grown = rss_mib() - before;
     println!(
-        "{n} conversations, {:.0} KB of body and {} tokens each: cache {:.1} MiB accounted \
-         ({:.2} bytes/token), resident memory +{grown:.1} MiB, {:.0} s",
+        "{n} conversations, {:.0} KB of body and {} tokens each, cache budget {budget}: \
+         cache {:.1} MiB accounted ({:.2} bytes/token), resident memory +{grown:.1} MiB, {:.0} s",
         bytes as f64 / n as f64 / 1024.0,
         tokens / n,
         cache.bytes() as f64 / (1 << 20) as f64,

@@ -18,7 +18,6 @@ use parking_lot::Mutex;
 use prefix_router_core::policy::TokenBlocks;
 use prefix_router_core::request::blocks::Chainer;
 use prefix_router_core::units::Tokens;
-use smallvec::SmallVec;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::model::Model;
@@ -219,8 +218,13 @@ impl Model {
 pub fn chain_of_ids(ids: &[u32]) -> Tokenized {
     let mut chain = Vec::with_capacity(ids.len() / BLOCK_TOKENS);
     let mut chainer = Chainer::default();
-    let bytes: SmallVec<[u8; 4096]> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-    chainer.push(&bytes, &mut chain);
+    let mut bytes = [0u8; 4 * 1024];
+    for chunk in ids.chunks(1024) {
+        for (slot, id) in bytes.chunks_exact_mut(4).zip(chunk) {
+            slot.copy_from_slice(&id.to_le_bytes());
+        }
+        chainer.push(&bytes[..chunk.len() * 4], &mut chain);
+    }
     Tokenized {
         chain,
         tokens: ids.len(),

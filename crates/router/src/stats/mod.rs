@@ -210,8 +210,8 @@ impl Stats {
             ),
             router_tokens: counter_vec(
                 "prompt_tokens_total",
-                "Tokens of the prompts the router tokenized, by whether they were reused from \
-                 the conversation's previous turn or tokenized now",
+                "Tokens of the prompts the router tokenized, by whether they came from its \
+                 token cache or were tokenized now",
                 &["source"],
             ),
             token_cache_bytes: gauge(
@@ -220,7 +220,7 @@ impl Stats {
             ),
             token_cache_entries: gauge(
                 "token_cache_entries",
-                "Conversations the token cache holds",
+                "Prompt segments the token cache holds",
             ),
         };
         stats.register_all();
@@ -344,8 +344,7 @@ impl Stats {
         self.prompts.with_label_values(&[mode, reason]).inc();
     }
 
-    /// The router tokenized a prompt of `tokens` tokens, `reused` of them from the
-    /// conversation's previous turn.
+    /// The router tokenized a prompt of `tokens` tokens, `reused` of them from its cache.
     pub fn tokenized(&self, tokens: usize, reused: usize) {
         let fresh = tokens.saturating_sub(reused) as u64;
         self.router_tokens
