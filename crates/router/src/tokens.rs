@@ -13,11 +13,11 @@ use prefix_router_core::request::Endpoint;
 use prefix_router_tokens::{Model, ModelError, TokenCache, Tokenized, Unrendered};
 
 /// Bodies up to this size are tokenized on the request's own thread; larger ones on the
-/// blocking pool, so that a long new conversation (about 0.5 ms per KB) does not hold up
+/// blocking pool, so that a long prompt never seen (about 0.13 ms per KB) does not hold up
 /// the other requests of its thread.
 const INLINE_BYTES: usize = 16 * 1024;
 
-/// Which models are tokenized, and how much the conversations' token cache may hold.
+/// Which models are tokenized, and how much the token cache may hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenSettings {
     /// The tokenizer of every model without one of its own (`--tokenizer`, for a fleet

@@ -1,8 +1,9 @@
 //! The model's own tokens: a chat, completions or responses body rendered with the model's
 //! chat template ([`render`]) as vLLM renders it, tokenized with its tokenizer, and turned
-//! into the chain of token-block hashes the prefix index keys on ([`encode`]),
-//! incrementally over a conversation's turns. Loaded from a Hugging Face tokenizer
-//! directory ([`model`]).
+//! into the chain of token-block hashes the prefix index keys on ([`encode`]), tokenizing
+//! only the text between special tokens not seen before. Loaded from a Hugging Face
+//! tokenizer directory ([`model`]); byte-level BPE tokenizers take a shorter road to the
+//! same ids (`fast`).
 //!
 //! Pure computation: no I/O but reading the model directory once.
 #![deny(unsafe_code)]
