@@ -13,6 +13,7 @@
 pub mod clock;
 #[cfg(test)]
 mod copies;
+pub mod events;
 pub mod index;
 pub mod ledger;
 pub mod policy;
