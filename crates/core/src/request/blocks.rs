@@ -58,6 +58,14 @@ impl Default for Chainer {
 }
 
 impl Chainer {
+    /// A chain continuing the prefix whose last full block's hash is `prev`.
+    pub fn resume(prev: [u8; 8]) -> Chainer {
+        Chainer {
+            prev: u64::from_le_bytes(prev),
+            ..Chainer::default()
+        }
+    }
+
     /// Appends `bytes`, pushing the hash of every block they complete onto `hashes`.
     pub fn push(&mut self, mut bytes: &[u8], hashes: &mut Vec<[u8; 8]>) {
         if self.filled > 0 {
