@@ -48,7 +48,7 @@ impl Held {
     /// An empty record for blocks of `block_size` tokens, at most `max_blocks` of them;
     /// `None` unless `block_size` is a multiple of the chain's 16 tokens.
     pub fn new(block_size: usize, max_blocks: usize) -> Option<Self> {
-        (block_size > 0 && block_size % BLOCK_TOKENS == 0).then(|| Held {
+        (block_size > 0 && block_size.is_multiple_of(BLOCK_TOKENS)).then(|| Held {
             block_size,
             max_blocks,
             by_engine: HashMap::new(),
