@@ -9,6 +9,7 @@ mod demo;
 mod errors;
 mod faults;
 mod health;
+mod kv_events;
 mod lab;
 mod ops;
 mod overload;
