@@ -129,3 +129,156 @@ fn vllm_batches_applied_leave_what_the_engine_holds() {
     held.apply(&batch.events[3]);
     assert!(held.is_empty());
 }
+
+/// vLLM's publisher in a child process, driven line by line.
+struct Publisher {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Publisher {
+    fn start(pub_port: u16, replay_port: Option<u16>) -> Publisher {
+        use std::io::BufRead;
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let dir = root.join("target/kv-events");
+        let setup = Command::new(root.join("tests/kv_events/setup.sh"))
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let python = String::from_utf8(setup.stdout).unwrap();
+        let mut command = Command::new(python.trim());
+        command
+            .arg(root.join("tests/kv_events/publisher.py"))
+            .arg(&dir)
+            .arg(pub_port.to_string());
+        if let Some(port) = replay_port {
+            command.arg(port.to_string());
+        }
+        let mut child = command
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let input = child.stdin.take().unwrap();
+        let mut output = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        assert_eq!(output.next().unwrap().unwrap(), "ready");
+        Publisher {
+            child,
+            input,
+            output,
+        }
+    }
+
+    fn send(&mut self, op: serde_json::Value) {
+        use std::io::Write;
+        writeln!(self.input, "{op}").unwrap();
+        assert_eq!(self.output.next().unwrap().unwrap(), "ok");
+    }
+}
+
+impl Drop for Publisher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn port() -> u16 {
+    crate::support::free_loopback_addr()
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .1
+        .parse()
+        .unwrap()
+}
+
+fn prompt(blocks: u32) -> Vec<u32> {
+    (0..blocks * 16).map(|i| 5000 + i).collect()
+}
+
+fn chain(ids: &[u32]) -> Vec<[u8; 8]> {
+    prefix_router_tokens::encode::chain_of_ids(ids).chain
+}
+
+/// Waits (bounded) until `check` holds.
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_follows_vllms_publisher_and_fills_gaps_from_its_replay_socket() {
+    use prefix_router::kv_events::{self, Record, Subscription};
+    use serde_json::json;
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::Relaxed;
+    let (pub_port, replay_port) = (port(), port());
+    let mut publisher = Publisher::start(pub_port, Some(replay_port));
+    let record = Arc::new(Record::new(16, 100_000).unwrap());
+    let subscription = Subscription {
+        endpoint: format!("tcp://127.0.0.1:{pub_port}"),
+        replay: Some(format!("tcp://127.0.0.1:{replay_port}")),
+        topic: String::new(),
+    };
+    let task = tokio::spawn(kv_events::run(subscription, Arc::clone(&record)));
+    let ids = prompt(4);
+    // The first batches may go out before the subscription is in place (ZMQ's slow
+    // joiner): the first one received then shows a gap, filled from the replay socket.
+    publisher.send(json!({"op": "store", "hashes": [1, 2], "tokens": ids[..32]}));
+    publisher.send(json!({"op": "store", "hashes": [3], "parent": 2, "tokens": ids[32..48]}));
+    until("the stored blocks", || {
+        record.matched(&chain(&ids)) == (48, 48)
+    })
+    .await;
+    publisher.send(json!({"op": "remove", "hashes": [2]}));
+    until("the removal", || record.matched(&chain(&ids)) == (16, 16)).await;
+
+    // A batch lost on the PUB socket: the next one shows the gap, the replay fills it.
+    publisher.send(json!({"op": "lose", "hashes": [12], "parent": 1, "tokens": ids[16..32]}));
+    publisher.send(json!({"op": "store", "hashes": [14], "parent": 3, "tokens": ids[48..64]}));
+    until("the replayed block", || {
+        record.matched(&chain(&ids)) == (64, 64)
+    })
+    .await;
+    assert!(record.counts.replays.load(Relaxed) >= 1);
+    assert!(!record.degraded());
+    publisher.send(json!({"op": "clear"}));
+    until("the clear", || record.blocks() == 0).await;
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replay_socket_a_gap_degrades_the_record_until_the_engine_clears() {
+    use prefix_router::kv_events::{self, Record, Subscription};
+    use serde_json::json;
+    use std::sync::Arc;
+    let pub_port = port();
+    let mut publisher = Publisher::start(pub_port, None);
+    let record = Arc::new(Record::new(16, 100_000).unwrap());
+    let subscription = Subscription {
+        endpoint: format!("tcp://127.0.0.1:{pub_port}"),
+        replay: None,
+        topic: String::new(),
+    };
+    let task = tokio::spawn(kv_events::run(subscription, Arc::clone(&record)));
+    let ids = prompt(2);
+    // Sent until the subscriber is in place and has it.
+    until("a first batch", || {
+        publisher.send(json!({"op": "store", "hashes": [1], "tokens": ids[..16]}));
+        record.blocks() > 0
+    })
+    .await;
+    publisher.send(json!({"op": "lose", "hashes": [2], "parent": 1, "tokens": ids[16..32]}));
+    publisher.send(json!({"op": "store", "hashes": [3], "tokens": ids[..16]}));
+    until("the gap", || record.degraded()).await;
+    publisher.send(json!({"op": "clear"}));
+    until("the clear", || !record.degraded() && record.blocks() == 0).await;
+    task.abort();
+}

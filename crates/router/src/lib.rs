@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod fleet;
+pub mod kv_events;
 pub mod limits;
 pub mod proxy;
 pub mod replication;
