@@ -282,3 +282,89 @@ async fn without_a_replay_socket_a_gap_degrades_the_record_until_the_engine_clea
     until("the clear", || !record.degraded() && record.blocks() == 0).await;
     task.abort();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_it() {
+    use crate::support::*;
+    use prefix_router::config::Settings;
+    use prefix_router_core::request::Endpoint;
+    use serde_json::json;
+    let tokenizer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers/qwen3");
+    let model = prefix_router_tokens::Model::load(&tokenizer).expect("tests/tokens/fetch.sh");
+    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let (pub_port, replay_port) = (port(), port());
+    let mut publisher = Publisher::start(pub_port, Some(replay_port));
+    let offset = i32::from(pub_port) - i32::from(ups[0].addr.port());
+    let template = format!("tcp://127.0.0.1:{{port{offset:+}}}");
+    let router = TestRouter::start(
+        Settings {
+            tokenizer: Some(tokenizer),
+            kv_events: Some(template),
+            ..settings(&[&ups[0], &ups[1]])
+        },
+        2,
+    );
+    let body = json!({"model": "qwen3", "max_tokens": 4, "messages": [
+        {"role": "system", "content": "You answer about build systems. ".repeat(40)},
+        {"role": "user", "content": "why does the linker fail? ".repeat(30)}]});
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let explain = || async {
+        let resp = client()
+            .post(format!("{}/route", router.admin_url))
+            .body(bytes.clone())
+            .send()
+            .await
+            .unwrap();
+        resp.json::<Value>().await.unwrap()
+    };
+    let a_record = |why: &Value| {
+        why["backends"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["url"] == ups[0].url())
+            .unwrap()["record"]
+            .clone()
+    };
+    for _ in 0..200 {
+        if a_record(&explain().await)["mode"] == "exact" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(a_record(&explain().await)["mode"], "exact");
+
+    // Backend a's engine holds the prompt (traffic that did not pass this router).
+    let prompt = model.renderer().prompt(Endpoint::Chat, &bytes).unwrap();
+    let ids = model.ids(&prompt).unwrap();
+    let blocks = ids.len() / 16;
+    let hashes: Vec<u64> = (1..=blocks as u64).collect();
+    publisher.send(json!({"op": "store", "hashes": hashes, "tokens": ids[..blocks * 16]}));
+    let mut why = explain().await;
+    for _ in 0..200 {
+        if a_record(&why)["gpu_tokens"] == blocks * 16 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+        why = explain().await;
+    }
+    assert_eq!(a_record(&why)["gpu_tokens"], blocks * 16, "{why}");
+    assert_eq!(why["backend"], ups[0].url(), "{why}");
+    assert_eq!(why["matched_tokens"], blocks * 16, "{why}");
+    let (status, reply) = post(&router.url, "/v1/chat/completions", &body).await;
+    assert_eq!(
+        (status, reply["backend"].as_str()),
+        (200, Some("a")),
+        "{reply}"
+    );
+
+    // Evicted there: the record says so at once.
+    publisher.send(json!({"op": "remove", "hashes": hashes}));
+    for _ in 0..200 {
+        if a_record(&explain().await)["gpu_tokens"] == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(a_record(&explain().await)["gpu_tokens"], 0);
+}

@@ -113,6 +113,7 @@ impl Account {
             capacity: self.capacity().unwrap_or_default().text(),
             hash: self.hash,
             published: self.published(),
+            recorded: None,
         }
     }
 

@@ -9,7 +9,9 @@
 //! there is one, else the record is degraded (not whole) until the engine clears it; a
 //! number that goes back means the publisher restarted, and the record starts over.
 //!
-//! Not wired into routing yet: nothing starts a subscriber but tests.
+//! [`Records`] holds a record per backend and gives a request's candidates what each
+//! backend holds of it (token mode only: the engine's blocks are token ids); [`Subscribers`]
+//! keeps one subscriber per backend of the fleet running.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -44,6 +46,9 @@ pub struct Subscription {
 /// What one backend holds as its events said, and how far to trust it.
 pub struct Record {
     held: Mutex<Held>,
+    /// Whether the subscription is connected (a record of a publisher never reached holds
+    /// nothing, and says nothing).
+    connected: AtomicBool,
     /// The sequence number expected next ([`NOT_STARTED`] before the first).
     next: AtomicU64,
     /// Whether an event could not be applied or a gap could not be filled.
@@ -72,6 +77,7 @@ impl Record {
     pub fn new(block_size: usize, max_blocks: usize) -> Option<Record> {
         Some(Record {
             held: Mutex::new(Held::new(block_size, max_blocks)?),
+            connected: AtomicBool::new(false),
             next: AtomicU64::new(NOT_STARTED),
             degraded: AtomicBool::new(false),
             counts: Counts::default(),
@@ -87,6 +93,11 @@ impl Record {
     /// Blocks held.
     pub fn blocks(&self) -> usize {
         self.held.lock().len()
+    }
+
+    /// Whether the record says what the backend holds: connected and whole.
+    pub fn exact(&self) -> bool {
+        self.connected.load(Relaxed) && !self.degraded()
     }
 
     /// Whether the record may miss blocks the backend holds.
@@ -163,6 +174,7 @@ pub async fn run(subscription: Subscription, record: Arc<Record>) {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => log::warn!("KV events from {}: {e}", subscription.endpoint),
         }
+        record.connected.store(false, Relaxed);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
@@ -172,6 +184,7 @@ async fn follow(subscription: &Subscription, record: &Record) -> Result<(), zero
     let mut socket = SubSocket::new();
     socket.connect(&subscription.endpoint).await?;
     socket.subscribe(&subscription.topic).await?;
+    record.connected.store(true, Relaxed);
     loop {
         let message = socket.recv().await?;
         let Some((seq, payload)) = frames(&message) else {
@@ -229,4 +242,189 @@ fn frames(message: &ZmqMessage) -> Option<(u64, Bytes)> {
     let seq = message.get(n.checked_sub(2)?)?;
     let seq = u64::from_be_bytes(seq.as_ref().try_into().ok()?);
     Some((seq, message.get(n - 1)?.clone()))
+}
+
+/// Where backends publish their KV events. Off by default.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvEventSettings {
+    /// Each backend's PUB endpoint, from its host and port: `tcp://{host}:5557`, and
+    /// `{port}`, `{port+N}`, `{port-N}` (`kv_events`). Default none: no subscription.
+    pub endpoint: Option<String>,
+    /// Each backend's replay endpoint, the same way (`kv_events_replay`). Default none.
+    pub replay: Option<String>,
+    /// The topic (`kv_events_topic`). Default empty, as vLLM's.
+    pub topic: String,
+}
+
+/// Blocks one backend's record holds at most (`max_blocks`): 8 M blocks of 16 tokens,
+/// 128 M tokens, more than any one engine's KV cache; past it, the record is not whole.
+pub const MAX_BLOCKS: usize = 8 << 20;
+
+/// Tokens per engine block (vLLM's default `block_size`).
+pub const BLOCK_SIZE: usize = 16;
+
+/// `template` with `{host}`, `{port}` and `{port+N}` / `{port-N}` filled in; `None` when
+/// the port falls outside 1..=65535.
+pub fn expand(template: &str, host: &str, port: u16) -> Option<String> {
+    let mut out = template
+        .replace("{host}", host)
+        .replace("{port}", &port.to_string());
+    while let Some(start) = out.find("{port") {
+        let end = start + out[start..].find('}')?;
+        let offset: i64 = out[start + 5..end].trim_start_matches('+').parse().ok()?;
+        let shifted = u16::try_from(i64::from(port) + offset)
+            .ok()
+            .filter(|&p| p > 0)?;
+        out.replace_range(start..=end, &shifted.to_string());
+    }
+    Some(out)
+}
+
+/// The records of the backends that publish, by backend.
+#[derive(Default)]
+pub struct Records {
+    map: parking_lot::RwLock<std::collections::HashMap<prefix_router_core::BackendId, Arc<Record>>>,
+}
+
+impl Records {
+    /// `backend`'s record, if it has one.
+    pub fn get(&self, backend: prefix_router_core::BackendId) -> Option<Arc<Record>> {
+        self.map.read().get(&backend).cloned()
+    }
+
+    /// `candidates` with what each backend's exact record holds of `request` (token mode
+    /// only); `None` when no candidate has one.
+    pub fn recorded(
+        &self,
+        request: &prefix_router_core::policy::Request,
+        candidates: &[prefix_router_core::policy::Candidate],
+    ) -> Option<Vec<prefix_router_core::policy::Candidate>> {
+        let tokens = request.tokens?;
+        let map = self.map.read();
+        if map.is_empty() {
+            return None;
+        }
+        let held = |c: &prefix_router_core::policy::Candidate| {
+            let record = map.get(&c.id).filter(|r| r.exact())?;
+            let (gpu, _) = record.matched(tokens.chain);
+            Some(prefix_router_core::units::Tokens(gpu).text())
+        };
+        let out: Vec<_> = (candidates.iter())
+            .map(|c| prefix_router_core::policy::Candidate {
+                recorded: held(c),
+                ..*c
+            })
+            .collect();
+        out.iter().any(|c| c.recorded.is_some()).then_some(out)
+    }
+}
+
+/// Keeps one subscriber per backend of the fleet running (a background service).
+pub struct Subscribers {
+    settings: KvEventSettings,
+    fleet: Arc<crate::fleet::Fleet>,
+    records: Arc<Records>,
+}
+
+impl Subscribers {
+    /// Subscribers to `fleet`'s backends as `settings` say, into `records`.
+    pub fn new(
+        settings: KvEventSettings,
+        fleet: Arc<crate::fleet::Fleet>,
+        records: Arc<Records>,
+    ) -> Self {
+        Subscribers {
+            settings,
+            fleet,
+            records,
+        }
+    }
+
+    /// Starts a subscriber for each backend without one; stops those of backends gone.
+    fn reconcile(
+        &self,
+        tasks: &mut std::collections::HashMap<
+            prefix_router_core::BackendId,
+            tokio::task::JoinHandle<()>,
+        >,
+    ) {
+        let Some(template) = &self.settings.endpoint else {
+            return;
+        };
+        let snapshot = self.fleet.snapshot();
+        let live: Vec<_> = snapshot.backends.iter().map(|b| b.id).collect();
+        tasks.retain(|id, task| {
+            let keep = live.contains(id);
+            if !keep {
+                task.abort();
+                self.records.map.write().remove(id);
+            }
+            keep
+        });
+        for backend in snapshot.backends.iter() {
+            if tasks.contains_key(&backend.id) {
+                continue;
+            }
+            let (host, port) = (backend.addr.ip().to_string(), backend.addr.port());
+            let Some(endpoint) = expand(template, &host, port) else {
+                continue;
+            };
+            let replay = (self.settings.replay.as_deref()).and_then(|t| expand(t, &host, port));
+            let Some(record) = Record::new(BLOCK_SIZE, MAX_BLOCKS).map(Arc::new) else {
+                continue;
+            };
+            self.records
+                .map
+                .write()
+                .insert(backend.id, Arc::clone(&record));
+            let subscription = Subscription {
+                endpoint,
+                replay,
+                topic: self.settings.topic.clone(),
+            };
+            tasks.insert(backend.id, tokio::spawn(run(subscription, record)));
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl pingora_core::services::background::BackgroundService for Subscribers {
+    async fn start(&self, mut shutdown: pingora_core::server::ShutdownWatch) {
+        let mut tasks = std::collections::HashMap::new();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.reconcile(&mut tasks),
+                _ = shutdown.changed() => break,
+            }
+        }
+        tasks.values().for_each(|t| t.abort());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+
+    #[test]
+    fn endpoints_come_from_each_backends_host_and_port() {
+        let e = |t: &str| expand(t, "10.0.0.5", 8000);
+        assert_eq!(
+            e("tcp://{host}:5557").as_deref(),
+            Some("tcp://10.0.0.5:5557")
+        );
+        assert_eq!(
+            e("tcp://{host}:{port+1}").as_deref(),
+            Some("tcp://10.0.0.5:8001")
+        );
+        assert_eq!(
+            e("tcp://{host}:{port-2000}").as_deref(),
+            Some("tcp://10.0.0.5:6000")
+        );
+        assert_eq!(e("tcp://{host}:{port+60000}"), None);
+        assert_eq!(
+            e("tcp://127.0.0.1:{port}").as_deref(),
+            Some("tcp://127.0.0.1:8000")
+        );
+    }
 }

@@ -12,6 +12,7 @@ use prefix_router_core::policy::{Selector, Ties};
 
 use crate::admission::{Budget, Queue};
 use crate::fleet::Fleet;
+use crate::kv_events::Records;
 use crate::limits::{Current, Live};
 use crate::stats::Stats;
 use crate::tokens::Tokenizers;
@@ -38,6 +39,8 @@ pub struct State {
     pub queue: Queue,
     /// The models' tokenizers (token mode) and their token cache.
     pub tokenizers: Tokenizers,
+    /// What backends that publish KV events hold, by their own record.
+    pub records: Arc<Records>,
     live: Current,
     active: AtomicUsize,
     draining: AtomicBool,
@@ -84,6 +87,7 @@ impl State {
             budget: Budget::reading(parts.live.buffered_bytes()),
             queue: Queue::default(),
             tokenizers: parts.tokenizers,
+            records: Arc::default(),
             live: parts.live,
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),

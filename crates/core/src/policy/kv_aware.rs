@@ -77,7 +77,8 @@ struct View<'v> {
 
 impl View<'_> {
     fn matched(&self, i: usize) -> TextBytes {
-        self.ask.matches.matched(self.ask.candidates[i].id)
+        let candidate = &self.ask.candidates[i];
+        (candidate.recorded).unwrap_or_else(|| self.ask.matches.matched(candidate.id))
     }
 
     fn len(&self) -> usize {

@@ -71,6 +71,10 @@ pub struct Candidate {
     /// The load the backend itself published, as last read; `None` when it does not say.
     /// Every router replica reads the same.
     pub published: Option<Published>,
+    /// The prefix of this request the backend holds by its own record (its KV events), in
+    /// the unit of `Request::size`; `None` when it has no whole record (prefix policies then
+    /// take what their index predicts).
+    pub recorded: Option<TextBytes>,
 }
 
 /// The load a backend publishes of itself (vLLM's `/metrics`), as a router last read it.

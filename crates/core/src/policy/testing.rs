@@ -19,6 +19,7 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             capacity: TextBytes(0),
             hash: u64::from(i) * 7919,
             published: None,
+            recorded: None,
         })
         .collect()
 }

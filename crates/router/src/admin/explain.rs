@@ -53,6 +53,10 @@ pub async fn explain(
         return Err(RouterError::NoBackend);
     }
     let candidates: Vec<Candidate> = open.iter().map(|&i| accounts[i].candidate()).collect();
+    let candidates = state
+        .records
+        .recorded(&request, &candidates)
+        .unwrap_or(candidates);
     let decision = state.selector.select(&request, &candidates);
     let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
     let size = request.size();
@@ -67,6 +71,7 @@ pub async fn explain(
                 "pending_tokens": tokens(a.pending()),
                 "capacity_tokens": a.capacity().map(|t| t.0),
                 "open": is_open(a),
+                "record": record(state, a.id, &request),
             })
         })
         .collect();
@@ -82,6 +87,27 @@ pub async fn explain(
         "session": session.is_some(),
         "backends": backends,
     }))
+}
+
+/// What `backend`'s KV events say of the request: its mode (`exact`, `degraded` or
+/// `connecting`), blocks held, and the request's tokens held on GPU and on GPU or CPU (token
+/// mode); null when it publishes none.
+fn record(state: &State, backend: prefix_router_core::BackendId, request: &Request) -> Value {
+    let Some(record) = state.records.get(backend) else {
+        return Value::Null;
+    };
+    let mode = match (record.exact(), record.degraded()) {
+        (true, _) => "exact",
+        (false, true) => "degraded",
+        (false, false) => "connecting",
+    };
+    let held = request.tokens.map(|t| record.matched(t.chain));
+    json!({
+        "mode": mode,
+        "blocks": record.blocks(),
+        "gpu_tokens": held.map(|h| h.0),
+        "tokens": held.map(|h| h.1),
+    })
 }
 
 /// Tokens a size stands for (exact in token mode).

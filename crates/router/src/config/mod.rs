@@ -16,6 +16,7 @@ use prefix_router_core::units::Tokens;
 pub use settings::Settings;
 
 use crate::fleet::{HealthSettings, ReaderSettings, Worker};
+use crate::kv_events::KvEventSettings;
 use crate::limits::{ExchangeTimeouts, Limits, Live};
 use crate::replication::SharedTable;
 use crate::tokens::TokenSettings;
@@ -89,6 +90,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Token mode: which models' prompts are tokenized. Default none (text mode).
     pub tokens: TokenSettings,
+    /// Where backends publish KV events. Default none.
+    pub kv_events: KvEventSettings,
 }
 
 impl Default for Config {
@@ -111,6 +114,7 @@ impl Default for Config {
             grace_period: Duration::from_secs(60),
             shutdown_timeout: Duration::from_secs(5),
             tokens: TokenSettings::default(),
+            kv_events: KvEventSettings::default(),
         }
     }
 }
@@ -138,6 +142,7 @@ impl Config {
             ("shared_table*", self.shared_table != old.shared_table),
             ("threads", self.threads != old.threads),
             ("tokenizer*", self.tokens != old.tokens),
+            ("kv_events*", self.kv_events != old.kv_events),
             ("grace_period", self.grace_period != old.grace_period),
             (
                 "shutdown_timeout",
@@ -200,6 +205,11 @@ impl Config {
                 default: s.tokenizer.clone(),
                 models: s.tokenizers.clone().unwrap_or_default(),
                 cache_bytes: s.token_cache_bytes.unwrap_or(d.tokens.cache_bytes),
+            },
+            kv_events: KvEventSettings {
+                endpoint: s.kv_events.clone(),
+                replay: s.kv_events_replay.clone(),
+                topic: s.kv_events_topic.clone().unwrap_or_default(),
             },
         })
     }

@@ -142,6 +142,15 @@ pub struct Settings {
     /// Bytes the conversations' token cache may hold [default: 268435456]
     #[arg(long)]
     pub token_cache_bytes: Option<usize>,
+    /// Each backend's KV event endpoint (vLLM's --kv-events-config), from its address: tcp://{host}:5557, {port}, {port+N}, {port-N} [default: none]
+    #[arg(long)]
+    pub kv_events: Option<String>,
+    /// Each backend's KV event replay endpoint, the same way [default: none]
+    #[arg(long)]
+    pub kv_events_replay: Option<String>,
+    /// The topic backends publish KV events under [default: empty]
+    #[arg(long)]
+    pub kv_events_topic: Option<String>,
 }
 
 /// Lists each field once: `overlay` takes the value from `over` where it is set.
@@ -201,4 +210,7 @@ overlay_fields!(
     tokenizer,
     tokenizers,
     token_cache_bytes,
+    kv_events,
+    kv_events_replay,
+    kv_events_topic,
 );

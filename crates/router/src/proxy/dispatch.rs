@@ -128,7 +128,10 @@ fn place(
     let text = route.text();
     let limit = limits.max_inflight_per_backend;
     let choose = |candidates: &[Candidate]| match route {
-        Route::Policy(request) => state.selector.select(request, candidates),
+        Route::Policy(request) => match state.records.recorded(request, candidates) {
+            Some(recorded) => state.selector.select(request, &recorded),
+            None => state.selector.select(request, candidates),
+        },
         Route::AnyBackend => Decision::new(state.ties.least_loaded(candidates), Outcome::Balanced),
     };
     let Placing::Placed { seat, index } =

@@ -23,6 +23,7 @@ use crate::admin::Admin;
 use crate::config::{Config, Source};
 use crate::control::{Control, Triggers};
 use crate::fleet::{Discovery, Fleet, HealthChecks, MetricsReader};
+use crate::kv_events::Subscribers;
 use crate::limits::Current;
 use crate::proxy::Router;
 use crate::replication::Replication;
@@ -100,6 +101,14 @@ pub fn build(
             params.seed,
         );
         server.add_service(background_service("shared table", replication));
+    }
+    if config.kv_events.endpoint.is_some() {
+        let subscribers = Subscribers::new(
+            config.kv_events.clone(),
+            Arc::clone(&state.fleet),
+            Arc::clone(&state.records),
+        );
+        server.add_service(background_service("kv events", subscribers));
     }
     server.add_service(background_service("upkeep", upkeep.run(Arc::clone(&state))));
     server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
