@@ -357,6 +357,17 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
         (200, Some("a")),
         "{reply}"
     );
+    let scrape = router.metrics().await;
+    let a = ups[0].url();
+    let stored = [("backend", a.as_str()), ("type", "stored")];
+    assert_eq!(sum(&scrape, "prefix_router_kv_events_total", &stored), 1.0);
+    let gpu = [("backend", a.as_str()), ("medium", "gpu")];
+    assert_eq!(
+        sum(&scrape, "prefix_router_kv_event_blocks", &gpu),
+        blocks as f64
+    );
+    let exact = [("backend", a.as_str()), ("mode", "exact")];
+    assert_eq!(sum(&scrape, "prefix_router_kv_event_record", &exact), 1.0);
 
     // Evicted there: the record says so at once.
     publisher.send(json!({"op": "remove", "hashes": hashes}));

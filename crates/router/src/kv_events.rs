@@ -62,8 +62,8 @@ pub struct Record {
 pub struct Counts {
     /// Batches applied.
     pub batches: AtomicU64,
-    /// Events applied.
-    pub events: AtomicU64,
+    /// Events applied, by type: stored, removed, cleared, unknown.
+    pub events: [AtomicU64; 4],
     /// Payloads that did not decode.
     pub decode_failures: AtomicU64,
     /// Gaps in the sequence numbers.
@@ -93,6 +93,20 @@ impl Record {
     /// Blocks held.
     pub fn blocks(&self) -> usize {
         self.held.lock().len()
+    }
+
+    /// Blocks held on GPU, and elsewhere.
+    pub fn by_medium(&self) -> (usize, usize) {
+        self.held.lock().by_medium()
+    }
+
+    /// The record's mode: `exact`, `degraded` or `connecting`.
+    pub fn mode(&self) -> &'static str {
+        match (self.exact(), self.degraded()) {
+            (true, _) => "exact",
+            (false, true) => "degraded",
+            (false, false) => "connecting",
+        }
     }
 
     /// Whether the record says what the backend holds: connected and whole.
@@ -143,12 +157,18 @@ impl Record {
         let mut held = self.held.lock();
         for event in &batch.events {
             held.apply(event);
-            if matches!(event, Event::Cleared) {
+            let kind = match event {
+                Event::Stored(_) => 0,
+                Event::Removed(_) => 1,
+                Event::Cleared => 2,
+                Event::Unknown(_) => 3,
+            };
+            self.counts.events[kind].fetch_add(1, Relaxed);
+            if kind == 2 {
                 self.degraded.store(false, Relaxed);
             }
         }
         self.counts.batches.fetch_add(1, Relaxed);
-        (self.counts.events).fetch_add(batch.events.len() as u64, Relaxed);
     }
 
     /// Applies the batch numbered `seq` past a gap that could not be filled: the record is
@@ -287,6 +307,15 @@ pub struct Records {
 }
 
 impl Records {
+    /// Every backend's record.
+    pub fn all(&self) -> Vec<(prefix_router_core::BackendId, Arc<Record>)> {
+        self.map
+            .read()
+            .iter()
+            .map(|(id, r)| (*id, Arc::clone(r)))
+            .collect()
+    }
+
     /// `backend`'s record, if it has one.
     pub fn get(&self, backend: prefix_router_core::BackendId) -> Option<Arc<Record>> {
         self.map.read().get(&backend).cloned()

@@ -41,6 +41,8 @@ pub struct Held {
     by_engine: HashMap<EngineHash, Block>,
     /// How many of the engine's blocks (GPU, CPU) carry each key.
     by_key: HashMap<[u8; 8], (u32, u32)>,
+    /// Blocks on GPU, and elsewhere.
+    on_gpu: usize,
     whole: Whole,
 }
 
@@ -53,6 +55,7 @@ impl Held {
             max_blocks,
             by_engine: HashMap::new(),
             by_key: HashMap::new(),
+            on_gpu: 0,
             whole: Whole::Yes,
         })
     }
@@ -60,6 +63,11 @@ impl Held {
     /// Blocks held.
     pub fn len(&self) -> usize {
         self.by_engine.len()
+    }
+
+    /// Blocks held on GPU, and elsewhere (CPU, other tiers).
+    pub fn by_medium(&self) -> (usize, usize) {
+        (self.on_gpu, self.by_engine.len() - self.on_gpu)
     }
 
     /// Whether nothing is held.
@@ -90,6 +98,7 @@ impl Held {
     pub fn clear(&mut self) {
         self.by_engine.clear();
         self.by_key.clear();
+        self.on_gpu = 0;
         self.whole = Whole::Yes;
     }
 
@@ -142,6 +151,7 @@ impl Held {
                 Medium::Gpu => counts.0 += 1,
                 _ => counts.1 += 1,
             }
+            self.on_gpu += usize::from(stored.medium == Medium::Gpu);
         }
     }
 
@@ -152,6 +162,7 @@ impl Held {
     }
 
     fn unkey(&mut self, block: Block) {
+        self.on_gpu -= usize::from(block.medium == Medium::Gpu);
         let Some(counts) = self.by_key.get_mut(&block.key) else {
             return;
         };
@@ -230,6 +241,7 @@ mod tests {
         held.apply(&stored(&[1], None, prompt[..16].to_vec(), Medium::Gpu));
         held.apply(&stored(&[2], Some(1), prompt[16..].to_vec(), Medium::Cpu));
         assert_eq!(held.matched(&chain(&prompt)), (16, 32));
+        assert_eq!(held.by_medium(), (1, 1));
         held.apply(&stored(&[3], Some(99), ids(1, 5), Medium::Gpu));
         assert_eq!(held.whole(), Whole::No);
         assert_eq!(held.len(), 2);

@@ -96,11 +96,7 @@ fn record(state: &State, backend: prefix_router_core::BackendId, request: &Reque
     let Some(record) = state.records.get(backend) else {
         return Value::Null;
     };
-    let mode = match (record.exact(), record.degraded()) {
-        (true, _) => "exact",
-        (false, true) => "degraded",
-        (false, false) => "connecting",
-    };
+    let mode = record.mode();
     let held = request.tokens.map(|t| record.matched(t.chain));
     json!({
         "mode": mode,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde_json::{Value, json};
 
 use crate::state::State;
-use crate::stats::{BackendGauge, TreeGauge};
+use crate::stats::{BackendGauge, KvEventGauge, TreeGauge};
 
 /// Sets the state gauges (in-flight, health, index size, tables) from current snapshots.
 pub fn refresh_gauges(state: &State) {
@@ -32,6 +32,24 @@ pub fn refresh_gauges(state: &State) {
     (state.stats).set_load(budget.held(), budget.waiting(), state.queue.len());
     let (bytes, entries) = state.tokenizers.cache_size();
     state.stats.set_token_cache(bytes, entries);
+    for (id, record) in state.records.all() {
+        let Some(backend) = snapshot.backends.iter().find(|b| b.id == id) else {
+            continue;
+        };
+        let counts = &record.counts;
+        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+        state.stats.set_kv_events(&KvEventGauge {
+            url: &backend.worker.url,
+            events: counts.events.each_ref().map(load),
+            faults: [
+                load(&counts.decode_failures),
+                load(&counts.gaps),
+                load(&counts.replays),
+            ],
+            blocks: record.by_medium(),
+            mode: record.mode(),
+        });
+    }
 }
 
 fn ratio(part: u64, whole: u64) -> Option<f64> {

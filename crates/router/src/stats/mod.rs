@@ -54,6 +54,24 @@ pub struct Stats {
     router_tokens: IntCounterVec,
     token_cache_bytes: IntGauge,
     token_cache_entries: IntGauge,
+    kv_events: IntCounterVec,
+    kv_event_faults: IntCounterVec,
+    kv_event_blocks: IntGaugeVec,
+    kv_event_record: IntGaugeVec,
+}
+
+/// What one backend's KV event subscriber saw, for the metrics.
+pub struct KvEventGauge<'a> {
+    /// The backend (the label).
+    pub url: &'a str,
+    /// Events applied: stored, removed, cleared, unknown.
+    pub events: [u64; 4],
+    /// Payloads not decoded, gaps, gaps filled by replay.
+    pub faults: [u64; 3],
+    /// Blocks held on GPU, and elsewhere.
+    pub blocks: (usize, usize),
+    /// `exact`, `degraded` or `connecting`.
+    pub mode: &'static str,
 }
 
 /// What `/stats` shows of one backend.
@@ -222,6 +240,27 @@ impl Stats {
                 "token_cache_entries",
                 "Prompt segments the token cache holds",
             ),
+            kv_events: counter_vec(
+                "kv_events_total",
+                "KV events applied, by backend and type",
+                &["backend", "type"],
+            ),
+            kv_event_faults: counter_vec(
+                "kv_event_faults_total",
+                "KV event batches not decoded, gaps in their sequence numbers, and gaps \
+                 filled from the replay socket, by backend",
+                &["backend", "kind"],
+            ),
+            kv_event_blocks: gauge_vec(
+                "kv_event_blocks",
+                "Blocks each backend holds by its KV events, by medium",
+                &["backend", "medium"],
+            ),
+            kv_event_record: gauge_vec(
+                "kv_event_record",
+                "1 for each backend's KV event record mode (exact, degraded, connecting)",
+                &["backend", "mode"],
+            ),
         };
         stats.register_all();
         stats.generation.set(1);
@@ -235,7 +274,7 @@ impl Stats {
         stats
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 30] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 34] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
@@ -267,6 +306,10 @@ impl Stats {
             Box::new(self.router_tokens.clone()),
             Box::new(self.token_cache_bytes.clone()),
             Box::new(self.token_cache_entries.clone()),
+            Box::new(self.kv_events.clone()),
+            Box::new(self.kv_event_faults.clone()),
+            Box::new(self.kv_event_blocks.clone()),
+            Box::new(self.kv_event_record.clone()),
         ]
     }
 
@@ -359,6 +402,39 @@ impl Stats {
     pub fn set_token_cache(&self, bytes: usize, entries: usize) {
         self.token_cache_bytes.set(bytes as i64);
         self.token_cache_entries.set(entries as i64);
+    }
+
+    /// Sets the KV event metrics of one backend from its subscriber's counts (counters
+    /// advance by what the counts grew).
+    pub fn set_kv_events(&self, gauge: &KvEventGauge) {
+        let advance = |counter: prometheus::IntCounter, now: u64| {
+            counter.inc_by(now.saturating_sub(counter.get()));
+        };
+        for (kind, n) in ["stored", "removed", "cleared", "unknown"]
+            .iter()
+            .zip(gauge.events)
+        {
+            advance(self.kv_events.with_label_values(&[gauge.url, kind]), n);
+        }
+        for (kind, n) in ["undecoded", "gap", "replayed"].iter().zip(gauge.faults) {
+            advance(
+                self.kv_event_faults.with_label_values(&[gauge.url, kind]),
+                n,
+            );
+        }
+        let (gpu, other) = gauge.blocks;
+        self.kv_event_blocks
+            .with_label_values(&[gauge.url, "gpu"])
+            .set(gpu as i64);
+        self.kv_event_blocks
+            .with_label_values(&[gauge.url, "other"])
+            .set(other as i64);
+        for mode in ["exact", "degraded", "connecting"] {
+            let on = i64::from(mode == gauge.mode);
+            self.kv_event_record
+                .with_label_values(&[gauge.url, mode])
+                .set(on);
+        }
     }
 
     /// A request left the router's queue after waiting `waited`.
