@@ -379,3 +379,157 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
     }
     assert_eq!(a_record(&explain().await)["gpu_tokens"], 0);
 }
+
+/// A batch as vLLM writes it: `[ts, [events], 0]`, events as maps.
+fn batch_payload(events: &[serde_json::Value]) -> Vec<u8> {
+    fn write(v: &serde_json::Value, out: &mut Vec<u8>) {
+        match v {
+            Value::Null => out.push(0xc0),
+            Value::Bool(b) => out.push(if *b { 0xc3 } else { 0xc2 }),
+            Value::Number(n) => match n.as_u64() {
+                Some(u) => {
+                    out.push(0xcf);
+                    out.extend(u.to_be_bytes());
+                }
+                None => {
+                    out.push(0xcb);
+                    out.extend(n.as_f64().unwrap_or(0.0).to_bits().to_be_bytes());
+                }
+            },
+            Value::String(s) => {
+                out.push(0xdb);
+                out.extend((s.len() as u32).to_be_bytes());
+                out.extend(s.as_bytes());
+            }
+            Value::Array(items) => {
+                out.push(0xdd);
+                out.extend((items.len() as u32).to_be_bytes());
+                items.iter().for_each(|i| write(i, out));
+            }
+            Value::Object(map) => {
+                out.push(0xdf);
+                out.extend((map.len() as u32).to_be_bytes());
+                for (k, v) in map {
+                    write(&Value::String(k.clone()), out);
+                    write(v, out);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    write(&serde_json::json!([1.0, events, 0]), &mut out);
+    out
+}
+
+fn store(hashes: &[u64], tokens: &[u32]) -> serde_json::Value {
+    serde_json::json!({"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": null,
+        "token_ids": tokens, "block_size": 16, "lora_id": null, "medium": "GPU", "lora_name": null})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_streams_never_crash_the_record_nor_grow_it_past_its_bound() {
+    use bytes::Bytes;
+    use prefix_router::kv_events::{self, Record, Subscription};
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering::Relaxed;
+    use zeromq::{Socket, SocketSend, ZmqMessage};
+    let address = crate::support::free_loopback_addr().unwrap();
+    let mut publisher = zeromq::PubSocket::new();
+    publisher.bind(&format!("tcp://{address}")).await.unwrap();
+    let record = Arc::new(Record::new(16, 1000).unwrap());
+    let subscription = Subscription {
+        endpoint: format!("tcp://{address}"),
+        replay: None,
+        topic: String::new(),
+    };
+    let task = tokio::spawn(kv_events::run(subscription, Arc::clone(&record)));
+    let send = |frames: Vec<Vec<u8>>| {
+        let mut message = ZmqMessage::from(Bytes::new());
+        frames
+            .into_iter()
+            .for_each(|f| message.push_back(Bytes::from(f)));
+        message
+    };
+    let ids = prompt(1);
+    // Sent until the subscriber is in place and has a first batch.
+    for seq in 0..200u64 {
+        publisher
+            .send(send(vec![
+                seq.to_be_bytes().to_vec(),
+                batch_payload(&[store(&[seq + 1], &ids)]),
+            ]))
+            .await
+            .unwrap();
+        if record.blocks() > 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert!(record.blocks() > 0, "the subscriber never got a batch");
+    let next = record.counts.batches.load(Relaxed) + 1000;
+    let mut seq = next;
+    let mut frames = |payload: Vec<u8>| {
+        seq += 1;
+        send(vec![seq.to_be_bytes().to_vec(), payload])
+    };
+    // Garbage of every kind: one frame, a short sequence number, not MessagePack,
+    // truncated MessagePack, an unknown event type, a list claiming a million blocks.
+    publisher
+        .send(ZmqMessage::from(Bytes::from_static(b"x")))
+        .await
+        .unwrap();
+    publisher
+        .send(send(vec![vec![1, 2, 3], b"payload".to_vec()]))
+        .await
+        .unwrap();
+    publisher
+        .send(frames(b"not msgpack".to_vec()))
+        .await
+        .unwrap();
+    let whole = batch_payload(&[store(&[7], &ids)]);
+    publisher
+        .send(frames(whole[..whole.len() / 2].to_vec()))
+        .await
+        .unwrap();
+    publisher
+        .send(frames(batch_payload(&[
+            serde_json::json!({"type": "BlockMoved"}),
+        ])))
+        .await
+        .unwrap();
+    let mut million = vec![0x93, 0xcb];
+    million.extend(1.0f64.to_bits().to_be_bytes());
+    million.extend([0x91, 0xdd, 0x00, 0x0f, 0x42, 0x40]);
+    publisher.send(frames(million)).await.unwrap();
+    // A flood: 100,000 events (1,000 batches of 100 stores), far past the record's bound.
+    for b in 0..1000u64 {
+        let events: Vec<_> = (0..100)
+            .map(|e| store(&[1_000_000 + b * 100 + e], &ids))
+            .collect();
+        publisher
+            .send(frames(batch_payload(&events)))
+            .await
+            .unwrap();
+    }
+    until("the flood", || {
+        record.counts.events[0].load(Relaxed) >= 10_000
+    })
+    .await;
+    assert!(record.blocks() <= 1000, "{} blocks", record.blocks());
+    assert!(record.degraded(), "past its bound the record is not whole");
+    assert!(record.counts.decode_failures.load(Relaxed) >= 3);
+    assert!(
+        record.counts.events[3].load(Relaxed) >= 1,
+        "the unknown type counted"
+    );
+    // Numbers going back: the publisher restarted; the record starts over, whole.
+    publisher
+        .send(send(vec![
+            0u64.to_be_bytes().to_vec(),
+            batch_payload(&[store(&[5], &ids)]),
+        ]))
+        .await
+        .unwrap();
+    until("the restart", || record.blocks() == 1 && !record.degraded()).await;
+    task.abort();
+}
