@@ -96,8 +96,19 @@ async fn replicas_sharing_a_table_keep_each_conversation_on_one_backend() {
         for turn in 0..6 {
             // A balancer in front of the replicas: each turn to the next replica.
             let router = &replicas[(conversation + turn) % 2];
+            let other = &replicas[(conversation + turn + 1) % 2];
+            let received = [("direction", "received")];
+            let before = metric(other, "prefix_router_shared_table_notes_total", &received).await;
             let (status, _) = post(&router.url, "/v1/chat/completions", &chat(&messages)).await;
             assert_eq!(status, 200);
+            // The next turn comes after a generation, long after the note arrived: wait
+            // for it (bounded), as a loaded test machine may take longer than a reply.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while metric(other, "prefix_router_shared_table_notes_total", &received).await <= before
+                && Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             let answer = format!(
                 "turn {turn} of {conversation}: {}",
                 "edited a file ".repeat(50)
