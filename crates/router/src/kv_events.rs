@@ -280,7 +280,8 @@ pub struct KvEventSettings {
 /// 128 M tokens, more than any one engine's KV cache; past it, the record is not whole.
 pub const MAX_BLOCKS: usize = 8 << 20;
 
-/// Tokens per engine block (vLLM's default `block_size`).
+/// Tokens per engine block a record starts with (vLLM's default `block_size`); the
+/// engine's first store sets its own.
 pub const BLOCK_SIZE: usize = 16;
 
 /// `template` with `{host}`, `{port}` and `{port+N}` / `{port-N}` filled in; `None` when

@@ -33,7 +33,8 @@ pub enum Whole {
 
 /// One engine's blocks.
 pub struct Held {
-    /// Tokens per block; stores of another size are not this record's.
+    /// Tokens per block: the engine's, taken from its first store into an empty record;
+    /// later stores of another size are another cache group's, not this record's.
     block_size: usize,
     /// Blocks at most.
     max_blocks: usize,
@@ -114,7 +115,11 @@ impl Held {
     }
 
     fn store(&mut self, stored: &Stored) {
-        if stored.keyed || stored.block_size != self.block_size {
+        let size = stored.block_size;
+        if self.is_empty() && size > 0 && size.is_multiple_of(BLOCK_TOKENS) {
+            self.block_size = size;
+        }
+        if stored.keyed || size != self.block_size {
             return; // an adapter's, a salted or another group's block: never a plain prompt's
         }
         let mut chainer = match stored.parent {
@@ -249,7 +254,8 @@ mod tests {
 
     #[test]
     fn larger_engine_blocks_are_keyed_by_the_hash_that_ends_them() {
-        let mut held = Held::new(32, 1000).unwrap();
+        // Created for vLLM's default of 16; the engine's first store says 32.
+        let mut held = Held::new(16, 1000).unwrap();
         let prompt = ids(6, 0);
         let mut event = stored(&[1, 2], None, prompt[..64].to_vec(), Medium::Gpu);
         if let Event::Stored(s) = &mut event {
@@ -257,6 +263,8 @@ mod tests {
         }
         held.apply(&event);
         assert_eq!(held.matched(&chain(&prompt)), (64, 64));
+        held.apply(&stored(&[3], None, ids(1, 9), Medium::Gpu));
+        assert_eq!(held.len(), 2, "16-token blocks now are another group's");
         assert!(Held::new(24, 10).is_none());
     }
 
