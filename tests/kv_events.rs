@@ -11,7 +11,9 @@ use prefix_router_core::events::held::Held;
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
-fn vllm_payloads() -> Vec<Value> {
+/// A command running `script` (under tests/kv_events) with the venv `setup.sh` makes,
+/// its first argument the directory holding vLLM's stubbed `kv_events.py`.
+fn vllm_python(script: &str) -> Command {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = root.join("target/kv-events");
     let setup = Command::new(root.join("tests/kv_events/setup.sh"))
@@ -24,11 +26,15 @@ fn vllm_payloads() -> Vec<Value> {
         String::from_utf8_lossy(&setup.stderr)
     );
     let python = String::from_utf8(setup.stdout).unwrap();
-    let run = Command::new(python.trim())
-        .arg(root.join("tests/kv_events/payloads.py"))
-        .arg(&dir)
-        .output()
-        .unwrap();
+    let mut command = Command::new(python.trim());
+    command
+        .arg(root.join("tests/kv_events").join(script))
+        .arg(&dir);
+    command
+}
+
+fn vllm_payloads() -> Vec<Value> {
+    let run = vllm_python("payloads.py").output().unwrap();
     assert!(
         run.status.success(),
         "{}",
@@ -140,18 +146,8 @@ struct Publisher {
 impl Publisher {
     fn start(pub_port: u16, replay_port: Option<u16>) -> Publisher {
         use std::io::BufRead;
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let dir = root.join("target/kv-events");
-        let setup = Command::new(root.join("tests/kv_events/setup.sh"))
-            .arg(&dir)
-            .output()
-            .unwrap();
-        let python = String::from_utf8(setup.stdout).unwrap();
-        let mut command = Command::new(python.trim());
-        command
-            .arg(root.join("tests/kv_events/publisher.py"))
-            .arg(&dir)
-            .arg(pub_port.to_string());
+        let mut command = vllm_python("publisher.py");
+        command.arg(pub_port.to_string());
         if let Some(port) = replay_port {
             command.arg(port.to_string());
         }

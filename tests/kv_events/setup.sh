@@ -7,9 +7,19 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 dir="$(mkdir -p "$1" && cd "$1" && pwd)"
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+  $sudo apt-get install -y --no-install-recommends python3-venv >&2 \
+    || { $sudo apt-get update >&2 && $sudo apt-get install -y --no-install-recommends python3-venv >&2; }
+fi
+if [ ! -x "$dir/venv/bin/python" ]; then
+  rm -rf "$dir/venv"
+  python3 -m venv "$dir/venv"
+  timeout 600 "$dir/venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt" >&2
+fi
 if [ ! -s "$dir/vllm/distributed/kv_events.py" ]; then
   rm -rf "$dir/wheel" && mkdir -p "$dir/wheel"
-  timeout 900 python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+  timeout 900 "$dir/venv/bin/pip" download --quiet --disable-pip-version-check --no-deps \
     "vllm==$VLLM_VERSION" -d "$dir/wheel" >&2
   python3 - "$dir" <<'PY'
 import glob, sys, zipfile
@@ -49,9 +59,5 @@ for path, text in stubs.items():
         f.write(text)
 PY
   rm -rf "$dir/wheel"
-fi
-if [ ! -x "$dir/venv/bin/python" ]; then
-  python3 -m venv "$dir/venv"
-  timeout 600 "$dir/venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt" >&2
 fi
 echo "$dir/venv/bin/python"

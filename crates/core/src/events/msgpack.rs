@@ -153,23 +153,11 @@ impl Reader<'_> {
             0xc8 => self.sized_extension(2)?,
             0xc9 => self.sized_extension(4)?,
             0x90..=0x9f => self.array(usize::from(byte & 0x0f), depth)?,
-            0xdc => {
-                let n = self.uint(2)? as usize;
-                self.array(n, depth)?
-            }
-            0xdd => {
-                let n = self.uint(4)? as usize;
-                self.array(n, depth)?
-            }
+            0xdc => self.counted(2, depth, Self::array)?,
+            0xdd => self.counted(4, depth, Self::array)?,
             0x80..=0x8f => self.map(usize::from(byte & 0x0f), depth)?,
-            0xde => {
-                let n = self.uint(2)? as usize;
-                self.map(n, depth)?
-            }
-            0xdf => {
-                let n = self.uint(4)? as usize;
-                self.map(n, depth)?
-            }
+            0xde => self.counted(2, depth, Self::map)?,
+            0xdf => self.counted(4, depth, Self::map)?,
             0xc1 => return Err(MsgpackError::Invalid { byte, at }),
         })
     }
@@ -191,6 +179,17 @@ impl Reader<'_> {
     fn sized_extension(&mut self, width: usize) -> Result<Value, MsgpackError> {
         let n = self.uint(width)? as usize;
         self.extension(n)
+    }
+
+    /// An array or map (`read`) whose count is in the next `width` bytes.
+    fn counted(
+        &mut self,
+        width: usize,
+        depth: usize,
+        read: fn(&mut Self, usize, usize) -> Result<Value, MsgpackError>,
+    ) -> Result<Value, MsgpackError> {
+        let n = self.uint(width)? as usize;
+        read(self, n, depth)
     }
 
     /// Room for at most what the remaining bytes can hold (a value takes one byte at least).
