@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::OnceLock;
 
 use prefix_router_core::events::decode::{self, Event, Medium};
 use prefix_router_core::events::held::Held;
@@ -13,20 +14,24 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// A command running `script` (under tests/kv_events) with the venv `setup.sh` makes,
 /// its first argument the directory holding vLLM's stubbed `kv_events.py`.
+/// The venv is made once per test process (`setup.sh` also locks against other processes).
 fn vllm_python(script: &str) -> Command {
+    static PYTHON: OnceLock<String> = OnceLock::new();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let dir = root.join("target/kv-events");
-    let setup = Command::new(root.join("tests/kv_events/setup.sh"))
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        setup.status.success(),
-        "{}",
-        String::from_utf8_lossy(&setup.stderr)
-    );
-    let python = String::from_utf8(setup.stdout).unwrap();
-    let mut command = Command::new(python.trim());
+    let python = PYTHON.get_or_init(|| {
+        let setup = Command::new(root.join("tests/kv_events/setup.sh"))
+            .arg(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            setup.status.success(),
+            "{}",
+            String::from_utf8_lossy(&setup.stderr)
+        );
+        String::from_utf8(setup.stdout).unwrap().trim().to_string()
+    });
+    let mut command = Command::new(python);
     command
         .arg(root.join("tests/kv_events").join(script))
         .arg(&dir);

@@ -7,6 +7,9 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 dir="$(mkdir -p "$1" && cd "$1" && pwd)"
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+# Tests run in parallel and each may call this: one at a time makes the venv.
+exec 9>"$dir/.setup.lock"
+flock 9
 if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
   $sudo apt-get install -y --no-install-recommends python3-venv >&2 \
