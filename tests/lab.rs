@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use prefix_router_demo::{DemoArgs, compare as real_time};
 use prefix_router_lab::scenario::{Scenario, Source};
-use prefix_router_lab::{Setting, compare as lab};
+use prefix_router_lab::{IndexMode, Setting, compare as lab};
 use serde_json::Value;
 
 use crate::support::*;
@@ -58,6 +58,9 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         seed: 1,
         max_requests: Some(120),
         send_session_header: false,
+        index: IndexMode::Text,
+        bypass: 0.0,
+        restart: false,
     };
     let virtual_time = tokio::task::spawn_blocking(move || lab(&setting, &policies, &mut |_| {}))
         .await

@@ -29,7 +29,7 @@ pub use output::{svg, table};
 use prepare::Prepared;
 use router::RouterSetup;
 use scenario::{Scenario, Source};
-use world::Clients;
+use world::{Clients, Situation};
 
 /// Why the lab cannot run.
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +127,17 @@ pub struct LabArgs {
     /// The replicas do not share their conversation table (routers without `shared_table`).
     #[arg(long)]
     pub no_shared_table: bool,
+    /// What the router knows of the engines' caches (a list sweeps: text,exact): `text`
+    /// predicts from what it sent; `exact` reads the engines' own records (their KV
+    /// events, without delay) and routes in token mode.
+    #[arg(long, value_delimiter = ',', default_value = "text")]
+    pub index: Vec<IndexMode>,
+    /// Share of requests (0-1) that clients send straight to a backend, past the router.
+    #[arg(long, default_value_t = 0.0)]
+    pub bypass: f64,
+    /// Backend 0 loses its whole prefix cache when half the requests have been sent.
+    #[arg(long)]
+    pub restart: bool,
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -138,6 +149,16 @@ pub struct LabArgs {
     pub out_dir: PathBuf,
 }
 
+/// What the router knows of the engines' caches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexMode {
+    /// Its own prediction from what it sent.
+    Text,
+    /// The engines' own records (KV events), in token mode.
+    Exact,
+}
+
 /// One run's result: its setting, the replay's report of it, and what only the lab sees.
 #[derive(Clone, Debug, Serialize)]
 pub struct LabResult {
@@ -147,6 +168,8 @@ pub struct LabResult {
     pub policy: String,
     /// Router replicas.
     pub replicas: usize,
+    /// What the router knew of the engines' caches.
+    pub index: IndexMode,
     /// Backends.
     pub backends: usize,
     /// KV blocks per backend.
@@ -163,6 +186,9 @@ pub struct LabResult {
     pub index_evicted_bytes: u64,
     /// Hit rate the router predicted (matched / routed text).
     pub predicted_hit_rate: Option<f64>,
+    /// Hit rate of the requests the router placed (the report's, less those that
+    /// bypassed the router): what the prediction is of.
+    pub routed_hit_rate: Option<f64>,
     /// The router's decisions by outcome (`prefix_hit`, `placed`, `session`, ...).
     pub decisions: std::collections::BTreeMap<String, u64>,
     /// Routing text routed, bytes (over the prompt tokens reported: bytes per token).
@@ -196,6 +222,12 @@ pub struct Setting {
     pub max_requests: Option<usize>,
     /// Send `x-session-id`.
     pub send_session_header: bool,
+    /// What the router knows of the engines' caches.
+    pub index: IndexMode,
+    /// Share of requests past the router, 0..=1.
+    pub bypass: f64,
+    /// Whether backend 0 loses its cache halfway.
+    pub restart: bool,
 }
 
 impl Setting {
@@ -279,7 +311,21 @@ pub fn compare(
     let workload = Workload::load(&args)?;
     let sim = setting.sim();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let prepared = Prepared::new(workload.plan(), &sim, &args.model, args.stream, threads);
+    let exact = setting.index == IndexMode::Exact;
+    let prepared = Prepared::new(
+        workload.plan(),
+        &sim,
+        &args.model,
+        args.stream,
+        threads,
+        exact,
+    );
+    let situation = Situation {
+        exact,
+        bypass: setting.bypass,
+        restart: setting.restart,
+        seed: setting.seed,
+    };
     let names: Vec<String> = (0..setting.scenario.backends)
         .map(|i| format!("backend-{i}"))
         .collect();
@@ -294,7 +340,15 @@ pub fn compare(
     let mut results = Vec::with_capacity(policies.len());
     for name in policies {
         let router = setting.router(name)?;
-        let run = world::run(workload.plan(), &prepared, &names, &sim, &router, &clients);
+        let run = world::run(
+            workload.plan(),
+            &prepared,
+            &names,
+            &sim,
+            &router,
+            &clients,
+            &situation,
+        );
         let report = prefix_router_replay::report(&args, &workload, &run.result);
         let line = output::summary(&report, pooled_bound);
         progress(&format!("{} {name}: {line}", setting.scenario.name));
@@ -302,6 +356,7 @@ pub fn compare(
             scenario: setting.scenario.name.clone(),
             policy: name.clone(),
             replicas: setting.replicas,
+            index: setting.index,
             backends: setting.scenario.backends,
             kv_blocks: setting.scenario.kv_blocks,
             pooled_bound,
@@ -309,6 +364,7 @@ pub fn compare(
             kv_evicted_blocks: run.kv_evicted_blocks,
             index_evicted_bytes: run.index_evicted_bytes,
             predicted_hit_rate: run.predicted_hit_rate,
+            routed_hit_rate: run.routed_hit_rate,
             decisions: (run.outcomes.iter())
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
@@ -353,13 +409,29 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
             "--replicas must be >= 1 and --scrape-interval > 0".into(),
         ));
     }
+    if !(0.0..=1.0).contains(&args.bypass) {
+        return Err(LabError::Invalid("--bypass must be within 0-1".into()));
+    }
+    let faults = situation_label(args);
     let mut out = Vec::new();
     for scenario in base {
         for s in sweep(&scenario, args)? {
-            for &replicas in &args.replicas {
+            for (&replicas, &index) in args
+                .replicas
+                .iter()
+                .flat_map(|r| args.index.iter().map(move |i| (r, i)))
+            {
                 let mut s = s.clone();
                 if replicas > 1 {
                     s.name = format!("{} r={replicas}", s.name);
+                }
+                s.name.push_str(&faults);
+                if args.index.len() > 1 {
+                    s.name.push_str(if index == IndexMode::Exact {
+                        " exact"
+                    } else {
+                        " text"
+                    });
                 }
                 out.push(Setting {
                     scenario: s,
@@ -373,11 +445,26 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
                     seed: args.seed,
                     max_requests: args.max_requests,
                     send_session_header: args.send_session_header,
+                    index,
+                    bypass: args.bypass,
+                    restart: args.restart,
                 });
             }
         }
     }
     Ok(out)
+}
+
+/// The faults of `args` as a suffix of scenario names.
+fn situation_label(args: &LabArgs) -> String {
+    let mut label = String::new();
+    if args.bypass > 0.0 {
+        label.push_str(&format!(" bypass={:.0}%", args.bypass * 100.0));
+    }
+    if args.restart {
+        label.push_str(" restart");
+    }
+    label
 }
 
 /// `scenario` once per combination of the listed backends, KV sizes and session counts.
@@ -525,6 +612,9 @@ mod tests {
             seed: 3,
             max_requests: Some(120),
             send_session_header: false,
+            index: IndexMode::Text,
+            bypass: 0.0,
+            restart: false,
         }
     }
 

@@ -2,9 +2,13 @@
 //! and shared by every run on it: the body the replay would send, rendered, tokenized and
 //! hashed by the simulator's own template ([`prefix_router_sim::prepare`]). The router side
 //! parses the same body with the router's parser, so the two share nothing but the bytes.
+//! With the engines' records on ([`Prepared::new`]'s `exact`), each request also carries
+//! the chain the router's token mode would key it by: the simulator's token ids are its
+//! rendered prompt in 4-byte words, so the chain is the core's over those bytes.
 
 use std::sync::Arc;
 
+use prefix_router_core::request::blocks::Chainer;
 use prefix_router_replay::{Plan, Turn};
 use prefix_router_sim::SimConfig;
 use prefix_router_sim::cache::BlockHash;
@@ -22,6 +26,9 @@ pub enum Shape {
         prompt_tokens: usize,
         /// Output tokens to generate.
         output_tokens: usize,
+        /// The router's token-mode chain of the prompt (one hash per 16 tokens), when
+        /// the engines' records are on.
+        chain: Option<Arc<[[u8; 8]]>>,
     },
     /// Refused with this status (400 for a prompt too long).
     Refused(u16),
@@ -35,6 +42,7 @@ impl Shape {
                 hashes,
                 prompt_tokens,
                 output_tokens,
+                ..
             } => Some(EngineRequest {
                 id,
                 hashes: hashes.to_vec(),
@@ -53,8 +61,16 @@ pub struct Prepared {
 
 impl Prepared {
     /// Shapes of every turn of `plan` as `sim` renders bodies asking for `model`, on up to
-    /// `threads` threads (the result does not depend on them).
-    pub fn new(plan: &Plan, sim: &SimConfig, model: &str, stream: bool, threads: usize) -> Self {
+    /// `threads` threads (the result does not depend on them); with each prompt's token
+    /// chain when `exact`.
+    pub fn new(
+        plan: &Plan,
+        sim: &SimConfig,
+        model: &str,
+        stream: bool,
+        threads: usize,
+        exact: bool,
+    ) -> Self {
         let sessions = plan.sessions();
         let chunk = sessions.len().div_ceil(threads.max(1)).max(1);
         let shapes = std::thread::scope(|scope| {
@@ -66,7 +82,7 @@ impl Prepared {
                             .map(|s| {
                                 s.turns()
                                     .iter()
-                                    .map(|t| shape(plan, t, sim, model, stream))
+                                    .map(|t| shape(plan, t, sim, model, stream, exact))
                                     .collect()
                             })
                             .collect::<Vec<Vec<Shape>>>()
@@ -87,14 +103,32 @@ impl Prepared {
     }
 }
 
-fn shape(plan: &Plan, turn: &Turn, sim: &SimConfig, model: &str, stream: bool) -> Shape {
+fn shape(
+    plan: &Plan,
+    turn: &Turn,
+    sim: &SimConfig,
+    model: &str,
+    stream: bool,
+    exact: bool,
+) -> Shape {
     let body = plan.request_body(turn, model, stream);
     match prefix_router_sim::prepare(sim, Endpoint::Chat, &body, 0) {
         Ok((request, _)) => Shape::Accepted {
             hashes: request.hashes.into(),
             prompt_tokens: request.prompt_tokens,
             output_tokens: request.output_tokens,
+            chain: exact.then(|| token_chain(&body, sim)).flatten(),
         },
         Err(e) => Shape::Refused(e.status().as_u16()),
     }
+}
+
+/// The chain the router's token mode keys the rendered prompt of `body` by (the simulator's
+/// built-in tokenizer: ids are the prompt's 4-byte words).
+fn token_chain(body: &[u8], sim: &SimConfig) -> Option<Arc<[[u8; 8]]>> {
+    let value = serde_json::from_slice(body).ok()?;
+    let parsed = prefix_router_sim::template::parse(Endpoint::Chat, &value, sim.bytes_per_token);
+    let mut chain = Vec::new();
+    Chainer::default().push(&parsed.ok()?.prompt, &mut chain);
+    Some(chain.into())
 }

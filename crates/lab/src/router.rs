@@ -12,8 +12,8 @@ use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
 use prefix_router_core::ledger::{Account, Ledger, Placing, Seat};
 use prefix_router_core::policy::{
-    Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
-    SharedTunables, Tunables,
+    Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
+    SharedTunables, TokenBlocks, Tunables,
 };
 use prefix_router_core::request::{self, Endpoint, ParseError, SessionHeaders, SessionKey};
 use prefix_router_core::tree::TreeConfig;
@@ -52,6 +52,17 @@ pub struct RouterSetup {
     /// Whether the replicas share their conversation table (as routers configured with a
     /// `shared_table` do), instantly.
     pub shared_table: bool,
+}
+
+/// What the engines hold of one request by their own records (their KV events, without
+/// delay in virtual time): the request is then routed in token mode.
+pub struct Record<'a> {
+    /// The prompt's token chain (one hash per 16 tokens).
+    pub chain: &'a [[u8; 8]],
+    /// The prompt's tokens.
+    pub tokens: Tokens,
+    /// Per backend, the leading tokens of the prompt it holds on GPU.
+    pub held: Vec<Tokens>,
 }
 
 /// One placed request, as the router tracks it until it ends (drop: it ended).
@@ -133,12 +144,14 @@ impl LabRouter {
     }
 
     /// Places a chat request with `body` (and the `x-session-id` header when given) at
-    /// virtual time `now`, seconds: parse, then the ledger's placement.
+    /// virtual time `now`, seconds: parse, then the ledger's placement; with the engines'
+    /// `record` of it when they publish one.
     pub fn place(
         &mut self,
         now: f64,
         body: &[u8],
         session_id: Option<&str>,
+        record: Option<&Record>,
     ) -> Result<Placement, ParseError> {
         self.clock.set(Duration::from_secs_f64(now.max(0.0)));
         let parsed = request::parse(Endpoint::Chat, body)?;
@@ -147,11 +160,24 @@ impl LabRouter {
             headers.insert("x-session-id", value);
         }
         let session = SessionKey::find(&headers, &self.headers, parsed.session);
-        let request = Request::new(parsed.model, &parsed.text, session);
+        let mut request = Request::new(parsed.model, &parsed.text, session);
+        request.tokens = record.map(|r| TokenBlocks {
+            chain: r.chain,
+            tokens: r.tokens,
+        });
         let accounts: Vec<&Arc<Account>> = self.accounts.iter().collect();
-        let text = parsed.text.size();
+        let text = request.size();
         let placing = (self.ledger).place(&accounts, self.limit, text, |candidates| {
-            self.selector.select(&request, candidates)
+            let Some(record) = record else {
+                return self.selector.select(&request, candidates);
+            };
+            let recorded: Vec<Candidate> = (candidates.iter())
+                .map(|c| Candidate {
+                    recorded: record.held.get(c.id.0 as usize).map(|t| t.text()),
+                    ..*c
+                })
+                .collect();
+            self.selector.select(&request, &recorded)
         });
         let Placing::Placed { seat, index } = placing else {
             unreachable!("the lab places only when a backend is open, and nothing races it")

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use prefix_router_core::clock::Manual;
 use prefix_router_core::policy::{Conversations, Published};
 
-use crate::router::{LabRouter, Placement, RouterSetup};
+use crate::router::{LabRouter, Placement, Record, RouterSetup};
+use prefix_router_core::units::Tokens;
 
 /// How the clients behave: what the replay's options would say.
 #[derive(Clone, Debug)]
@@ -35,6 +36,22 @@ pub struct Clients {
     pub send_session_header: bool,
 }
 
+/// What happens around the router, and what it knows of the engines.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Situation {
+    /// The router sees the engines' own records (their KV events, without delay) and
+    /// routes in token mode; else it predicts from what it sent (text mode).
+    pub exact: bool,
+    /// Share of requests, 0..=1, that clients send straight to a backend (one drawn per
+    /// request), past the router.
+    pub bypass: f64,
+    /// Backend 0's engine loses its whole prefix cache when half the requests have been
+    /// sent (a restart as the cache sees it; its requests in flight finish).
+    pub restart: bool,
+    /// Seed of the bypass draws.
+    pub seed: u64,
+}
+
 /// What one run produced.
 pub struct Run {
     /// The outcomes, as the replay records them.
@@ -45,6 +62,8 @@ pub struct Run {
     pub index_evicted_bytes: u64,
     /// The router's predicted hit rate: matched / routed text bytes.
     pub predicted_hit_rate: Option<f64>,
+    /// The hit rate of the requests the router placed (all but those that bypassed it).
+    pub routed_hit_rate: Option<f64>,
     /// The router's decisions by outcome.
     pub outcomes: std::collections::BTreeMap<&'static str, u64>,
     /// Routing text routed, bytes.
@@ -60,11 +79,18 @@ pub fn run(
     sim: &SimConfig,
     router: &RouterSetup,
     clients: &Clients,
+    situation: &Situation,
 ) -> Run {
+    let total: usize = plan.sessions().iter().map(|s| s.turns().len()).sum();
+    let total = total.min(clients.max_requests.unwrap_or(usize::MAX));
     let mut world = World {
         plan,
         prepared,
         clients,
+        situation,
+        restart_at: situation.restart.then_some(total / 2),
+        sent: 0,
+        routed: (0, 0),
         names: backends,
         engines: (0..backends.len())
             .map(|_| EngineCore::new(sim.timing(), sim.kv_blocks))
@@ -103,6 +129,7 @@ pub fn run(
         outcomes,
         text_bytes,
         predicted_hit_rate: (text_bytes > 0).then(|| matched_bytes as f64 / text_bytes as f64),
+        routed_hit_rate: (world.routed.1 > 0).then(|| world.routed.0 as f64 / world.routed.1 as f64),
         result: RunResult {
             outcomes: world.outcomes,
             elapsed: seconds(elapsed),
@@ -145,7 +172,8 @@ struct Live {
     turn: usize,
     ready: f64,
     sent: f64,
-    placement: Placement,
+    /// The router's placement; `None` when the client bypassed the router.
+    placement: Option<Placement>,
     /// The router replica that placed it.
     replica: usize,
     first: Option<f64>,
@@ -157,6 +185,13 @@ struct World<'w> {
     plan: &'w Plan,
     prepared: &'w Prepared,
     clients: &'w Clients,
+    situation: &'w Situation,
+    /// When (in requests sent) backend 0 restarts, if it does.
+    restart_at: Option<usize>,
+    /// Requests sent so far.
+    sent: usize,
+    /// Cached and prompt tokens of the requests the router placed.
+    routed: (u64, u64),
     names: &'w [String],
     engines: Vec<EngineCore>,
     /// The router replicas; requests go to them in turn.
@@ -333,35 +368,36 @@ impl World<'_> {
         }
     }
 
-    /// Places, on router replica `replica`, the request the client sent at `sent`, at `now`.
+    /// Places, on router replica `replica`, the request the client sent at `sent`, at `now`
+    /// (or sends it straight to a backend when it bypasses the router).
     fn dispatch(&mut self, now: f64, want: Want, sent: f64, replica: usize) {
-        let session = &self.plan.sessions()[want.session];
-        let turn = &session.turns()[want.turn];
-        let body = self
-            .plan
-            .request_body(turn, &self.clients.model, self.clients.stream);
-        let id = self
-            .clients
-            .send_session_header
-            .then(|| session.id())
-            .flatten();
-        let placed = self.routers[replica].place(now, &body, id);
-        drop(body);
+        self.sent += 1;
+        if self.restart_at == Some(self.sent) {
+            self.engines[0].advance(now);
+            self.engines[0].forget_cache();
+        }
         let shape = self.prepared.shape(want.session, want.turn);
-        let (placement, request) = match (placed, shape) {
-            (Ok(placement), Some(shape)) => match shape.request(self.next_id) {
-                Some(request) => (placement, request),
-                None => {
-                    let Shape::Refused(status) = shape else {
-                        return;
-                    };
-                    return self.refused(now, sent, want, Some(placement), *status);
-                }
-            },
-            (Ok(placement), None) => return self.refused(now, sent, want, Some(placement), 500),
-            (Err(_), _) => return self.refused(now, sent, want, None, 400),
+        let placed = match self.bypasses(want) {
+            true => Ok(None),
+            false => self.place(now, want, shape, replica).map(Some),
         };
-        let engine = &mut self.engines[placement.backend];
+        let backend = match &placed {
+            Ok(Some(p)) => p.backend,
+            Ok(None) => self.bypass_backend(want),
+            Err(_) => return self.refused(now, sent, want, None, 400),
+        };
+        let placement = placed.ok().flatten();
+        let Some(shape) = shape else {
+            return self.refused(now, sent, want, placement, 500);
+        };
+        let Some(request) = shape.request(self.next_id) else {
+            let status = match shape {
+                Shape::Refused(status) => *status,
+                Shape::Accepted { .. } => 500,
+            };
+            return self.refused(now, sent, want, placement, status);
+        };
+        let engine = &mut self.engines[backend];
         engine.advance(now);
         let prompt = request.prompt_tokens;
         engine.submit(request);
@@ -380,6 +416,58 @@ impl World<'_> {
             },
         );
         self.next_id += 1;
+    }
+
+    /// The router replica's placement of `want`, with the engines' records in exact mode.
+    fn place(
+        &mut self,
+        now: f64,
+        want: Want,
+        shape: Option<&Shape>,
+        replica: usize,
+    ) -> Result<Placement, prefix_router_core::request::ParseError> {
+        let session = &self.plan.sessions()[want.session];
+        let turn = &session.turns()[want.turn];
+        let body = (self.plan).request_body(turn, &self.clients.model, self.clients.stream);
+        let id = (self.clients.send_session_header)
+            .then(|| session.id())
+            .flatten();
+        let record = match shape {
+            Some(Shape::Accepted {
+                hashes,
+                prompt_tokens,
+                chain: Some(chain),
+                ..
+            }) if self.situation.exact => Some(Record {
+                chain,
+                tokens: Tokens(*prompt_tokens),
+                held: (self.engines.iter())
+                    .map(|e| {
+                        let blocks = e.cache().hit_blocks(hashes, usize::MAX);
+                        Tokens(blocks * e.timing().block_tokens)
+                    })
+                    .collect(),
+            }),
+            _ => None,
+        };
+        self.routers[replica].place(now, &body, id, record.as_ref())
+    }
+
+    /// Whether `want` bypasses the router (a draw under the bypass share).
+    fn bypasses(&self, want: Want) -> bool {
+        let share = (self.draw(want) >> 11) as f64 / (1u64 << 53) as f64;
+        share < self.situation.bypass
+    }
+
+    /// The backend a bypassing request goes to: one of the fleet, drawn.
+    fn bypass_backend(&self, want: Want) -> usize {
+        (self.draw(want).rotate_left(32) % self.engines.len().max(1) as u64) as usize
+    }
+
+    fn draw(&self, want: Want) -> u64 {
+        let key = [self.situation.seed, want.session as u64, want.turn as u64];
+        let bytes: Vec<u8> = key.iter().flat_map(|k| k.to_le_bytes()).collect();
+        xxhash_rust::xxh3::xxh3_64(&bytes)
     }
 
     /// A request answered with an error status at once (the router's 400, the
@@ -424,8 +512,8 @@ impl World<'_> {
                     return;
                 };
                 (live.first, live.cached) = (Some(at), cached_tokens);
-                if self.clients.stream {
-                    self.routers[live.replica].answered(&live.placement);
+                if let (true, Some(placement)) = (self.clients.stream, &live.placement) {
+                    self.routers[live.replica].answered(placement);
                 }
             }
             Output::Finished {
@@ -436,8 +524,11 @@ impl World<'_> {
                 let Some(live) = self.live.remove(&id) else {
                     return;
                 };
-                self.routers[live.replica].reported(&live.placement, live.cached as u64);
-                drop(live.placement);
+                if let Some(placement) = live.placement {
+                    self.routers[live.replica].reported(&placement, live.cached as u64);
+                    self.routed.0 += live.cached as u64;
+                    self.routed.1 += live.prompt as u64;
+                }
                 let stream = self.clients.stream;
                 let exchange = Exchange {
                     backend: Some(self.names[backend].clone()),

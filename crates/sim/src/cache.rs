@@ -238,6 +238,16 @@ impl BlockCache {
         })
     }
 
+    /// Forgets every cached hash at once, as an engine restart or vLLM's
+    /// `/reset_prefix_cache` does; blocks pinned by running requests stay theirs,
+    /// anonymous. Counts nothing as evicted.
+    pub fn forget_all(&mut self) {
+        self.index.clear();
+        for slot in &mut self.slots {
+            slot.hash = None;
+        }
+    }
+
     /// Unpins a finished (or aborted) request's blocks; those no longer used by any
     /// request go to the back of the free queue, tail block first.
     pub fn release(&mut self, allocation: Allocation) {

@@ -158,6 +158,11 @@ impl EngineCore {
         &self.cache
     }
 
+    /// Forgets the whole prefix cache (see [`BlockCache::forget_all`]).
+    pub fn forget_cache(&mut self) {
+        self.cache.forget_all();
+    }
+
     /// Blocks a request holds while running: prompt plus output tokens, rounded up to blocks.
     pub fn blocks_needed(&self, prompt_tokens: usize, output_tokens: usize) -> usize {
         prompt_tokens
