@@ -48,6 +48,7 @@ impl Shape {
                 hashes: hashes.to_vec(),
                 prompt_tokens: *prompt_tokens,
                 output_tokens: *output_tokens,
+                token_ids: Vec::new(),
             }),
             Shape::Refused(_) => None,
         }

@@ -62,6 +62,29 @@ pub fn max_hit_blocks(prompt_tokens: usize, full_blocks: usize, block_tokens: us
     full_blocks.min(prompt_tokens.saturating_sub(1) / block_tokens.max(1))
 }
 
+/// A change to what the cache holds, as vLLM's KV events report it (logged only when
+/// [`BlockCache::log_changes`] turned the log on).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Blocks were cached: the prompt's blocks `first..first + hashes.len()`, continuing
+    /// the block `parent` (none for the first block). `token_ids` is left empty here; the
+    /// engine, which has the prompt, fills it.
+    Stored {
+        /// The blocks' hashes, in order.
+        hashes: Vec<BlockHash>,
+        /// The hash of the block before the first.
+        parent: Option<BlockHash>,
+        /// Index of the first among the prompt's blocks.
+        first: usize,
+        /// Their token ids, `block_tokens` per block.
+        token_ids: Vec<u32>,
+    },
+    /// Cached blocks were evicted.
+    Removed(Vec<BlockHash>),
+    /// Every cached block was forgotten.
+    Cleared,
+}
+
 /// Blocks a request holds from admission to completion (hit blocks first, then
 /// newly allocated ones in prompt order, then its partial and output blocks).
 #[derive(Debug)]
@@ -119,6 +142,8 @@ pub struct BlockCache {
     tail: u32,
     free_len: usize,
     evicted: u64,
+    /// Changes since the last [`BlockCache::take_changes`], when logged.
+    log: Option<Vec<Change>>,
 }
 
 impl BlockCache {
@@ -141,11 +166,22 @@ impl BlockCache {
             tail: NIL,
             free_len: 0,
             evicted: 0,
+            log: None,
         };
         for id in 0..capacity as u32 {
             cache.push_back(id);
         }
         cache
+    }
+
+    /// Starts logging changes (for KV events).
+    pub fn log_changes(&mut self) {
+        self.log.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes logged since the last call, in order.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        self.log.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Total blocks in the pool.
@@ -225,13 +261,17 @@ impl BlockCache {
         for &id in &blocks {
             self.pin(id);
         }
+        let mut stored = Vec::new();
         for position in hit..hit + needed {
             let id = self.take_front()?;
-            if let Some(&hash) = hashes.get(position) {
-                self.register(id, hash);
+            if let Some(&hash) = hashes.get(position)
+                && self.register(id, hash)
+            {
+                stored.push(position);
             }
             blocks.push(id);
         }
+        self.log_stored(hashes, &stored);
         Some(Allocation {
             blocks,
             hit_blocks: hit,
@@ -245,6 +285,9 @@ impl BlockCache {
         self.index.clear();
         for slot in &mut self.slots {
             slot.hash = None;
+        }
+        if let Some(log) = &mut self.log {
+            log.push(Change::Cleared);
         }
     }
 
@@ -277,16 +320,41 @@ impl BlockCache {
         if let Some(hash) = self.slots[id as usize].hash.take() {
             self.index.remove(&hash);
             self.evicted += 1;
+            if let Some(log) = &mut self.log {
+                match log.last_mut() {
+                    Some(Change::Removed(hashes)) => hashes.push(hash),
+                    _ => log.push(Change::Removed(vec![hash])),
+                }
+            }
         }
         self.slots[id as usize].refs = 1;
         Some(id)
     }
 
-    /// Caches `id` under `hash` unless another block already does (then `id` stays anonymous).
-    fn register(&mut self, id: BlockId, hash: BlockHash) {
-        if let std::collections::hash_map::Entry::Vacant(entry) = self.index.entry(hash) {
-            entry.insert(id);
-            self.slots[id as usize].hash = Some(hash);
+    /// Caches `id` under `hash` unless another block already does (then `id` stays
+    /// anonymous); returns whether it did.
+    fn register(&mut self, id: BlockId, hash: BlockHash) -> bool {
+        let std::collections::hash_map::Entry::Vacant(entry) = self.index.entry(hash) else {
+            return false;
+        };
+        entry.insert(id);
+        self.slots[id as usize].hash = Some(hash);
+        true
+    }
+
+    /// Logs the prompt blocks at `positions` (ascending) as stored, one change per run.
+    fn log_stored(&mut self, hashes: &[BlockHash], positions: &[usize]) {
+        let Some(log) = &mut self.log else {
+            return;
+        };
+        for run in positions.chunk_by(|a, b| a + 1 == *b) {
+            let first = run[0];
+            log.push(Change::Stored {
+                hashes: run.iter().map(|&p| hashes[p]).collect(),
+                parent: first.checked_sub(1).map(|p| hashes[p]),
+                first,
+                token_ids: Vec::new(),
+            });
         }
     }
 

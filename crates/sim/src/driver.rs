@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Duration, Instant, sleep_until};
 
 use super::engine::{EngineCore, EngineRequest, Output};
+use super::kv_events::Publisher;
 use super::metrics::Metrics;
 
 /// Maps simulated seconds since the instance started to real instants.
@@ -129,6 +130,7 @@ pub fn spawn(
     core: EngineCore,
     metrics: Arc<Metrics>,
     clock: SimClock,
+    publisher: Option<Publisher>,
 ) -> (EngineHandle, JoinHandle<()>) {
     let (tx, rx) = unbounded_channel();
     let task = Driver {
@@ -137,6 +139,7 @@ pub fn spawn(
         clock,
         rx,
         waiters: Default::default(),
+        publisher,
     };
     (EngineHandle { tx }, tokio::spawn(task.run()))
 }
@@ -147,6 +150,8 @@ struct Driver {
     clock: SimClock,
     rx: UnboundedReceiver<Command>,
     waiters: std::collections::HashMap<u64, UnboundedSender<Event>>,
+    /// Where the cache's changes go, one batch per step, when the instance publishes.
+    publisher: Option<Publisher>,
 }
 
 impl Driver {
@@ -189,6 +194,9 @@ impl Driver {
     fn dispatch(&mut self) {
         for output in self.core.take_outputs() {
             self.on_output(output);
+        }
+        if let Some(publisher) = &self.publisher {
+            publisher.publish(self.core.take_changes());
         }
         let (running, waiting) = (self.core.running(), self.core.waiting());
         self.metrics

@@ -24,7 +24,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
-use super::cache::{Allocation, BlockCache, BlockHash, max_hit_blocks};
+use super::cache::{Allocation, BlockCache, BlockHash, Change, max_hit_blocks};
 
 /// Remaining prefill below this many tokens counts as done (float slack).
 const EPS_TOKENS: f64 = 1e-6;
@@ -55,6 +55,8 @@ pub struct EngineRequest {
     pub prompt_tokens: usize,
     /// Output tokens to generate (>= 1).
     pub output_tokens: usize,
+    /// The prompt's token ids, for KV events; empty when the engine publishes none.
+    pub token_ids: Vec<u32>,
 }
 
 /// What happened to a request, at simulated time `at` (seconds).
@@ -116,6 +118,8 @@ pub struct EngineCore {
     /// order like the floats.
     timers: BinaryHeap<Reverse<(u64, u64)>>,
     outputs: Vec<Output>,
+    /// Cache changes with their token ids, when the engine publishes KV events.
+    changes: Vec<Change>,
 }
 
 impl EngineCore {
@@ -130,6 +134,7 @@ impl EngineCore {
             prefilling: Vec::new(),
             timers: BinaryHeap::new(),
             outputs: Vec::new(),
+            changes: Vec::new(),
         }
     }
 
@@ -161,6 +166,17 @@ impl EngineCore {
     /// Forgets the whole prefix cache (see [`BlockCache::forget_all`]).
     pub fn forget_cache(&mut self) {
         self.cache.forget_all();
+        self.changes.extend(self.cache.take_changes());
+    }
+
+    /// Starts keeping the cache's changes for KV events ([`Self::take_changes`]).
+    pub fn publish_changes(&mut self) {
+        self.cache.log_changes();
+    }
+
+    /// The cache's changes since the last call, stores with their token ids.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
     }
 
     /// Blocks a request holds while running: prompt plus output tokens, rounded up to blocks.
@@ -355,6 +371,20 @@ impl EngineCore {
             let Some(allocation) = self.cache.allocate(&request.hashes, cap, total) else {
                 return;
             };
+            let block = self.timing.block_tokens;
+            for mut change in self.cache.take_changes() {
+                if let Change::Stored {
+                    hashes,
+                    first,
+                    token_ids,
+                    ..
+                } = &mut change
+                {
+                    let ids = request.token_ids.get(*first * block..(*first + hashes.len()) * block);
+                    *token_ids = ids.unwrap_or_default().to_vec();
+                }
+                self.changes.push(change);
+            }
             if let Some((request, arrival)) = self.waiting.pop_front() {
                 self.start(request, arrival, allocation);
             }

@@ -24,6 +24,7 @@ fn req(id: u64, tag: u64, prompt_tokens: usize, output_tokens: usize) -> EngineR
         hashes,
         prompt_tokens,
         output_tokens,
+        token_ids: Vec::new(),
     }
 }
 

@@ -120,19 +120,22 @@ pub fn prepare(
 ) -> Result<(EngineRequest, bool), ApiError> {
     let body: Value = serde_json::from_slice(raw)?;
     let parsed = template::parse(endpoint, &body, config.bytes_per_token)?;
-    let (prompt_tokens, hashes) = match &config.tokenizer {
+    let publishes = config.kv_events.as_ref().is_some_and(|k| k.publishes());
+    let (prompt_tokens, hashes, token_ids) = match &config.tokenizer {
         Some(model) => {
             let ids = model.ids(endpoint, raw)?;
             let bytes: Vec<u8> = ids.iter().flat_map(|id| id.to_le_bytes()).collect();
-            (
-                ids.len(),
-                block_hashes(&bytes, config.block_tokens.saturating_mul(4)),
-            )
+            let hashes = block_hashes(&bytes, config.block_tokens.saturating_mul(4));
+            (ids.len(), hashes, if publishes { ids } else { Vec::new() })
         }
         None => {
             let block_bytes = config.block_tokens.saturating_mul(config.bytes_per_token);
             let tokens = template::token_count(&parsed.prompt, config.bytes_per_token);
-            (tokens, block_hashes(&parsed.prompt, block_bytes))
+            let ids = match publishes {
+                true => word_ids(&parsed.prompt, config.bytes_per_token),
+                false => Vec::new(),
+            };
+            (tokens, block_hashes(&parsed.prompt, block_bytes), ids)
         }
     };
     check_length(config, prompt_tokens, parsed.output_tokens)?;
@@ -141,8 +144,25 @@ pub fn prepare(
         hashes,
         prompt_tokens,
         output_tokens: parsed.output_tokens,
+        token_ids,
     };
     Ok((request, parsed.stream))
+}
+
+/// The built-in tokenizer's token ids: each `bytes_per_token` bytes of the prompt, as a
+/// little-endian word when they fit in 4 bytes (so the ids' bytes are the prompt's), else
+/// hashed.
+fn word_ids(prompt: &[u8], bytes_per_token: usize) -> Vec<u32> {
+    (prompt.chunks(bytes_per_token.max(1)))
+        .map(|chunk| match chunk.len() {
+            1..=4 => {
+                let mut word = [0; 4];
+                word[..chunk.len()].copy_from_slice(chunk);
+                u32::from_le_bytes(word)
+            }
+            _ => xxhash_rust::xxh3::xxh3_64(chunk) as u32,
+        })
+        .collect()
 }
 
 /// Refuses empty prompts, and prompts plus output beyond `max_model_len` or the KV cache.

@@ -34,6 +34,7 @@ mod generate;
 pub mod hf;
 mod http;
 mod instance;
+pub mod kv_events;
 pub mod metrics;
 mod openai;
 pub mod template;
@@ -82,6 +83,9 @@ pub struct SimConfig {
     /// A real model's chat template and tokenizer (`--tokenizer DIR`); default none: the
     /// built-in template at `bytes_per_token` bytes a token.
     pub tokenizer: Option<std::sync::Arc<hf::HfModel>>,
+    /// Where to publish KV events, as vLLM's `--kv-events-config` (this instance's own
+    /// endpoints); default none.
+    pub kv_events: Option<kv_events::KvEventsConfig>,
 }
 
 impl Default for SimConfig {
@@ -99,6 +103,7 @@ impl Default for SimConfig {
             max_model_len: 131_072,
             name: "sim".to_owned(),
             tokenizer: None,
+            kv_events: None,
         }
     }
 }
@@ -155,6 +160,7 @@ pub struct SimHandle {
     metrics: Arc<metrics::Metrics>,
     server: JoinHandle<()>,
     engine: JoinHandle<()>,
+    publisher: Option<JoinHandle<()>>,
 }
 
 impl SimHandle {
@@ -174,6 +180,10 @@ impl SimHandle {
         self.engine.abort();
         let _ = (&mut self.server).await;
         let _ = (&mut self.engine).await;
+        if let Some(publisher) = self.publisher.take() {
+            publisher.abort();
+            let _ = publisher.await;
+        }
     }
 }
 
@@ -181,18 +191,32 @@ impl Drop for SimHandle {
     fn drop(&mut self) {
         self.server.abort();
         self.engine.abort();
+        if let Some(publisher) = &self.publisher {
+            publisher.abort();
+        }
     }
 }
 
-/// Starts one instance on an already bound listener (tests bind `127.0.0.1:0`).
-/// Fails with `InvalidInput` if `config` does not validate.
+/// Starts one instance on an already bound listener (tests bind `127.0.0.1:0`), and its
+/// KV event publisher when configured. Fails with `InvalidInput` if `config` does not
+/// validate, and when the publisher's sockets cannot be bound.
 pub async fn start(config: SimConfig, listener: TcpListener) -> std::io::Result<SimHandle> {
     config.validate()?;
     let addr = listener.local_addr()?;
     let metrics = Arc::new(metrics::Metrics::default());
-    let core = engine::EngineCore::new(config.timing(), config.kv_blocks);
+    let mut core = engine::EngineCore::new(config.timing(), config.kv_blocks);
     let clock = driver::SimClock::new(config.time_scale);
-    let (engine_handle, engine) = driver::spawn(core, metrics.clone(), clock);
+    let (publisher, publishing) = match config.kv_events.as_ref().filter(|k| k.publishes()) {
+        Some(events) => {
+            let (publisher, task) = kv_events::bind(events, config.block_tokens)
+                .await
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::AddrInUse, e.to_string()))?;
+            core.publish_changes();
+            (Some(publisher), Some(task))
+        }
+        None => (None, None),
+    };
+    let (engine_handle, engine) = driver::spawn(core, metrics.clone(), clock, publisher);
     let name = config.name.clone();
     let shared = Arc::new(instance::Shared {
         instance_header: HeaderValue::from_str(&config.name).ok(),
@@ -208,6 +232,7 @@ pub async fn start(config: SimConfig, listener: TcpListener) -> std::io::Result<
         metrics,
         server,
         engine,
+        publisher: publishing,
     })
 }
 
@@ -261,6 +286,12 @@ pub struct SimArgs {
     /// [default: the built-in template, --bytes-per-token bytes a token]
     #[arg(long)]
     pub tokenizer: Option<std::path::PathBuf>,
+    /// Publish KV events as vLLM does, with vLLM's JSON (`enable_kv_cache_events`,
+    /// `publisher`, `endpoint`, `replay_endpoint`, `buffer_steps`, `topic`); instance i
+    /// binds the endpoints' ports + i. Token ids are --tokenizer's, else the built-in
+    /// tokenizer's (the rendered prompt's 4-byte words) [default: none]
+    #[arg(long)]
+    pub kv_events_config: Option<String>,
 }
 
 impl SimArgs {
@@ -279,6 +310,7 @@ impl SimArgs {
             max_model_len: self.max_model_len,
             name: format!("{}-{port}", self.name),
             tokenizer: None,
+            kv_events: None,
         }
     }
 }
@@ -294,6 +326,9 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         .map(hf::HfModel::load)
         .transpose()?
         .map(std::sync::Arc::new);
+    let kv_events = (args.kv_events_config.as_deref())
+        .map(kv_events::KvEventsConfig::parse)
+        .transpose()?;
     let mut handles = Vec::with_capacity(usize::from(args.count));
     for i in 0..args.count {
         let port = match args.base_port {
@@ -308,6 +343,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         let bound = listener.local_addr()?;
         let config = SimConfig {
             tokenizer: tokenizer.clone(),
+            kv_events: kv_events.as_ref().map(|k| k.for_instance(i)).transpose()?,
             ..args.config(bound.port())
         };
         let handle = start(config, listener).await?;
