@@ -22,6 +22,8 @@ async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
         out_dir: dir,
         replicas: 1,
         no_shared_table: false,
+        tokenizer: None,
+        kv_events: false,
     };
     let results = compare(&args, |_| {}).await.unwrap();
     let hit = |i: usize| results[i].report.hit_rate.unwrap();

@@ -324,8 +324,8 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
             .unwrap()
             .iter()
             .find(|b| b["url"] == ups[0].url())
-            .unwrap()["record"]
-            .clone()
+            .map(|b| b["record"].clone())
+            .unwrap_or_default()
     };
     for _ in 0..200 {
         if a_record(&explain().await)["mode"] == "exact" {
@@ -379,6 +379,44 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     assert_eq!(a_record(&explain().await)["gpu_tokens"], 0);
+
+    // Its health checks fail (a restart, perhaps): not trusted until its next batch says
+    // its numbers go on, and then what it stored before is still there.
+    publisher.send(json!({"op": "store", "hashes": hashes, "tokens": ids[..blocks * 16]}));
+    for _ in 0..200 {
+        if a_record(&explain().await)["gpu_tokens"] == blocks * 16 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    ups[0].set_healthy(false);
+    let degraded = [("backend", a.as_str()), ("mode", "degraded")];
+    for _ in 0..200 {
+        if sum(&router.metrics().await, "prefix_router_kv_event_record", &degraded) == 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let scrape = router.metrics().await;
+    assert_eq!(sum(&scrape, "prefix_router_kv_event_record", &degraded), 1.0);
+    ups[0].set_healthy(true);
+    for _ in 0..200 {
+        if a_record(&explain().await)["mode"] == "degraded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(a_record(&explain().await)["mode"], "degraded", "healthy, not yet trusted");
+    publisher.send(json!({"op": "remove", "hashes": [999_999]}));
+    for _ in 0..200 {
+        if a_record(&explain().await)["mode"] == "exact" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let why = explain().await;
+    assert_eq!(a_record(&why)["mode"], "exact", "{why}");
+    assert_eq!(a_record(&why)["gpu_tokens"], blocks * 16, "{why}");
 }
 
 /// A batch as vLLM writes it: `[ts, [events], 0]`, events as maps.
@@ -583,7 +621,10 @@ async fn the_simulators_events_make_the_router_exact() {
         };
         sims.push(prefix_router_sim::start(config, listener).await.unwrap());
     }
-    let urls: Vec<String> = http.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let urls: Vec<String> = http
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
     let router = TestRouter::start(
         Settings {
             worker_urls: Some(urls.clone()),
@@ -645,7 +686,10 @@ async fn the_simulators_events_make_the_router_exact() {
     let why = explain(body(&messages)).await;
     assert_eq!(why["backend"], *home, "{why}");
     let (status, second) = post(&router.url, "/v1/chat/completions", &body(&messages)).await;
-    assert_eq!((status, second["system_fingerprint"].as_str()), (200, Some(served.as_str())));
+    assert_eq!(
+        (status, second["system_fingerprint"].as_str()),
+        (200, Some(served.as_str()))
+    );
     let cached = &second["usage"]["prompt_tokens_details"]["cached_tokens"];
     assert_eq!(why["matched_tokens"], *cached, "{why} {second}");
     let stats = client()
@@ -696,7 +740,10 @@ async fn the_simulator_replays_its_batches_like_vllm() {
         assert_eq!(status, 200);
     }
     let mut dealer = DealerSocket::new();
-    dealer.connect(&format!("tcp://127.0.0.1:{replay}")).await.unwrap();
+    dealer
+        .connect(&format!("tcp://127.0.0.1:{replay}"))
+        .await
+        .unwrap();
     let mut request = ZmqMessage::from(Bytes::new());
     request.push_back(Bytes::copy_from_slice(&0u64.to_be_bytes()));
     dealer.send(request).await.unwrap();
@@ -726,6 +773,9 @@ async fn the_simulator_replays_its_batches_like_vllm() {
     assert_eq!(seqs, (0..seqs.len() as u64).collect::<Vec<_>>());
     assert!(seqs.len() >= 2, "{seqs:?}");
     let prompt = sim.stats().prompt_tokens as usize;
-    assert!(stored_tokens > 0 && stored_tokens <= prompt, "{stored_tokens} of {prompt}");
+    assert!(
+        stored_tokens > 0 && stored_tokens <= prompt,
+        "{stored_tokens} of {prompt}"
+    );
     sim.shutdown().await;
 }

@@ -33,6 +33,8 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         out_dir: dir,
         replicas: 1,
         no_shared_table: false,
+        tokenizer: None,
+        kv_events: false,
     };
     let real = real_time(&demo, |_| {}).await.unwrap();
     let setting = Setting {

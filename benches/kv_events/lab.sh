@@ -34,8 +34,8 @@ def spread(values):
     if len(values) == 1:
         return f"{values[0]:.1f}"
     return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
-print("| scenario | situation | text: hit | exact: hit | exact: routed hit | exact: predicted | exact - no fault | text - no fault |")
-print("|---|---|---|---|---|---|---|---|")
+print("| scenario | situation | text: hit | text: routed hit | text: predicted | exact: hit | exact: routed hit | exact: predicted | exact - no fault | text - no fault |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 order = ["none", "restart", "bypass=20%", "r=2", "r=4"]
 for base in ["agent", "hot-prompt", "burst", "conversation-10x"]:
     for situation in order:
@@ -48,7 +48,8 @@ for base in ["agent", "hot-prompt", "burst", "conversation-10x"]:
             # The routed requests' hit rate against the same scenario without the fault.
             clean = statistics.median(hit(rows[(base, "none", mode)]))
             return f"{(statistics.median(routed(rs)) - clean) * 100:+.1f}"
-        print(f"| {base} | {situation} | {spread(hit(text))} | {spread(hit(exact))} | "
-              f"{spread(routed(exact))} | {spread([r['predicted_hit_rate'] for r in exact])} | "
-              f"{drop(exact, 'exact')} | {drop(text, 'text')} |")
+        predicted = lambda rs: [r["predicted_hit_rate"] for r in rs]
+        print(f"| {base} | {situation} | {spread(hit(text))} | {spread(routed(text))} | "
+              f"{spread(predicted(text))} | {spread(hit(exact))} | {spread(routed(exact))} | "
+              f"{spread(predicted(exact))} | {drop(exact, 'exact')} | {drop(text, 'text')} |")
 PY

@@ -64,6 +64,14 @@ pub struct DemoArgs {
     /// With replicas, do not share the conversation table (no `redis-server` needed).
     #[arg(long)]
     pub no_shared_table: bool,
+    /// A model's tokenizer directory: the simulated backends render and count with it, and
+    /// the router routes in token mode.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// The simulated backends publish their KV events and the router follows them (its
+    /// exact index); needs --tokenizer.
+    #[arg(long, requires = "tokenizer")]
+    pub kv_events: bool,
     /// Where to write `demo.json` and `demo.svg`.
     #[arg(long, default_value = "demo-results")]
     pub out_dir: PathBuf,
@@ -134,7 +142,7 @@ async fn run_policy(
     replay_args: &ReplayArgs,
     workload: &Workload,
 ) -> anyhow::Result<Report> {
-    let sims = start_sims(args).await?;
+    let (sims, events_offset) = start_sims(args).await?;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
     let redis = (args.replicas > 1 && !args.no_shared_table)
         .then(Redis::start)
@@ -142,7 +150,7 @@ async fn run_policy(
     let mut routers = Vec::with_capacity(args.replicas.max(1));
     for _ in 0..args.replicas.max(1) {
         let shared = redis.as_ref().map(|r| r.url.clone());
-        let config = router_config(args, policy, &urls, shared)?;
+        let config = router_config(args, policy, &urls, shared, events_offset)?;
         let backends = urls.len();
         let router = tokio::task::spawn_blocking(move || {
             let running = Embedded::start(&config)?;
@@ -172,19 +180,54 @@ async fn run_policy(
     Ok(report)
 }
 
-async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
+/// The simulated backends, and with `--kv-events` the offset from each one's HTTP port
+/// to its KV event port (one for all, as the router's endpoint template has it).
+async fn start_sims(args: &DemoArgs) -> anyhow::Result<(Vec<SimHandle>, Option<i32>)> {
+    let tokenizer = (args.tokenizer.as_deref())
+        .map(prefix_router_sim::hf::HfModel::load)
+        .transpose()?
+        .map(std::sync::Arc::new);
+    let mut listeners = Vec::with_capacity(args.backends);
+    for _ in 0..args.backends {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await?);
+    }
+    let ports = (listeners.iter())
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect::<std::io::Result<Vec<u16>>>()?;
+    let offset = args.kv_events.then(|| free_offset(&ports)).transpose()?;
     let mut sims = Vec::with_capacity(args.backends);
-    for i in 0..args.backends {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let kv_events = offset.map(|o| prefix_router_sim::kv_events::KvEventsConfig {
+            enable_kv_cache_events: true,
+            publisher: "zmq".into(),
+            endpoint: format!("tcp://127.0.0.1:{}", i32::from(ports[i]) + o),
+            ..Default::default()
+        });
         let config = SimConfig {
             kv_blocks: args.kv_blocks,
             time_scale: args.speedup,
             name: format!("backend-{i}"),
+            tokenizer: tokenizer.clone(),
+            kv_events,
             ..SimConfig::default()
         };
         sims.push(start(config, listener).await?);
     }
-    Ok(sims)
+    Ok((sims, offset))
+}
+
+/// An offset that puts every one of `ports` on a free loopback port.
+fn free_offset(ports: &[u16]) -> anyhow::Result<i32> {
+    let free = |port: i32| {
+        u16::try_from(port)
+            .ok()
+            .filter(|&p| p > 1024)
+            .is_some_and(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+    };
+    (1..500)
+        .map(|i| i * 89)
+        .find(|o| ports.iter().all(|&p| free(i32::from(p) + o)))
+        .context("no free loopback ports for the backends' KV events")
 }
 
 fn router_config(
@@ -192,6 +235,7 @@ fn router_config(
     policy: &str,
     urls: &[String],
     shared_table: Option<String>,
+    events_offset: Option<i32>,
 ) -> anyhow::Result<Config> {
     let addr = free_loopback_addr()?;
     let (host, port) = addr
@@ -212,6 +256,8 @@ fn router_config(
         threads: Some(2),
         grace_period: Some(0.0),
         shared_table,
+        tokenizer: args.tokenizer.clone(),
+        kv_events: events_offset.map(|o| format!("tcp://127.0.0.1:{{port{o:+}}}")),
         ..Settings::default()
     };
     Ok(Config::from_settings(settings)?)

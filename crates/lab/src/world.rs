@@ -129,7 +129,8 @@ pub fn run(
         outcomes,
         text_bytes,
         predicted_hit_rate: (text_bytes > 0).then(|| matched_bytes as f64 / text_bytes as f64),
-        routed_hit_rate: (world.routed.1 > 0).then(|| world.routed.0 as f64 / world.routed.1 as f64),
+        routed_hit_rate: (world.routed.1 > 0)
+            .then(|| world.routed.0 as f64 / world.routed.1 as f64),
         result: RunResult {
             outcomes: world.outcomes,
             elapsed: seconds(elapsed),

@@ -53,6 +53,8 @@ pub struct Record {
     next: AtomicU64,
     /// Whether an event could not be applied or a gap could not be filled.
     degraded: AtomicBool,
+    /// Whether the backend failed a health check since the last batch ([`Record::lost`]).
+    suspect: AtomicBool,
     /// Counters: batches applied, decode failures, gaps, replays.
     pub counts: Counts,
 }
@@ -80,6 +82,7 @@ impl Record {
             connected: AtomicBool::new(false),
             next: AtomicU64::new(NOT_STARTED),
             degraded: AtomicBool::new(false),
+            suspect: AtomicBool::new(false),
             counts: Counts::default(),
         })
     }
@@ -88,6 +91,15 @@ impl Record {
     /// prompt's chain of 16-token hashes.
     pub fn matched(&self, chain: &[[u8; 8]]) -> (usize, usize) {
         self.held.lock().matched(chain)
+    }
+
+    /// Bounds the record by the engine's KV capacity when it publishes it:
+    /// [`TIERS`] times its GPU blocks, at most [`MAX_BLOCKS`].
+    pub fn bound(&self, capacity: Option<prefix_router_core::units::Tokens>) {
+        let mut held = self.held.lock();
+        let blocks = capacity.map(|t| t.0.div_ceil(held.block_size()));
+        let max = blocks.map_or(MAX_BLOCKS, |b| b.saturating_mul(TIERS).clamp(1, MAX_BLOCKS));
+        held.set_max_blocks(max);
     }
 
     /// Blocks held.
@@ -114,9 +126,19 @@ impl Record {
         self.connected.load(Relaxed) && !self.degraded()
     }
 
-    /// Whether the record may miss blocks the backend holds.
+    /// Whether the record may miss blocks the backend holds, or hold blocks it lost.
     pub fn degraded(&self) -> bool {
-        self.degraded.load(Relaxed) || self.held.lock().whole() == Whole::No
+        self.degraded.load(Relaxed)
+            || self.suspect.load(Relaxed)
+            || self.held.lock().whole() == Whole::No
+    }
+
+    /// The backend fails its health checks: its engine may be restarting with an empty
+    /// cache, and its publisher may say nothing until it stores again. The record is not
+    /// trusted until the engine's next batch says which: numbers that start over (a
+    /// restart: the record is cleared) or that go on (the blocks are still there).
+    pub fn lost(&self) {
+        self.suspect.store(true, Relaxed);
     }
 
     /// Applies the batch numbered `seq`, if it is the next one; says what to do otherwise.
@@ -133,6 +155,9 @@ impl Record {
             self.degraded.store(false, Relaxed);
             self.next.store(NOT_STARTED, Relaxed);
             return self.receive(seq, payload, live);
+        }
+        if live {
+            self.suspect.store(false, Relaxed);
         }
         let expected = if started { next } else { 0 };
         if seq > expected {
@@ -276,9 +301,15 @@ pub struct KvEventSettings {
     pub topic: String,
 }
 
-/// Blocks one backend's record holds at most (`max_blocks`): 8 M blocks of 16 tokens,
-/// 128 M tokens, more than any one engine's KV cache; past it, the record is not whole.
+/// Blocks one backend's record holds at most when the engine does not publish its KV
+/// capacity: 8 M blocks of 16 tokens, 128 M tokens, more than any one engine's KV cache;
+/// past it, the record is not whole. About 80 bytes a block.
 pub const MAX_BLOCKS: usize = 8 << 20;
+
+/// A record's bound, in GPU capacities, when the engine publishes its capacity
+/// (`vllm:cache_config_info`): room for its GPU blocks and up to 15 times as many
+/// offloaded to CPU or other tiers.
+pub const TIERS: usize = 16;
 
 /// Tokens per engine block a record starts with (vLLM's default `block_size`); the
 /// engine's first store sets its own.
@@ -383,6 +414,14 @@ impl Subscribers {
         };
         let snapshot = self.fleet.snapshot();
         let live: Vec<_> = snapshot.backends.iter().map(|b| b.id).collect();
+        for backend in snapshot.backends.iter() {
+            if let Some(record) = self.records.map.read().get(&backend.id) {
+                record.bound(backend.account.capacity());
+                if backend.is_failing() {
+                    record.lost();
+                }
+            }
+        }
         tasks.retain(|id, task| {
             let keep = live.contains(id);
             if !keep {

@@ -380,7 +380,9 @@ impl EngineCore {
                     ..
                 } = &mut change
                 {
-                    let ids = request.token_ids.get(*first * block..(*first + hashes.len()) * block);
+                    let ids = request
+                        .token_ids
+                        .get(*first * block..(*first + hashes.len()) * block);
                     *token_ids = ids.unwrap_or_default().to_vec();
                 }
                 self.changes.push(change);

@@ -66,8 +66,8 @@ impl Default for KvEventsConfig {
 impl KvEventsConfig {
     /// Parses the JSON of `--kv-events-config`.
     pub fn parse(json: &str) -> anyhow::Result<KvEventsConfig> {
-        let config: KvEventsConfig = serde_json::from_str(json)
-            .map_err(|e| anyhow::anyhow!("--kv-events-config: {e}"))?;
+        let config: KvEventsConfig =
+            serde_json::from_str(json).map_err(|e| anyhow::anyhow!("--kv-events-config: {e}"))?;
         match config.publisher.as_str() {
             "zmq" | "null" => Ok(config),
             other => anyhow::bail!("--kv-events-config: publisher `{other}` is not zmq or null"),
@@ -105,7 +105,10 @@ fn offset(endpoint: &str, i: u16) -> anyhow::Result<String> {
             .checked_add(i)
             .ok_or_else(|| anyhow::anyhow!("KV event endpoint `{endpoint}` + {i}: no port"))?,
     };
-    Ok(format!("{}:{port}", address.replace("tcp://*", "tcp://0.0.0.0")))
+    Ok(format!(
+        "{}:{port}",
+        address.replace("tcp://*", "tcp://0.0.0.0")
+    ))
 }
 
 /// Sends an instance's changes to its publisher task.
@@ -228,7 +231,13 @@ impl Task {
                 return;
             }
         }
-        let end = [identity.clone(), empty.clone(), empty.clone(), seq_bytes(u64::MAX), empty];
+        let end = [
+            identity.clone(),
+            empty.clone(),
+            empty.clone(),
+            seq_bytes(u64::MAX),
+            empty,
+        ];
         let _ = socket.send(frames(&end)).await;
     }
 }
@@ -371,7 +380,10 @@ mod tests {
         };
         let third = config.for_instance(2).unwrap();
         assert_eq!(third.endpoint, "tcp://0.0.0.0:5559");
-        assert_eq!(third.replay_endpoint.as_deref(), Some("tcp://127.0.0.1:5602"));
+        assert_eq!(
+            third.replay_endpoint.as_deref(),
+            Some("tcp://127.0.0.1:5602")
+        );
         assert!(offset("tcp://host", 1).is_err());
         assert!(offset("tcp://host:65535", 1).is_err());
     }

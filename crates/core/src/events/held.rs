@@ -36,6 +36,9 @@ pub struct Held {
     /// Tokens per block: the engine's, taken from its first store into an empty record;
     /// later stores of another size are another cache group's, not this record's.
     block_size: usize,
+    /// The KV cache group followed (of a hybrid model): the first store's, taken like
+    /// `block_size`; stores and removals of other groups are not this record's.
+    group: Option<u64>,
     /// Blocks at most.
     max_blocks: usize,
     /// By the engine's hash.
@@ -53,12 +56,24 @@ impl Held {
     pub fn new(block_size: usize, max_blocks: usize) -> Option<Self> {
         (block_size > 0 && block_size.is_multiple_of(BLOCK_TOKENS)).then(|| Held {
             block_size,
+            group: None,
             max_blocks,
             by_engine: HashMap::new(),
             by_key: HashMap::new(),
             on_gpu: 0,
             whole: Whole::Yes,
         })
+    }
+
+    /// Bounds the record to `max_blocks` from now on (blocks past it are not dropped; new
+    /// ones are refused, and the record is then not whole).
+    pub fn set_max_blocks(&mut self, max_blocks: usize) {
+        self.max_blocks = max_blocks;
+    }
+
+    /// Tokens per block (the engine's, once it stored).
+    pub fn block_size(&self) -> usize {
+        self.block_size
     }
 
     /// Blocks held.
@@ -85,11 +100,12 @@ impl Held {
     pub fn apply(&mut self, event: &Event) {
         match event {
             Event::Stored(stored) => self.store(stored),
-            Event::Removed(removed) => {
+            Event::Removed(removed) if removed.group.is_none() || removed.group == self.group => {
                 for hash in &removed.hashes {
                     self.remove(*hash);
                 }
             }
+            Event::Removed(_) => {}
             Event::Cleared => self.clear(),
             Event::Unknown(_) => {}
         }
@@ -118,8 +134,9 @@ impl Held {
         let size = stored.block_size;
         if self.is_empty() && size > 0 && size.is_multiple_of(BLOCK_TOKENS) {
             self.block_size = size;
+            self.group = stored.group;
         }
-        if stored.keyed || size != self.block_size {
+        if stored.keyed || size != self.block_size || stored.group != self.group {
             return; // an adapter's, a salted or another group's block: never a plain prompt's
         }
         let mut chainer = match stored.parent {
@@ -266,6 +283,33 @@ mod tests {
         held.apply(&stored(&[3], None, ids(1, 9), Medium::Gpu));
         assert_eq!(held.len(), 2, "16-token blocks now are another group's");
         assert!(Held::new(24, 10).is_none());
+    }
+
+    #[test]
+    fn of_a_hybrid_model_only_the_first_stores_group_is_followed() {
+        let mut held = Held::new(16, 1000).unwrap();
+        let in_group = |hashes: &[u64], group, from| {
+            let mut event = stored(hashes, None, ids(hashes.len(), from), Medium::Gpu);
+            if let Event::Stored(s) = &mut event {
+                s.group = Some(group);
+            }
+            event
+        };
+        let prompt = ids(2, 0);
+        held.apply(&in_group(&[1, 2], 0, 0));
+        held.apply(&in_group(&[3, 4], 1, 0)); // the sliding-window group's copy
+        assert_eq!(held.len(), 2);
+        let removed = |group| {
+            Event::Removed(Removed {
+                hashes: vec![1, 2],
+                medium: Medium::Gpu,
+                group: Some(group),
+            })
+        };
+        held.apply(&removed(1));
+        assert_eq!(held.matched(&chain(&prompt)), (32, 32), "group 1's removal");
+        held.apply(&removed(0));
+        assert!(held.is_empty());
     }
 
     #[test]

@@ -82,6 +82,11 @@ impl Backend {
         self.account.load()
     }
 
+    /// Whether its health checks fail now (it answered one before, or never did).
+    pub fn is_failing(&self) -> bool {
+        !self.healthy.load(Relaxed)
+    }
+
     /// Whether it may get requests: its first check passed and it is healthy.
     pub fn is_ready(&self) -> bool {
         self.checked.load(Relaxed) && self.healthy.load(Relaxed) && !self.passive_out.load(Relaxed)
