@@ -3,12 +3,13 @@
 #   make demo   - simulated vLLM backends + the router, every policy compared (a few minutes)
 #   make test   - the whole test suite, and the benchmarks built
 #   make overhead - the router's cost per request next to nginx's (installs wrk and nginx; ~3 min)
+#   make real-engine - the router in front of 4 llama.cpp servers (builds llama.cpp once)
 #   make run    - the router on the defaults of conf/prefix-router.toml (add ARGS="--worker-urls ...")
 
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps core-is-pure demo test run bench overhead
+.PHONY: deps test-deps core-is-pure demo test run bench overhead real-engine
 
 deps:
 	@command -v cmake >/dev/null 2>&1 || { \
@@ -58,3 +59,8 @@ bench: deps
 
 overhead: deps
 	PATH="$$PATH:$$HOME/.local/bin" benches/overhead/run.sh
+
+# llama.cpp's llama-server built from source (cached under target/real-engine), 4 of them
+# behind the router, every policy replayed on a multi-turn agent workload.
+real-engine: deps
+	PATH="$$PATH:$$HOME/.local/bin" benches/real_engine/run.sh

@@ -392,13 +392,21 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
     ups[0].set_healthy(false);
     let degraded = [("backend", a.as_str()), ("mode", "degraded")];
     for _ in 0..200 {
-        if sum(&router.metrics().await, "prefix_router_kv_event_record", &degraded) == 1.0 {
+        if sum(
+            &router.metrics().await,
+            "prefix_router_kv_event_record",
+            &degraded,
+        ) == 1.0
+        {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
     let scrape = router.metrics().await;
-    assert_eq!(sum(&scrape, "prefix_router_kv_event_record", &degraded), 1.0);
+    assert_eq!(
+        sum(&scrape, "prefix_router_kv_event_record", &degraded),
+        1.0
+    );
     ups[0].set_healthy(true);
     for _ in 0..200 {
         if a_record(&explain().await)["mode"] == "degraded" {
@@ -406,7 +414,11 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
         }
         tokio::time::sleep(std::time::Duration::from_millis(25)).await;
     }
-    assert_eq!(a_record(&explain().await)["mode"], "degraded", "healthy, not yet trusted");
+    assert_eq!(
+        a_record(&explain().await)["mode"],
+        "degraded",
+        "healthy, not yet trusted"
+    );
     publisher.send(json!({"op": "remove", "hashes": [999_999]}));
     for _ in 0..200 {
         if a_record(&explain().await)["mode"] == "exact" {

@@ -19,7 +19,7 @@ if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
 fi
 if [ ! -x "$dir/venv/bin/python" ]; then
   python3 -m venv "$dir/venv"
-  timeout 600 "$dir/venv/bin/pip" install --quiet --disable-pip-version-check numpy >&2
+  timeout 600 "$dir/venv/bin/pip" install --quiet --disable-pip-version-check numpy pyyaml >&2
 fi
 if [ ! -d "$src" ]; then
   timeout 900 "$dir/venv/bin/pip" download --quiet --disable-pip-version-check --no-deps \

@@ -63,7 +63,7 @@ def main():
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--context", type=int, default=16384)
+    parser.add_argument("--context", type=int, default=131072)
     args = parser.parse_args()
     writer = gguf.GGUFWriter(str(args.out), "llama")
     writer.add_name("tiny-random")

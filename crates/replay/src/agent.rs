@@ -35,6 +35,9 @@ pub struct AgentConfig {
     pub think_max: f64,
     /// Number of distinct shared system prompts.
     pub system_prompts: usize,
+    /// Every message's and tool description's length is multiplied by this (1: the sizes
+    /// above; 0.1 for engines on a CPU).
+    pub message_scale: f64,
 }
 
 impl Default for AgentConfig {
@@ -48,6 +51,7 @@ impl Default for AgentConfig {
             think_min: 1.0,
             think_max: 5.0,
             system_prompts: 4,
+            message_scale: 1.0,
         }
     }
 }
@@ -57,12 +61,12 @@ pub(crate) fn plan_agent(cfg: &AgentConfig) -> Plan {
     let mut plan = Plan::default();
     let bpt = u64::from(cfg.bytes_per_token.max(1));
     let mut rng = Rng::new(mix(cfg.seed, 0xA6E7));
-    let tools = tools_json(cfg.seed);
+    let tools = tools_json(cfg.seed, cfg.message_scale);
     let tools_tokens = tokens(tools.len(), bpt);
     plan.tools = Some(plan.push_piece(tools, None, tools_tokens));
     let prompts: Vec<u32> = (0..cfg.system_prompts.max(1))
         .map(|i| {
-            let len = rng.range(20_000, 40_000) as usize;
+            let len = rng.range(scaled(20_000, cfg), scaled(40_000, cfg)) as usize;
             let json = render_message(Role::System, &text(mix(cfg.seed, 0x5157 + i as u64), len));
             let t = tokens(json.len(), bpt);
             plan.push_piece(json, None, t)
@@ -93,13 +97,19 @@ pub(crate) fn tokens(bytes: usize, bpt: u64) -> u32 {
 }
 
 /// The shared `tools` array: one function per [`TOOL_NAMES`] entry.
-fn tools_json(seed: u64) -> String {
+/// `bytes` times the config's message scale, at least 1.
+fn scaled(bytes: u64, cfg: &AgentConfig) -> u64 {
+    ((bytes as f64 * cfg.message_scale) as u64).max(1)
+}
+
+fn tools_json(seed: u64, scale: f64) -> String {
+    let length = |bytes: f64| ((bytes * scale) as usize).max(1);
     let tools: Vec<String> = TOOL_NAMES
         .iter()
         .enumerate()
         .map(|(i, name)| {
-            let desc = json_string(&text(mix(seed, 0x7001 + i as u64), 700));
-            let arg = json_string(&text(mix(seed, 0x7101 + i as u64), 80));
+            let desc = json_string(&text(mix(seed, 0x7001 + i as u64), length(700.0)));
+            let arg = json_string(&text(mix(seed, 0x7101 + i as u64), length(80.0)));
             format!(
                 r#"{{"type":"function","function":{{"name":"{name}","description":{desc},"parameters":{{"type":"object","properties":{{"path":{{"type":"string","description":{arg}}}}},"required":["path"]}}}}}}"#
             )
@@ -174,7 +184,7 @@ impl<'a> SessionGen<'a> {
 
     /// Appends a message with `lo..=hi` bytes of content.
     fn message(&mut self, role: Role, lo: u64, hi: u64) {
-        let len = self.rng.range(lo, hi) as usize;
+        let len = self.rng.range(scaled(lo, self.cfg), scaled(hi, self.cfg)) as usize;
         let json = render_message(role, &text(self.rng.next_u64(), len));
         let t = tokens(json.len(), u64::from(self.cfg.bytes_per_token.max(1)));
         self.messages.push(self.plan.push_piece(json, None, t));

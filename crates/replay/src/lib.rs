@@ -181,6 +181,9 @@ pub struct ReplayArgs {
     /// Agent workload: distinct system prompts the sessions share.
     #[arg(long, default_value_t = 4)]
     pub system_prompts: usize,
+    /// Agent workload: every message's length times this (0.1 sizes it for engines on a CPU).
+    #[arg(long, default_value_t = 1.0)]
+    pub message_scale: f64,
 }
 
 impl Default for ReplayArgs {
@@ -215,6 +218,7 @@ impl Default for ReplayArgs {
             think_min: agent.think_min,
             think_max: agent.think_max,
             system_prompts: agent.system_prompts,
+            message_scale: agent.message_scale,
         }
     }
 }
@@ -231,11 +235,15 @@ impl ReplayArgs {
             think_min: self.think_min,
             think_max: self.think_max,
             system_prompts: self.system_prompts,
+            message_scale: self.message_scale,
         }
     }
 
     fn validate(&self) -> Result<(), ReplayError> {
         let bad = |m: &str| Err(ReplayError::InvalidArg(m.to_owned()));
+        if !(self.message_scale.is_finite() && self.message_scale > 0.0) {
+            return bad("--message-scale must be > 0");
+        }
         if !(self.speedup.is_finite() && self.speedup > 0.0) {
             return bad("--speedup must be > 0");
         }

@@ -2,8 +2,10 @@
 //! (`vllm:cache_config_info{block_size,num_gpu_blocks}`) and its load
 //! (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`).
 //! The router sizes each backend's index from the capacity, and policies see the load as
-//! every router replica sees it alike. A backend that does not say (another server, an
-//! older vLLM) keeps the configured `max_tree_size` and no published load.
+//! every router replica sees it alike. llama.cpp's `llama-server --metrics` publishes its
+//! load under its own names (`llamacpp:requests_processing`, `llamacpp:requests_deferred`)
+//! and no capacity. A backend that does not say (another server, an older vLLM) keeps the
+//! configured `max_tree_size` and no published load.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -62,17 +64,33 @@ fn samples<'p>(page: &'p str, name: &'p str) -> impl Iterator<Item = f64> + 'p {
     })
 }
 
+/// Load metric names: running, waiting, KV usage (0-1), of vLLM and of llama.cpp.
+const LOAD_NAMES: [[&str; 3]; 2] = [
+    [
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+    ],
+    [
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:kv_cache_usage_ratio",
+    ],
+];
+
 fn load(page: &str) -> Option<Published> {
     let count = |name| -> Option<usize> {
         let mut values = samples(page, name).peekable();
         values.peek()?;
         Some(values.map(|v| v.max(0.0) as usize).sum())
     };
-    let kv_usage = samples(page, "vllm:kv_cache_usage_perc").fold(0.0, f64::max);
-    Some(Published {
-        running: count("vllm:num_requests_running")?,
-        waiting: count("vllm:num_requests_waiting")?,
-        kv_usage: kv_usage.clamp(0.0, 1.0),
+    LOAD_NAMES.iter().find_map(|[running, waiting, usage]| {
+        let kv_usage = samples(page, usage).fold(0.0, f64::max);
+        Some(Published {
+            running: count(running)?,
+            waiting: count(waiting)?,
+            kv_usage: kv_usage.clamp(0.0, 1.0),
+        })
     })
 }
 
@@ -121,6 +139,26 @@ mod tests {
             capacity("vllm:cache_config_info{block_size=\"16\"} 1.0"),
             None
         );
+    }
+
+    #[test]
+    fn reads_llama_cpps_load_under_its_own_names() {
+        // Lines of llama-server's `--metrics` page (llama.cpp from llama-cpp-python 0.3.36).
+        let page = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n\
+            # TYPE llamacpp:prompt_tokens_total counter\n\
+            llamacpp:prompt_tokens_total 329\n\
+            llamacpp:prompt_tokens_cached_total 327\n\
+            # HELP llamacpp:requests_processing Number of requests processing\n\
+            # TYPE llamacpp:requests_processing gauge\n\
+            llamacpp:requests_processing 3\n\
+            # HELP llamacpp:requests_deferred Number of requests deferred\n\
+            # TYPE llamacpp:requests_deferred gauge\n\
+            llamacpp:requests_deferred 2\n\
+            llamacpp:n_busy_slots_per_decode 1\n";
+        let published = parse(page);
+        assert_eq!(published.capacity, None);
+        let load = published.load.unwrap();
+        assert_eq!((load.running, load.waiting, load.kv_usage), (3, 2, 0.0));
     }
 
     #[test]
