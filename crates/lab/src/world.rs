@@ -378,9 +378,10 @@ impl World<'_> {
             self.engines[0].forget_cache();
         }
         let shape = self.prepared.shape(want.session, want.turn);
-        let placed = match self.bypasses(want) {
-            true => Ok(None),
-            false => self.place(now, want, shape, replica).map(Some),
+        let placed = if self.bypasses(want) {
+            Ok(None)
+        } else {
+            self.place(now, want, shape, replica).map(Some)
         };
         let backend = match &placed {
             Ok(Some(p)) => p.backend,

@@ -131,9 +131,10 @@ pub fn prepare(
         None => {
             let block_bytes = config.block_tokens.saturating_mul(config.bytes_per_token);
             let tokens = template::token_count(&parsed.prompt, config.bytes_per_token);
-            let ids = match publishes {
-                true => word_ids(&parsed.prompt, config.bytes_per_token),
-                false => Vec::new(),
+            let ids = if publishes {
+                word_ids(&parsed.prompt, config.bytes_per_token)
+            } else {
+                Vec::new()
             };
             (tokens, block_hashes(&parsed.prompt, block_bytes), ids)
         }
