@@ -704,14 +704,7 @@ async fn the_simulators_events_make_the_router_exact() {
     );
     let cached = &second["usage"]["prompt_tokens_details"]["cached_tokens"];
     assert_eq!(why["matched_tokens"], *cached, "{why} {second}");
-    let stats = client()
-        .get(format!("{}/stats", router.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+    let stats = router.admin_json("/stats").await;
     let (predicted, delivered) = (&stats["predicted_hit_rate"], &stats["delivered_hit_rate"]);
     let gap = (predicted.as_f64().unwrap() - delivered.as_f64().unwrap()).abs();
     assert!(gap < 0.01, "{stats}");

@@ -86,14 +86,7 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
 }
 
 async fn workers(router: &TestRouter) -> Vec<Value> {
-    let body = client()
-        .get(format!("{}/workers", router.admin_url))
-        .send()
-        .await
-        .unwrap()
-        .json::<Value>()
-        .await
-        .unwrap();
+    let body = router.admin_json("/workers").await;
     body["workers"].as_array().unwrap().clone()
 }
 

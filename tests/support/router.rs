@@ -80,6 +80,12 @@ impl TestRouter {
         prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
     }
 
+    /// `GET path` on the admin listener, as JSON.
+    pub async fn admin_json(&self, path: &str) -> serde_json::Value {
+        let resp = reqwest::get(format!("{}{path}", self.admin_url)).await;
+        resp.unwrap().json().await.unwrap()
+    }
+
     /// Reloads and worker changes.
     pub fn control(&self) -> &Arc<Control> {
         &self.running.handles.control
