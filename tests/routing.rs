@@ -147,3 +147,36 @@ async fn upstream_connections_are_pooled_and_reused() {
         up.connections()
     );
 }
+
+/// llama-server's `--metrics` page and `/props` with 2 slots of 8,192 tokens (the field
+/// names of llama.cpp from llama-cpp-python 0.3.36).
+const LLAMA_CPP_METRICS: &str = "# TYPE llamacpp:requests_processing gauge\n\
+    llamacpp:requests_processing 0\n\
+    # TYPE llamacpp:requests_deferred gauge\n\
+    llamacpp:requests_deferred 0\n";
+const LLAMA_CPP_PROPS: &str = r#"{"default_generation_settings":{"n_ctx":8192},
+    "total_slots":2,"model_alias":"test-model"}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama_cpp_slots_are_read_and_new_conversations_fill_them_evenly() {
+    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    ups.iter()
+        .for_each(|u| u.set_pages(LLAMA_CPP_METRICS, LLAMA_CPP_PROPS));
+    let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
+    router.wait_until("both backends' slots are read", |r| {
+        let fleet = r.state().fleet.snapshot();
+        fleet.backends.iter().all(|b| b.account.sequences() == Some(2))
+    });
+    let workers = router.admin_json("/workers").await;
+    for backend in workers["workers"].as_array().unwrap() {
+        assert_eq!((&backend["slots"], &backend["kv_tokens"]), (&json!(2), &json!(16384)));
+    }
+    // Four conversations opening with one long system prompt. With one shared KV pool the
+    // prompt would keep them together; with a KV per slot each would take another's slot.
+    let system = text("shared-system", 4000);
+    for conv in 0..4 {
+        let ask = text(&format!("user-{conv}"), 600);
+        backend_of(&router, &chat(&[("system", system.clone()), ("user", ask)])).await;
+    }
+    assert_eq!(ups.map(|u| u.count()), [2, 2]);
+}

@@ -1,7 +1,8 @@
 //! A real HTTP backend for tests, on 127.0.0.1 with a port from the OS. It records every
 //! request it receives (method, path, headers, body) and answers as the test sets it up:
 //! JSON, an SSE stream that can be held open, or an error status. `/health` answers 200
-//! while healthy, 503 otherwise.
+//! while healthy, 503 otherwise; `/metrics` and `/props` answer 404 unless the test gives
+//! them pages.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -59,6 +60,8 @@ struct Shared {
     max_inflight: std::sync::atomic::AtomicUsize,
     healthy: AtomicBool,
     reply: Mutex<Reply>,
+    /// Bodies of `GET /metrics` and `GET /props`, when set.
+    pages: Mutex<Option<(String, String)>>,
 }
 
 /// A running test backend; stops when dropped.
@@ -86,6 +89,7 @@ impl Upstream {
             max_inflight: Default::default(),
             healthy: AtomicBool::new(true),
             reply: Mutex::new(Reply::Json),
+            pages: Mutex::new(None),
         });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve(listener, Arc::clone(&shared), stopped));
@@ -135,6 +139,11 @@ impl Upstream {
     /// Changes how it answers.
     pub fn set_reply(&self, reply: Reply) {
         *self.shared.reply.lock() = reply;
+    }
+
+    /// Serves `metrics` on `/metrics` and `props` on `/props` (an engine describing itself).
+    pub fn set_pages(&self, metrics: &str, props: &str) {
+        *self.shared.pages.lock() = Some((metrics.to_string(), props.to_string()));
     }
 }
 
@@ -186,9 +195,20 @@ async fn handle(
         };
         return Ok(status_only(status));
     }
-    if req.uri().path() == "/metrics" {
-        // The router asks for the KV capacity a vLLM publishes there; this backend has none.
-        return Ok(status_only(404));
+    let page = match req.uri().path() {
+        "/metrics" => Some(0),
+        "/props" => Some(1),
+        _ => None,
+    };
+    if let Some(page) = page {
+        let pages = shared.pages.lock().clone();
+        return Ok(match pages {
+            Some((metrics, props)) => {
+                let body = if page == 0 { metrics } else { props };
+                Response::new(full(Bytes::from(body)))
+            }
+            None => status_only(404),
+        });
     }
     let (parts, body) = req.into_parts();
     let body = body

@@ -32,6 +32,8 @@ pub struct Account {
     capacity: AtomicUsize,
     /// The capacity its index budget was last sized from, tokens.
     sized: AtomicUsize,
+    /// Sequences whose KV it keeps at once (slots) when it said; 0 when unknown.
+    sequences: AtomicUsize,
     /// What it published of its load: running, waiting, KV usage (f64 bits); running is
     /// `usize::MAX` until it published anything.
     running: AtomicUsize,
@@ -50,6 +52,7 @@ impl Account {
             pending: AtomicUsize::new(0),
             capacity: AtomicUsize::new(0),
             sized: AtomicUsize::new(0),
+            sequences: AtomicUsize::new(0),
             running: AtomicUsize::new(usize::MAX),
             waiting: AtomicUsize::new(0),
             kv_usage: AtomicU64::new(0),
@@ -83,6 +86,17 @@ impl Account {
         self.capacity.store(capacity.map_or(0, |t| t.0), Relaxed);
     }
 
+    /// How many sequences' KV the backend keeps at once (llama.cpp's slots), if it said.
+    pub fn sequences(&self) -> Option<usize> {
+        Some(self.sequences.load(Relaxed)).filter(|&n| n > 0)
+    }
+
+    /// Records how many sequences' KV the backend keeps at once (`None`: it does not say,
+    /// or shares one pool among all, as vLLM does).
+    pub fn set_sequences(&self, sequences: Option<usize>) {
+        self.sequences.store(sequences.unwrap_or(0), Relaxed);
+    }
+
     /// What the backend last published of its load, if anything.
     pub fn published(&self) -> Option<Published> {
         let running = self.running.load(Relaxed);
@@ -111,6 +125,7 @@ impl Account {
             load: self.load(),
             pending: self.pending(),
             capacity: self.capacity().unwrap_or_default().text(),
+            sequences: self.sequences().unwrap_or(0),
             hash: self.hash,
             published: self.published(),
             recorded: None,

@@ -57,8 +57,17 @@ struct Inner {
     /// and once to leave the table at the time-to-live; stale when seen again later.
     live: VecDeque<(Duration, u128)>,
     kept: VecDeque<(Duration, u128)>,
-    /// Routing text of live conversations, by backend id.
-    per_backend: Vec<TextBytes>,
+    /// Live conversations, by backend id.
+    per_backend: Vec<Live>,
+}
+
+/// A backend's live conversations: what its KV must hold for them to keep hitting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Live {
+    /// How many.
+    pub conversations: usize,
+    /// Their routing text.
+    pub bytes: TextBytes,
 }
 
 type Sink = Box<dyn Fn(Note) + Send + Sync>;
@@ -128,8 +137,8 @@ impl Conversations {
         inner.kept.push_back((now, note.conversation));
     }
 
-    /// Routing text of live conversations on each of `backends`, in that order.
-    pub fn held(&self, backends: impl Iterator<Item = BackendId>) -> Vec<TextBytes> {
+    /// The live conversations on each of `backends`, in that order.
+    pub fn held(&self, backends: impl Iterator<Item = BackendId>) -> Vec<Live> {
         self.expire();
         let inner = self.inner.lock();
         backends
@@ -193,17 +202,20 @@ impl Inner {
         }
         let i = e.backend.0 as usize;
         if self.per_backend.len() <= i {
-            self.per_backend.resize(i + 1, TextBytes(0));
+            self.per_backend.resize(i + 1, Live::default());
         }
-        self.per_backend[i] += e.bytes;
+        let live = &mut self.per_backend[i];
+        live.conversations += 1;
+        live.bytes += e.bytes;
     }
 
     fn sub(&mut self, e: Entry) {
         if !e.live {
             return;
         }
-        if let Some(sum) = self.per_backend.get_mut(e.backend.0 as usize) {
-            *sum = sum.saturating_sub(e.bytes);
+        if let Some(live) = self.per_backend.get_mut(e.backend.0 as usize) {
+            live.conversations = live.conversations.saturating_sub(1);
+            live.bytes = live.bytes.saturating_sub(e.bytes);
         }
     }
 
@@ -255,9 +267,10 @@ mod tests {
         }
     }
 
-    fn held(t: &Conversations, backends: &[u32]) -> Vec<usize> {
+    /// (conversations, bytes) live on each of `backends`.
+    fn held(t: &Conversations, backends: &[u32]) -> Vec<(usize, usize)> {
         let held = t.held(backends.iter().map(|&b| BackendId(b)));
-        held.iter().map(|h| h.0).collect()
+        held.iter().map(|h| (h.conversations, h.bytes.0)).collect()
     }
 
     #[test]
@@ -266,11 +279,11 @@ mod tests {
         t.note(note(1, 0, 100));
         t.note(note(1, 0, 150));
         t.note(note(2, 1, 40));
-        assert_eq!(held(&t, &[0, 1]), [150, 40]);
+        assert_eq!(held(&t, &[0, 1]), [(1, 150), (1, 40)]);
         t.merge(note(1, 1, 160));
-        assert_eq!(held(&t, &[0, 1]), [0, 200]);
+        assert_eq!(held(&t, &[0, 1]), [(0, 0), (2, 200)]);
         t.sweep(&|b| b != BackendId(1));
-        assert_eq!(held(&t, &[1]), [0]);
+        assert_eq!(held(&t, &[1]), [(0, 0)]);
     }
 
     #[test]
@@ -280,9 +293,9 @@ mod tests {
         clock.set(Duration::from_secs(30));
         t.note(note(2, 0, 10));
         clock.set(Duration::from_secs(61));
-        assert_eq!(held(&t, &[0]), [10]);
+        assert_eq!(held(&t, &[0]), [(1, 10)]);
         clock.set(Duration::from_secs(95));
-        assert_eq!(held(&t, &[0]), [0]);
+        assert_eq!(held(&t, &[0]), [(0, 0)]);
         assert_eq!(t.home_of(1), Some((BackendId(0), 7)));
         clock.set(Duration::from_secs(700));
         assert_eq!(t.home_of(1), None);

@@ -22,13 +22,17 @@
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
 //!   session's own context a lot.
 //!
+//! Where each sequence has a KV of its own (llama.cpp's slots, read from its `/props`),
+//! room is also counted in live conversations, and a prefix other conversations share
+//! does not count as held: a new conversation reuses it only by taking one of their slots.
+//!
 //! Backends with unknown capacity always have room. The constants were chosen in the lab
 //! (`prefix-router lab --all`) for the mechanisms, not for one scenario; see docs/LAB.md.
 
 use std::cmp::Reverse;
 use std::sync::Arc;
 
-use super::conversations::{Conversations, Note};
+use super::conversations::{Conversations, Live, Note};
 use super::prefix::{Ask, PrefixPolicy, Rule};
 use super::{Decision, Outcome, PolicyParams, Request, Selector, Ties};
 use crate::BackendId;
@@ -71,8 +75,8 @@ pub fn build(params: &PolicyParams) -> Selector {
 /// One decision's view of the candidates.
 struct View<'v> {
     ask: &'v Ask<'v, 'v, 'v>,
-    /// Routing text of live conversations on each candidate.
-    held: Vec<TextBytes>,
+    /// Live conversations on each candidate.
+    held: Vec<Live>,
 }
 
 impl View<'_> {
@@ -85,15 +89,41 @@ impl View<'_> {
         self.ask.candidates.len()
     }
 
-    /// Whether candidate `i` can take this conversation without overflowing its KV.
+    /// Whether candidate `i` can take this conversation without overflowing its KV: in
+    /// bytes, and in sequences where each has a KV of its own.
     fn room(&self, i: usize) -> bool {
-        let capacity = self.ask.candidates[i].capacity;
-        capacity.0 == 0 || self.held[i] + self.ask.matches.total() <= capacity
+        let (candidate, live) = (&self.ask.candidates[i], self.held[i]);
+        let bytes = candidate.capacity.0 == 0
+            || live.bytes + self.ask.matches.total() <= candidate.capacity;
+        bytes && (candidate.sequences == 0 || live.conversations < candidate.sequences)
     }
 
     fn overflowing(&self, i: usize) -> bool {
-        let capacity = self.ask.candidates[i].capacity;
-        capacity.0 > 0 && self.held[i] > capacity
+        let (candidate, live) = (&self.ask.candidates[i], self.held[i]);
+        (candidate.capacity.0 > 0 && live.bytes > candidate.capacity)
+            || (candidate.sequences > 0 && live.conversations > candidate.sequences)
+    }
+
+    /// How full candidate `i`'s KV is with live conversations, 0..: the larger of its
+    /// bytes and, where each sequence has a KV of its own, its sequences.
+    fn fill(&self, i: usize) -> f64 {
+        let (candidate, live) = (&self.ask.candidates[i], self.held[i]);
+        let bytes = live.bytes.0 as f64 / candidate.capacity.0.max(1) as f64;
+        let sequences = live.conversations as f64 / candidate.sequences.max(1) as f64;
+        if candidate.sequences == 0 { bytes } else { bytes.max(sequences) }
+    }
+
+    /// The prefix of this request candidate `i` would not compute again. Where each
+    /// sequence has a KV of its own, a prefix other conversations share is reused only by
+    /// taking one of their places, so only this conversation's own history counts there;
+    /// elsewhere a hot prefix counts as held.
+    fn reused(&self, i: usize) -> TextBytes {
+        let matched = self.matched(i);
+        if self.ask.candidates[i].sequences == 0 {
+            return matched.max(self.ask.matches.hot());
+        }
+        let own = matched.saturating_sub(self.ask.matches.shared());
+        if own >= MIN_PRIVATE { matched } else { TextBytes(0) }
     }
 
     /// Whether the request names its conversation: by a session, or by an anchor that is
@@ -148,17 +178,15 @@ impl KvAware {
     fn place(&self, view: &View) -> usize {
         let (candidates, matches) = (view.ask.candidates, view.ask.matches);
         let any_room = (0..view.len()).any(|i| view.room(i));
-        let held = matches.hot();
         let cost = |i: usize| {
-            let fresh = matches.total().saturating_sub(view.matched(i).max(held));
+            let fresh = matches.total().saturating_sub(view.reused(i));
             fresh.0 as f64 + QUEUE_WEIGHT * candidates[i].pending.0 as f64
         };
-        let fill = |i: usize| view.held[i].0 as f64 / candidates[i].capacity.0.max(1) as f64;
         self.ties.best(view.len(), |i| {
             (
                 !any_room || view.room(i),
                 Reverse((cost(i) * 16.0) as u64),
-                Reverse((fill(i) * 1e6) as u64),
+                Reverse((view.fill(i) * 1e6) as u64),
                 Reverse(candidates[i].load),
             )
         })
@@ -239,6 +267,25 @@ mod tests {
             per_backend[s.select(&request(&t, None), &fleet).index] += 1;
         }
         assert!(per_backend.iter().all(|&n| n == 2), "{per_backend:?}");
+    }
+
+    #[test]
+    fn engines_with_a_kv_per_sequence_get_new_conversations_by_their_free_places() {
+        let place = |sequences: usize| {
+            let s = selector();
+            let mut fleet = fleet(4, 1000 * PROMPT.len());
+            fleet.iter_mut().for_each(|c| c.sequences = sequences);
+            let mut per_backend = [0; 4];
+            for i in 0..8 {
+                let t = conversation(user(i), &[]);
+                per_backend[s.select(&request(&t, None), &fleet).index] += 1;
+            }
+            per_backend
+        };
+        // A shared pool with room: the shared prompt is reused where it is held.
+        assert_eq!(place(0).iter().max(), Some(&8));
+        // Two slots each: reusing the prompt would take another conversation's slot.
+        assert_eq!(place(2), [2, 2, 2, 2]);
     }
 
     #[test]

@@ -24,7 +24,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use conversations::{Conversations, Note};
+pub use conversations::{Conversations, Live, Note};
 pub use selector::{Selector, TableSize};
 pub use sessions::Sessions;
 pub use sticky::Sticky;
@@ -66,6 +66,10 @@ pub struct Candidate {
     /// Its KV capacity, as routing text; 0 when unknown (prefix policies then take what
     /// their index may remember of it).
     pub capacity: TextBytes,
+    /// How many sequences' KV it keeps at once when each sequence has a KV of its own
+    /// (llama.cpp's slots): a conversation beyond that many takes another's place. 0 when
+    /// unknown or unbounded (vLLM's shared block pool).
+    pub sequences: usize,
     /// A stable hash of its address (same on every router replica).
     pub hash: u64,
     /// The load the backend itself published, as last read; `None` when it does not say.

@@ -17,6 +17,7 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             load,
             pending: TextBytes(0),
             capacity: TextBytes(0),
+            sequences: 0,
             hash: u64::from(i) * 7919,
             published: None,
             recorded: None,

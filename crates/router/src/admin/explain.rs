@@ -70,6 +70,7 @@ pub async fn explain(
                 "load": a.load(),
                 "pending_tokens": tokens(a.pending()),
                 "capacity_tokens": a.capacity().map(|t| t.0),
+                "slots": a.sequences(),
                 "open": is_open(a),
                 "record": record(state, a.id, &request),
             })

@@ -74,6 +74,7 @@ pub fn workers(state: &State) -> Value {
                 "healthy": b.is_healthy(), "inflight": b.load(),
                 "pending_prefill_bytes": b.account.pending().0,
                 "kv_tokens": b.account.capacity().map(|t| t.0),
+                "slots": b.account.sequences(),
                 "published": b.account.published().map(|p| json!({
                     "running": p.running, "waiting": p.waiting, "kv_usage": p.kv_usage,
                 })),

@@ -3,9 +3,10 @@
 //! (`vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc`).
 //! The router sizes each backend's index from the capacity, and policies see the load as
 //! every router replica sees it alike. llama.cpp's `llama-server --metrics` publishes its
-//! load under its own names (`llamacpp:requests_processing`, `llamacpp:requests_deferred`)
-//! and no capacity. A backend that does not say (another server, an older vLLM) keeps the
-//! configured `max_tree_size` and no published load.
+//! load under its own names (`llamacpp:requests_processing`, `llamacpp:requests_deferred`);
+//! its capacity is on `/props` ([`props`]): `total_slots` sequences, each with a KV of its
+//! own of `default_generation_settings.n_ctx` tokens. A backend that does not say (another
+//! server, an older vLLM) keeps the configured `max_tree_size` and no published load.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -25,14 +26,41 @@ pub struct Page {
     /// The load, if running and waiting are both stated (summed over engines and models;
     /// KV usage the highest of its engines').
     pub load: Option<Published>,
+    /// Whether the load is under llama.cpp's names: its capacity is on `/props`.
+    pub llama_cpp: bool,
+}
+
+/// What llama.cpp's `/props` says of its KV.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Props {
+    /// KV tokens over all slots.
+    pub capacity: Tokens,
+    /// Slots: sequences with a KV of their own.
+    pub sequences: usize,
 }
 
 /// Reads a metrics page.
 pub fn parse(page: &str) -> Page {
+    let (load, names) = load(page).unzip();
     Page {
         capacity: capacity(page),
-        load: load(page),
+        load,
+        llama_cpp: names == Some(LLAMA_CPP),
     }
+}
+
+/// Reads llama.cpp's `/props` body: `total_slots` and each slot's context
+/// (`default_generation_settings.n_ctx`); `None` unless both are positive integers.
+pub fn props(body: &str) -> Option<Props> {
+    let props: serde_json::Value = serde_json::from_str(body).ok()?;
+    let positive = |v: &serde_json::Value| v.as_u64().filter(|&n| n > 0);
+    let sequences = usize::try_from(positive(&props["total_slots"])?).ok()?;
+    let context = positive(&props["default_generation_settings"]["n_ctx"])?;
+    let capacity = usize::try_from(context).ok()?.checked_mul(sequences)?;
+    Some(Props {
+        capacity: Tokens(capacity),
+        sequences,
+    })
 }
 
 /// KV cache tokens in the `vllm:cache_config_info` line of a metrics page, if any.
@@ -64,43 +92,56 @@ fn samples<'p>(page: &'p str, name: &'p str) -> impl Iterator<Item = f64> + 'p {
     })
 }
 
-/// Load metric names: running, waiting, KV usage (0-1), of vLLM and of llama.cpp.
-const LOAD_NAMES: [[&str; 3]; 2] = [
-    [
-        "vllm:num_requests_running",
-        "vllm:num_requests_waiting",
-        "vllm:kv_cache_usage_perc",
-    ],
-    [
-        "llamacpp:requests_processing",
-        "llamacpp:requests_deferred",
-        "llamacpp:kv_cache_usage_ratio",
-    ],
+/// Load metric names: running, waiting, KV usage (0-1).
+type LoadNames = [&'static str; 3];
+
+const VLLM: LoadNames = [
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:kv_cache_usage_perc",
 ];
 
-fn load(page: &str) -> Option<Published> {
+const LLAMA_CPP: LoadNames = [
+    "llamacpp:requests_processing",
+    "llamacpp:requests_deferred",
+    "llamacpp:kv_cache_usage_ratio",
+];
+
+/// The load and the names it was found under.
+fn load(page: &str) -> Option<(Published, LoadNames)> {
     let count = |name| -> Option<usize> {
         let mut values = samples(page, name).peekable();
         values.peek()?;
         Some(values.map(|v| v.max(0.0) as usize).sum())
     };
-    LOAD_NAMES.iter().find_map(|[running, waiting, usage]| {
+    [VLLM, LLAMA_CPP].into_iter().find_map(|names| {
+        let [running, waiting, usage] = names;
         let kv_usage = samples(page, usage).fold(0.0, f64::max);
-        Some(Published {
+        let published = Published {
             running: count(running)?,
             waiting: count(waiting)?,
             kv_usage: kv_usage.clamp(0.0, 1.0),
-        })
+        };
+        Some((published, names))
     })
 }
 
-/// Reads `GET /metrics` from `addr` (HTTP/1.0, so the answer is not chunked) within
-/// `timeout`; `None` when it could not be read.
+/// Reads `GET /metrics` from `addr` within `timeout`; `None` when it could not be read.
 pub async fn probe(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Page> {
+    get(addr, host, "/metrics", "text/plain", timeout).await.map(|body| parse(&body))
+}
+
+/// Reads llama.cpp's `GET /props` from `addr` within `timeout`.
+pub async fn probe_props(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Props> {
+    get(addr, host, "/props", "application/json", timeout).await.and_then(|body| props(&body))
+}
+
+/// The body of a 200 answer to `GET path` accepting `kind` (HTTP/1.0, so the answer is
+/// not chunked), at most [`MAX_PAGE`] bytes.
+async fn get(addr: SocketAddr, host: &str, path: &str, kind: &str, t: Duration) -> Option<String> {
     let fetch = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let request =
-            format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\nAccept: text/plain\r\n\r\n");
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: {kind}\r\n\r\n");
         stream.write_all(request.as_bytes()).await.ok()?;
         let mut page = Vec::new();
         stream.take(MAX_PAGE).read_to_end(&mut page).await.ok()?;
@@ -108,9 +149,9 @@ pub async fn probe(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Pa
         let (head, body) = text.split_once("\r\n\r\n")?;
         head.starts_with("HTTP/1.").then_some(())?;
         head.split(' ').nth(1).filter(|s| *s == "200")?;
-        Some(parse(body))
+        Some(body.to_owned())
     };
-    tokio::time::timeout(timeout, fetch).await.ok().flatten()
+    tokio::time::timeout(t, fetch).await.ok().flatten()
 }
 
 #[cfg(test)]
@@ -157,8 +198,24 @@ mod tests {
             llamacpp:n_busy_slots_per_decode 1\n";
         let published = parse(page);
         assert_eq!(published.capacity, None);
+        assert!(published.llama_cpp);
         let load = published.load.unwrap();
         assert_eq!((load.running, load.waiting, load.kv_usage), (3, 2, 0.0));
+    }
+
+    #[test]
+    fn reads_llama_cpps_slots_and_their_context_from_props() {
+        // Fields of llama-server's `/props` (llama.cpp from llama-cpp-python 0.3.36, -np 4).
+        let body = r#"{"default_generation_settings":{"params":{"n_predict":-1},"n_ctx":49152},
+            "total_slots":4,"model_alias":"tiny","chat_template":"{{ x }}"}"#;
+        let expected = Props {
+            capacity: Tokens(196_608),
+            sequences: 4,
+        };
+        assert_eq!(props(body), Some(expected));
+        assert_eq!(props(r#"{"total_slots":4}"#), None);
+        assert_eq!(props(r#"{"total_slots":0,"default_generation_settings":{"n_ctx":8}}"#), None);
+        assert_eq!(props("<html>"), None);
     }
 
     #[test]
@@ -170,7 +227,9 @@ mod tests {
             vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 4.0\n\
             vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
             vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\n";
-        let load = parse(page).load.unwrap();
+        let published = parse(page);
+        assert!(!published.llama_cpp);
+        let load = published.load.unwrap();
         assert_eq!((load.running, load.waiting, load.kv_usage), (5, 4, 0.5));
         assert_eq!(
             parse("vllm:num_requests_running 1\n").load,

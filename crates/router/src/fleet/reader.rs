@@ -1,7 +1,8 @@
 //! Reading every backend's `/metrics` ([`metrics`](super::metrics)) on an interval (1 s by
 //! default): its published load goes to its account for policies to see, its KV capacity
-//! sizes its index. A backend that cannot be read this round has no published load until
-//! the next one; its last known capacity stays.
+//! sizes its index. llama.cpp's slots and their context are read from its `/props` once,
+//! and again after a round it could not be read in. A backend that cannot be read this
+//! round has no published load until the next one; its last known capacity stays.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,19 +52,33 @@ impl MetricsReader {
     }
 
     async fn read(&self, backend: &Backend) {
-        let page = metrics::probe(backend.addr, &backend.authority, self.settings.timeout).await;
+        let (addr, host) = (backend.addr, &backend.authority);
+        let page = metrics::probe(addr, host, self.settings.timeout).await;
         let account = &backend.account;
         let Some(page) = page else {
             account.set_published(None);
+            // It may come back with other settings: its slots are read again then.
+            account.set_sequences(None);
             return;
         };
-        if page.capacity != account.capacity() {
+        let (capacity, sequences) = match page.capacity {
+            Some(tokens) => (Some(tokens), None),
+            None if page.llama_cpp => match account.sequences() {
+                Some(n) => (account.capacity(), Some(n)),
+                None => (metrics::probe_props(addr, host, self.settings.timeout).await)
+                    .map_or((None, None), |p| (Some(p.capacity), Some(p.sequences))),
+            },
+            None => (None, None),
+        };
+        if (capacity, sequences) != (account.capacity(), account.sequences()) {
             let url = &backend.worker.url;
-            match page.capacity {
-                Some(t) => info!("backend {url} has {} tokens of KV cache", t.0),
-                None => info!("backend {url} does not publish its KV capacity"),
+            match (capacity, sequences) {
+                (Some(t), Some(n)) => info!("backend {url} has {n} slots of {} KV tokens", t.0 / n),
+                (Some(t), None) => info!("backend {url} has {} tokens of KV cache", t.0),
+                _ => info!("backend {url} does not publish its KV capacity"),
             }
-            account.set_capacity(page.capacity);
+            account.set_capacity(capacity);
+            account.set_sequences(sequences);
         }
         account.set_published(page.load);
     }
