@@ -4,8 +4,12 @@
 # starts 4 llama-server instances (4 slots each, prompt cache in RAM, metrics on) and,
 # once per policy and run, the router in front of fresh servers; replays a multi-turn agent
 # workload sized for CPU prefill with `prefix-router replay`, which reads cached_tokens
-# from llama.cpp's own responses. Prints one line per run.
+# from llama.cpp's own responses. Then the same through the peers, each in a venv of its own
+# under target/peers: smg 1.13.0 and vllm-router 0.1.17, both with their default policy,
+# cache_aware (vllm-router's kv_aware needs KV events, which llama.cpp does not publish).
+# Prints one line per run.
 # Env: POLICIES (default round_robin,consistent_hash,cache_aware,kv_aware), RUNS (3),
+# PEERS (default smg,vllm-router; empty for none),
 # SESSIONS (12), MAX_CONTEXT (5000 tokens of the replay at 4 bytes each; Qwen3 counts more),
 # MESSAGE_SCALE (0.2: messages a fifth of the agent default),
 # MAX_REQUESTS (240), SPEEDUP (10), CONTEXT (each server's context, 4 slots; 196608).
@@ -34,7 +38,7 @@ start_servers() {
   urls=()
   for i in 0 1 2 3; do
     local port; port=$(free_port)
-    "$server" -m "$model" --host 127.0.0.1 --port "$port" -np 4 -c "${CONTEXT:-196608}" --cache-ram 512 \
+    "$server" -m "$model" --alias tiny --host 127.0.0.1 --port "$port" -np 4 -c "${CONTEXT:-196608}" --cache-ram 512 \
       --metrics --no-webui --no-warmup -t 1 >"$out/server-$i.log" 2>&1 &
     pids+=($!)
     urls+=("http://127.0.0.1:$port")
@@ -55,6 +59,37 @@ start_router() { # POLICY URL...: the router in front of URL..., ready
     sleep 0.1
   done
   echo "the router's backends did not become ready" >&2; return 1
+}
+
+peer_bin() { # NAME: its executable, installed in a venv of its own on first use
+  local name=$1 version venv="target/peers/$1"
+  case $name in smg) version=1.13.0 ;; vllm-router) version=0.1.17 ;; *) echo "unknown peer $name" >&2; return 1 ;; esac
+  if [ ! -x "$venv/bin/$name" ]; then
+    python3 -m venv "$venv" && "$venv/bin/pip" install -q "$name==$version" >&2
+  fi
+  echo "$venv/bin/$name"
+}
+start_peer() { # NAME URL...: the peer in front of URL..., every backend registered
+  local name=$1 exe; shift
+  exe=$(peer_bin "$name")
+  port=$(free_port)
+  local metrics; metrics=$(free_port)
+  case $name in
+    smg) "$exe" launch --host 127.0.0.1 --port "$port" --prometheus-port "$metrics" \
+           --policy cache_aware --worker-urls "$@" >"$out/$name.log" 2>&1 & ;;
+    vllm-router) "$exe" --host 127.0.0.1 --port "$port" --prometheus-port "$metrics" \
+           --policy cache_aware --worker-urls "$@" >"$out/$name.log" 2>&1 & ;;
+  esac
+  pids+=($!)
+  local list=/workers; [ "$name" = smg ] || list=/list_workers
+  for _ in $(seq 1 600); do # until it lists every backend (healthy) (up to 60 s)
+    healthy=$(curl -s "http://127.0.0.1:$port$list" | python3 -c 'import json, sys
+w = json.load(sys.stdin)
+print(sum(x["is_healthy"] for x in w.get("workers", [])) + len(w.get("urls", [])))' 2>/dev/null || echo 0)
+    [ "$healthy" = "$#" ] && return 0
+    sleep 0.1
+  done
+  echo "$name did not register its backends" >&2; return 1
 }
 
 # The cheap check: one server, the router, two turns; the second is served from cache.
@@ -78,17 +113,13 @@ assert cached > 0, second
 PY
 stop
 
-IFS=, read -ra list <<<"$policies"
-for policy in "${list[@]}"; do
-  for run in $(seq 1 "$runs"); do
-    start_servers
-    start_router "$policy" "${urls[@]}"
-    "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent --sessions "${SESSIONS:-12}" \
-      --max-context-tokens "${MAX_CONTEXT:-5000}" --message-scale "${MESSAGE_SCALE:-0.2}" \
-      --max-requests "${MAX_REQUESTS:-240}" \
-      --speedup "${SPEEDUP:-10}" --stream --quiet --backends 4 --model tiny \
-      --out "$out/$policy-$run.json" >/dev/null
-    python3 - "$out/$policy-$run.json" "$policy" "$run" <<'PY'
+replay() { # NAME RUN: replays the workload through the proxy on $port, prints one line
+  "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent --sessions "${SESSIONS:-12}" \
+    --max-context-tokens "${MAX_CONTEXT:-5000}" --message-scale "${MESSAGE_SCALE:-0.2}" \
+    --max-requests "${MAX_REQUESTS:-240}" \
+    --speedup "${SPEEDUP:-10}" --stream --quiet --backends 4 --model tiny \
+    --out "$out/$1-$2.json" >/dev/null
+  python3 - "$out/$1-$2.json" "$1" "$2" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r.get("ttft_ms") or {}
@@ -98,6 +129,23 @@ print(f"{sys.argv[2]:16} run={sys.argv[3]} hit={(r['hit_rate'] or 0)*100:.1f}% o
       f"ttft_p99={t.get('p99', 0):.0f}ms req/s={r['throughput']['requests_per_s']:.2f}"
       + (f" errors={r['requests']['errors']}" if r['requests']['failed'] else ""))
 PY
+}
+
+IFS=, read -ra list <<<"$policies"
+for policy in "${list[@]}"; do
+  for run in $(seq 1 "$runs"); do
+    start_servers
+    start_router "$policy" "${urls[@]}"
+    replay "$policy" "$run"
+    stop
+  done
+done
+IFS=, read -ra peers <<<"${PEERS-smg,vllm-router}"
+for peer in "${peers[@]}"; do
+  for run in $(seq 1 "$runs"); do
+    start_servers
+    start_peer "$peer" "${urls[@]}"
+    replay "$peer" "$run"
     stop
   done
 done
