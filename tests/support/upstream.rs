@@ -50,6 +50,8 @@ pub enum Reply {
     Cut,
     /// An SSE stream of `chunks` events, one every `every`.
     Trickle { chunks: usize, every: Duration },
+    /// JSON with a usage of `prompt` tokens, `cached` of them from the prefix cache.
+    Usage { prompt: u64, cached: u64 },
 }
 
 struct Shared {
@@ -227,6 +229,13 @@ async fn handle(
     let reply = shared.reply.lock().clone();
     Ok(match reply {
         Reply::Json => json(&shared.name, len),
+        Reply::Usage { prompt, cached } => {
+            let usage = format!(
+                r#"{{"backend":"{}","usage":{{"prompt_tokens":{prompt},"completion_tokens":1,"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#,
+                shared.name
+            );
+            Response::new(full(Bytes::from(usage)))
+        }
         Reply::Slow(wait) => {
             let now = shared.inflight.fetch_add(1, SeqCst) + 1;
             shared.max_inflight.fetch_max(now, SeqCst);

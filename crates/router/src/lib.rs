@@ -20,3 +20,4 @@ pub mod serve;
 pub mod state;
 pub mod stats;
 pub mod tokens;
+pub mod traces;

@@ -16,6 +16,7 @@ use crate::kv_events::Records;
 use crate::limits::{Current, Live};
 use crate::stats::Stats;
 use crate::tokens::Tokenizers;
+use crate::traces::Tracing;
 
 /// Everything requests share.
 pub struct State {
@@ -41,6 +42,8 @@ pub struct State {
     pub tokenizers: Tokenizers,
     /// What backends that publish KV events hold, by their own record.
     pub records: Arc<Records>,
+    /// Trace export (off unless configured).
+    pub tracing: Tracing,
     live: Current,
     active: AtomicUsize,
     draining: AtomicBool,
@@ -62,6 +65,8 @@ pub struct Parts {
     pub stats: Arc<Stats>,
     /// The models' tokenizers.
     pub tokenizers: Tokenizers,
+    /// Trace export.
+    pub tracing: Tracing,
 }
 
 /// One request being served (from its header to its log line); dropping it ends it.
@@ -88,6 +93,7 @@ impl State {
             queue: Queue::default(),
             tokenizers: parts.tokenizers,
             records: Arc::default(),
+            tracing: parts.tracing,
             live: parts.live,
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),

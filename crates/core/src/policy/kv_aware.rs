@@ -110,7 +110,11 @@ impl View<'_> {
         let (candidate, live) = (&self.ask.candidates[i], self.held[i]);
         let bytes = live.bytes.0 as f64 / candidate.capacity.0.max(1) as f64;
         let sequences = live.conversations as f64 / candidate.sequences.max(1) as f64;
-        if candidate.sequences == 0 { bytes } else { bytes.max(sequences) }
+        if candidate.sequences == 0 {
+            bytes
+        } else {
+            bytes.max(sequences)
+        }
     }
 
     /// The prefix of this request candidate `i` would not compute again. Where each
@@ -123,7 +127,11 @@ impl View<'_> {
             return matched.max(self.ask.matches.hot());
         }
         let own = matched.saturating_sub(self.ask.matches.shared());
-        if own >= MIN_PRIVATE { matched } else { TextBytes(0) }
+        if own >= MIN_PRIVATE {
+            matched
+        } else {
+            TextBytes(0)
+        }
     }
 
     /// Whether the request names its conversation: by a session, or by an anchor that is

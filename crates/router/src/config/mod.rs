@@ -20,6 +20,7 @@ use crate::kv_events::KvEventSettings;
 use crate::limits::{ExchangeTimeouts, Limits, Live};
 use crate::replication::SharedTable;
 use crate::tokens::TokenSettings;
+use crate::traces::TraceSettings;
 
 /// A configuration that cannot be used, naming the option at fault.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +93,8 @@ pub struct Config {
     pub tokens: TokenSettings,
     /// Where backends publish KV events. Default none.
     pub kv_events: KvEventSettings,
+    /// Trace export. Default off.
+    pub traces: TraceSettings,
 }
 
 impl Default for Config {
@@ -115,6 +118,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(5),
             tokens: TokenSettings::default(),
             kv_events: KvEventSettings::default(),
+            traces: TraceSettings::default(),
         }
     }
 }
@@ -143,6 +147,7 @@ impl Config {
             ("threads", self.threads != old.threads),
             ("tokenizer*", self.tokens != old.tokens),
             ("kv_events*", self.kv_events != old.kv_events),
+            ("otlp_endpoint/trace_*", self.traces != old.traces),
             ("grace_period", self.grace_period != old.grace_period),
             (
                 "shutdown_timeout",
@@ -211,6 +216,7 @@ impl Config {
                 replay: s.kv_events_replay.clone(),
                 topic: s.kv_events_topic.clone().unwrap_or_default(),
             },
+            traces: traces(&s, d.traces)?,
         })
     }
 }
@@ -220,6 +226,36 @@ fn address(default: &str, host: Option<&str>, port: Option<u16>) -> String {
     let (default_host, default_port) = default.rsplit_once(':').unwrap_or((default, ""));
     let port = port.map_or_else(|| default_port.to_string(), |p| p.to_string());
     format!("{}:{port}", host.unwrap_or(default_host))
+}
+
+fn traces(s: &Settings, d: TraceSettings) -> Result<TraceSettings, ConfigError> {
+    if let Some(endpoint) = &s.otlp_endpoint {
+        let parsed: Result<http::Uri, _> = endpoint.parse();
+        let http =
+            parsed.is_ok_and(|u| u.scheme_str().is_some_and(|s| s == "http" || s == "https"));
+        if !http {
+            return Err(invalid(
+                "otlp_endpoint",
+                format!("{endpoint} is not an http(s) URL"),
+            ));
+        }
+    }
+    let pair = |kv: &String| match kv.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.trim().to_string())),
+        _ => Err(invalid(
+            "trace_resource_attributes",
+            format!("{kv} is not key=value"),
+        )),
+    };
+    let resource = s.trace_resource_attributes.iter().flatten().map(pair);
+    Ok(TraceSettings {
+        endpoint: s.otlp_endpoint.clone(),
+        sample_ratio: (s.trace_sample_ratio.map(|r| ratio("trace_sample_ratio", r))).transpose()?,
+        service_name: s.trace_service_name.clone(),
+        resource: resource.collect::<Result<_, _>>()?,
+        queue: positive("trace_queue_size", s.trace_queue_size)?.unwrap_or(d.queue),
+        ..d
+    })
 }
 
 fn tunables(s: &Settings, d: Tunables) -> Result<Tunables, ConfigError> {

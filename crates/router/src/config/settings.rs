@@ -151,6 +151,21 @@ pub struct Settings {
     /// The topic backends publish KV events under [default: empty]
     #[arg(long)]
     pub kv_events_topic: Option<String>,
+    /// OTLP/HTTP collector traces are exported to, e.g. http://collector:4318 (/v1/traces is appended to a URL without a path) [default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else no traces]
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
+    /// Fraction of new traces sampled (0..=1); a client's traceparent decides for its own trace [default: OTEL_TRACES_SAMPLER_ARG, else 1]
+    #[arg(long)]
+    pub trace_sample_ratio: Option<f64>,
+    /// service.name of the router's spans [default: OTEL_SERVICE_NAME, else prefix-router]
+    #[arg(long)]
+    pub trace_service_name: Option<String>,
+    /// More resource attributes of the router's spans, key=value (comma separated) [default: none, besides OTEL_RESOURCE_ATTRIBUTES]
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    pub trace_resource_attributes: Option<Vec<String>>,
+    /// Finished spans waiting for export at most; more are dropped and counted [default: 2048]
+    #[arg(long)]
+    pub trace_queue_size: Option<usize>,
 }
 
 /// Lists each field once: `overlay` takes the value from `over` where it is set.
@@ -213,4 +228,9 @@ overlay_fields!(
     kv_events,
     kv_events_replay,
     kv_events_topic,
+    otlp_endpoint,
+    trace_sample_ratio,
+    trace_service_name,
+    trace_resource_attributes,
+    trace_queue_size,
 );

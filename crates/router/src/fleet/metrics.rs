@@ -128,12 +128,16 @@ fn load(page: &str) -> Option<(Published, LoadNames)> {
 
 /// Reads `GET /metrics` from `addr` within `timeout`; `None` when it could not be read.
 pub async fn probe(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Page> {
-    get(addr, host, "/metrics", "text/plain", timeout).await.map(|body| parse(&body))
+    get(addr, host, "/metrics", "text/plain", timeout)
+        .await
+        .map(|body| parse(&body))
 }
 
 /// Reads llama.cpp's `GET /props` from `addr` within `timeout`.
 pub async fn probe_props(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Props> {
-    get(addr, host, "/props", "application/json", timeout).await.and_then(|body| props(&body))
+    get(addr, host, "/props", "application/json", timeout)
+        .await
+        .and_then(|body| props(&body))
 }
 
 /// The body of a 200 answer to `GET path` accepting `kind` (HTTP/1.0, so the answer is
@@ -214,7 +218,10 @@ mod tests {
         };
         assert_eq!(props(body), Some(expected));
         assert_eq!(props(r#"{"total_slots":4}"#), None);
-        assert_eq!(props(r#"{"total_slots":0,"default_generation_settings":{"n_ctx":8}}"#), None);
+        assert_eq!(
+            props(r#"{"total_slots":0,"default_generation_settings":{"n_ctx":8}}"#),
+            None
+        );
         assert_eq!(props("<html>"), None);
     }
 

@@ -4,10 +4,12 @@
 //! while nothing can have reached the first, until a backend's response head arrives.
 //! Generic over the [`Exchange`], so that the loop is tested with a fake one.
 
+use std::cell::Cell;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use log::warn;
+use opentelemetry::KeyValue;
 use prefix_router_core::BackendId;
 use prefix_router_core::ledger::{Placing, Seat};
 use prefix_router_core::policy::{Candidate, Decision, Outcome, Request};
@@ -19,6 +21,7 @@ use crate::error::{RouterError, Shed};
 use crate::fleet::{Backend, Fleet, Ready};
 use crate::limits::Limits;
 use crate::state::State;
+use crate::traces::RequestTrace;
 
 /// Longest wait for backends' first health checks before answering 503.
 const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
@@ -53,6 +56,8 @@ pub struct Placed {
 pub struct Dispatched<A> {
     /// The last backend tried, if any.
     pub placed: Option<Placed>,
+    /// Attempts retried on another backend.
+    pub retries: usize,
     /// The answer.
     pub result: Result<Answered<A>, RouterError>,
 }
@@ -68,23 +73,24 @@ pub struct Answered<A> {
 }
 
 /// Sends the request of `exchange` where `route` says, retrying as `limits` allow, until a
-/// backend's response head arrives.
+/// backend's response head arrives; `trace` gets the wait and the first placement.
 pub async fn run<E: Exchange>(
     state: &State,
     limits: &Limits,
     exchange: &mut E,
     route: Route<'_, '_>,
+    trace: &RequestTrace,
 ) -> Dispatched<E::Answer> {
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
     let mut placed = None;
     let mut last_error = RouterError::NoBackend;
     let result = loop {
-        let ready = match admitted(state, limits, exchange, &tried).await {
+        let ready = match admitted(state, limits, exchange, &tried, trace).await {
             Ok(ready) if ready.is_empty() => break Err(last_error),
             Ok(ready) => ready,
             Err(e) => break Err(e),
         };
-        let Some((seat, backend)) = place(state, limits, &ready, &route) else {
+        let Some((seat, backend)) = place(state, limits, &ready, &route, trace) else {
             // Another request took the last slot since the backends were read.
             continue;
         };
@@ -114,7 +120,11 @@ pub async fn run<E: Exchange>(
             Failure::Retryable(e) | Failure::Final(e) => break Err(e),
         }
     };
-    Dispatched { placed, result }
+    Dispatched {
+        placed,
+        retries: tried.len(),
+        result,
+    }
 }
 
 /// Places the request on one of `ready` through the ledger; `None` when a concurrent
@@ -124,12 +134,17 @@ fn place(
     limits: &Limits,
     ready: &Ready,
     route: &Route,
+    trace: &RequestTrace,
 ) -> Option<(Seat, Arc<Backend>)> {
     let text = route.text();
     let limit = limits.max_inflight_per_backend;
+    let recorded = Cell::new(false);
     let choose = |candidates: &[Candidate]| match route {
         Route::Policy(request) => match state.records.recorded(request, candidates) {
-            Some(recorded) => state.selector.select(request, &recorded),
+            Some(candidates) => {
+                recorded.set(true);
+                state.selector.select(request, &candidates)
+            }
             None => state.selector.select(request, candidates),
         },
         Route::AnyBackend => Decision::new(state.ties.least_loaded(candidates), Outcome::Balanced),
@@ -146,7 +161,40 @@ fn place(
         decision.matched,
         text,
     );
-    Some((seat, Arc::clone(ready.backend(index)?)))
+    let backend = Arc::clone(ready.backend(index)?);
+    trace.placed(|| placement(state, route, &decision, &backend, recorded.get()));
+    Some((seat, backend))
+}
+
+/// What the route span records of a placement.
+fn placement(
+    state: &State,
+    route: &Route,
+    decision: &Decision,
+    backend: &Backend,
+    recorded: bool,
+) -> Vec<KeyValue> {
+    let (matched, total, unit) = match route {
+        Route::Policy(r) if r.tokens.is_some() => {
+            (decision.matched.tokens().0, r.size().tokens().0, "tokens")
+        }
+        _ => (decision.matched.0, route.text().0, "bytes"),
+    };
+    let index = match route {
+        Route::AnyBackend => "none",
+        Route::Policy(_) if recorded => "kv_events",
+        Route::Policy(r) if r.tokens.is_some() => "tokens",
+        Route::Policy(_) => "text",
+    };
+    vec![
+        KeyValue::new("prefix_router.policy", state.policy_name),
+        KeyValue::new("prefix_router.outcome", decision.outcome.label()),
+        KeyValue::new("prefix_router.prefix.matched", matched as i64),
+        KeyValue::new("prefix_router.prefix.total", total as i64),
+        KeyValue::new("prefix_router.prefix.unit", unit),
+        KeyValue::new("prefix_router.index", index),
+        KeyValue::new("prefix_router.backend", backend.authority.clone()),
+    ]
 }
 
 /// The ready backends not tried yet, below their in-flight limit. Right after a start
@@ -159,6 +207,7 @@ async fn admitted<E: Exchange>(
     limits: &Limits,
     exchange: &mut E,
     tried: &[BackendId],
+    trace: &RequestTrace,
 ) -> Result<Ready, RouterError> {
     let fleet = &state.fleet;
     if tried.is_empty() && fleet.ready(tried).is_empty() && fleet.awaiting_first_check() {
@@ -177,7 +226,7 @@ async fn admitted<E: Exchange>(
     };
     let place = (state.queue).join(limits.max_queued);
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
-    let started = Instant::now();
+    let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
         Some(f.ready(tried)).filter(open)
     });
@@ -187,6 +236,7 @@ async fn admitted<E: Exchange>(
         gone = exchange.client_gone() => Err(gone),
     };
     state.stats.queued(started.elapsed());
+    trace.waited(since);
     waited?.ok_or_else(|| overloaded(Shed::QueueTimeout))
 }
 

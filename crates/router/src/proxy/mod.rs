@@ -10,7 +10,7 @@ mod headers;
 mod relay;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -32,6 +32,7 @@ use crate::fleet::Backend;
 use crate::limits::Limits;
 use crate::state::{Active, State};
 use crate::tokens::Tokenizing;
+use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
 use prefix_router_tokens::Tokenized;
 use relay::{Answering, Reply, Trace, Upstream};
@@ -48,11 +49,15 @@ impl Router {
     }
 }
 
-/// Per-request state, for the access log.
+/// Per-request state, for the access log and the trace.
 pub struct Ctx {
     _active: Active,
     request_id: String,
     started: Instant,
+    /// The request's spans (none without tracing).
+    trace: RequestTrace,
+    /// Attempts retried on another backend.
+    retries: usize,
     route: &'static str,
     /// The prompt's size, and whether it is in tokens (token mode) or text bytes.
     prompt: (TextBytes, bool),
@@ -69,6 +74,8 @@ impl ProxyHttp for Router {
             _active: self.state.begin(),
             request_id: String::new(),
             started: Instant::now(),
+            trace: RequestTrace::default(),
+            retries: 0,
             route: "other",
             prompt: (TextBytes(0), false),
             placed: None,
@@ -124,6 +131,13 @@ impl ProxyHttp for Router {
         let backend = ctx.placed.as_ref().map(|p| p.backend.worker.url.as_str());
         self.state.stats.request(ctx.route, status, backend);
         log_request(session, ctx, status);
+        let authority = ctx.placed.as_ref().map(|p| p.backend.authority.as_str());
+        ctx.trace.end(Ending {
+            status,
+            error: ctx.failure.as_ref().map(|e| e.to_string().into()),
+            backend: authority,
+            retries: ctx.retries,
+        });
     }
 }
 
@@ -135,7 +149,12 @@ impl Router {
         let limits = &live.limits;
         let head = session.req_header();
         ctx.request_id = headers::request_id(head);
+        let started =
+            (SystemTime::now().checked_sub(ctx.started.elapsed())).unwrap_or_else(SystemTime::now);
+        ctx.trace = state.tracing.request(&head.headers, started);
         let path = head.uri.path();
+        ctx.trace
+            .request_line(head.method.as_str(), path, &ctx.request_id);
         if admin::serves(path) {
             return Err(RouterError::NotFound(path.to_string()));
         }
@@ -143,8 +162,11 @@ impl Router {
             .then(|| Endpoint::from_path(path))
             .flatten();
         ctx.route = endpoint.map_or("other", Endpoint::label);
+        let reading = SystemTime::now();
         let body = body::read(session, &body::Reading::new(limits, &state.budget)).await?;
         state.stats.body(body.bytes.len());
+        ctx.trace.body_read(reading, body.bytes.len());
+        ctx.trace.routing();
         let bytes = body.bytes.clone();
         let parsed = endpoint.map(|e| request::parse(e, &bytes)).transpose()?;
         let headers = &session.req_header().headers;
@@ -170,10 +192,12 @@ impl Router {
             body: Some(body),
             request_id: &ctx.request_id,
             timeouts: &limits.exchange,
+            trace: &ctx.trace,
         };
-        let dispatched = dispatch::run(state, limits, &mut upstream, route).await;
+        let dispatched = dispatch::run(state, limits, &mut upstream, route, &ctx.trace).await;
         drop(upstream);
         ctx.placed = dispatched.placed;
+        ctx.retries = dispatched.retries;
         let answered = dispatched.result?;
         let reply = Reply {
             request_id: &ctx.request_id,

@@ -28,6 +28,7 @@ use crate::error::RouterError;
 use crate::fleet::Backend;
 use crate::limits::ExchangeTimeouts;
 use crate::stats::{Usage, UsageScanner};
+use crate::traces::{ExchangeEnd, ExchangeSpan, RequestTrace};
 
 /// A client's request on its way to backends: its head made ready for upstream and its
 /// whole body, held until a backend's response head arrives.
@@ -44,6 +45,8 @@ pub struct Upstream<'s> {
     pub request_id: &'s str,
     /// Timeouts of each attempt.
     pub timeouts: &'s ExchangeTimeouts,
+    /// The request's trace: each attempt is a span of it.
+    pub trace: &'s RequestTrace,
 }
 
 #[async_trait]
@@ -55,9 +58,21 @@ impl Exchange for Upstream<'_> {
             .body
             .as_ref()
             .map_or_else(Bytes::new, |b| b.bytes.clone());
-        let answering = self.attempt(backend, &body).await?;
-        self.body = None;
-        Ok(answering)
+        let span = self.trace.exchange(&backend.authority);
+        match self.attempt(backend, &body, &span).await {
+            Ok(mut answering) => {
+                answering.span = span;
+                self.body = None;
+                Ok(answering)
+            }
+            Err(failure) => {
+                span.end(ExchangeEnd {
+                    error: Some(failure.error().to_string().into()),
+                    ..ExchangeEnd::default()
+                });
+                Err(failure)
+            }
+        }
     }
 
     async fn client_gone(&mut self) -> RouterError {
@@ -69,8 +84,14 @@ impl Exchange for Upstream<'_> {
 }
 
 impl Upstream<'_> {
-    /// Sends the request to `backend` and waits for its final response head.
-    async fn attempt(&mut self, backend: &Backend, body: &Bytes) -> Result<Answering, Failure> {
+    /// Sends the request to `backend`, with `span` as its trace parent, and waits for its
+    /// final response head.
+    async fn attempt(
+        &mut self,
+        backend: &Backend,
+        body: &Bytes,
+        span: &ExchangeSpan,
+    ) -> Result<Answering, Failure> {
         let timeouts = self.timeouts;
         let (mut stream, reused) = (self.connector)
             .get_stream(&backend.peer)
@@ -80,6 +101,7 @@ impl Upstream<'_> {
         headers::set_host(&mut req, &backend.authority);
         // The id is a printable token (checked or made by `headers::request_id`).
         let _ = req.insert_header(headers::X_REQUEST_ID, self.request_id);
+        span.inject(&mut req);
         let sent = Instant::now();
         let one = one_write(&req, body);
         if let Some(wire) = &one {
@@ -101,6 +123,7 @@ impl Upstream<'_> {
                 upstream,
                 sent,
                 reuse: backend.peer.reuse_hash(),
+                span: ExchangeSpan::default(),
             }),
             Err(e) if reused => Err(Failure::Retryable(upstream_error(&e))),
             Err(e) => Err(Failure::Final(upstream_error(&e))),
@@ -111,6 +134,8 @@ impl Upstream<'_> {
 /// What was seen of a response on its way through.
 #[derive(Debug, Default)]
 pub struct Trace {
+    /// The backend's response status.
+    pub status: u16,
     /// From sending the request to the first response body byte.
     pub first_byte: Option<Duration>,
     /// From sending the request to the end (or failure) of the response.
@@ -134,6 +159,8 @@ pub struct Answering {
     sent: Instant,
     /// The backend's connection pool key.
     reuse: u64,
+    /// The attempt's trace span, ended with the response.
+    span: ExchangeSpan,
 }
 
 impl Answering {
@@ -164,6 +191,13 @@ impl Answering {
             .await;
         response.seen.total = self.sent.elapsed();
         response.seen.usage = response.usage.usage();
+        let span = std::mem::take(&mut self.span);
+        span.end(ExchangeEnd {
+            status: seen.status,
+            first_byte: seen.first_byte,
+            usage: seen.usage.map(|u| (u.prompt, u.cached)),
+            error: streamed.as_ref().err().map(|e| e.to_string().into()),
+        });
         if streamed.is_ok() {
             self.pool(connector, timeouts).await;
         }
@@ -279,6 +313,7 @@ impl Response<'_> {
         let head = upstream
             .response_header()
             .ok_or_else(|| aborted("no response header"))?;
+        self.seen.status = head.status.as_u16();
         let mut resp = headers::client_response(head);
         let _ = resp.insert_header(headers::X_REQUEST_ID, request_id);
         session

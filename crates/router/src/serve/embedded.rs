@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use pingora_core::server::{RunArgs, ShutdownSignal, ShutdownSignalWatch};
 use tokio::sync::oneshot;
 
+use super::BuildError;
 use super::lifecycle::{Drained, watch_phases};
 use super::{Handles, build};
 use crate::config::Config;
 use crate::config::Source;
-use prefix_router_tokens::ModelError;
 
 /// A router running in this process.
 pub struct Embedded {
@@ -40,12 +40,12 @@ impl ShutdownSignalWatch for StopSignal {
 
 impl Embedded {
     /// Starts the router for `config` (listening on `config.listen`) on a thread of its own.
-    pub fn start(config: &Config) -> Result<Embedded, ModelError> {
+    pub fn start(config: &Config) -> Result<Embedded, BuildError> {
         Embedded::start_from(config, Source::default())
     }
 
     /// Like [`Embedded::start`], for a `config` read from `source` (so that it can reload).
-    pub fn start_from(config: &Config, source: Source) -> Result<Embedded, ModelError> {
+    pub fn start_from(config: &Config, source: Source) -> Result<Embedded, BuildError> {
         let (server, handles) = build(config, source, None)?;
         watch_phases(&server, handles.state.clone(), Drained::Wait);
         let (stop, stopped) = oneshot::channel();
@@ -97,5 +97,6 @@ impl Drop for Embedded {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        self.handles.state.tracing.shutdown();
     }
 }

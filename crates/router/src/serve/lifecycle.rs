@@ -19,10 +19,11 @@ use crate::state::State;
 
 /// Runs `server` until a signal stops it, then exits the process.
 pub fn run(server: Server, state: Arc<State>) -> ! {
-    watch_phases(&server, state, Drained::Exit);
+    watch_phases(&server, Arc::clone(&state), Drained::Exit);
     server.run(RunArgs {
         shutdown_signal: Box::new(Signals),
     });
+    state.tracing.shutdown();
     std::process::exit(0)
 }
 
@@ -55,6 +56,7 @@ pub fn watch_phases(server: &Server, state: Arc<State>, drained: Drained) {
                 std::thread::sleep(Duration::from_millis(50));
             }
             info!("no request in flight; exiting before the end of the grace period");
+            state.tracing.shutdown();
             std::process::exit(0)
         }
     });

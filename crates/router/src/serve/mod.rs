@@ -30,6 +30,7 @@ use crate::replication::Replication;
 use crate::state::{Parts, State};
 use crate::stats::Stats;
 use crate::tokens::Tokenizers;
+use crate::traces::{TraceError, Tracing};
 use notify::Readiness;
 use prefix_router_tokens::ModelError;
 use upkeep::Upkeep;
@@ -42,14 +43,28 @@ pub struct Handles {
     pub control: Arc<Control>,
 }
 
+/// Why a checked configuration cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A tokenizer directory cannot be loaded.
+    #[error(transparent)]
+    Tokenizer(#[from] ModelError),
+    /// Traces cannot be exported as configured.
+    #[error(transparent)]
+    Traces(#[from] TraceError),
+}
+
 /// Builds the server for `config` read from `source`; `opt` carries Pingora's own flags
-/// (upgrade). Fails only on a tokenizer directory that cannot be loaded.
+/// (upgrade). Fails on a tokenizer directory that cannot be loaded, or a trace exporter
+/// that cannot be built.
 pub fn build(
     config: &Config,
     source: Source,
     opt: Option<Opt>,
-) -> Result<(Server, Handles), ModelError> {
+) -> Result<(Server, Handles), BuildError> {
     let tokenizers = Tokenizers::load(&config.tokens)?;
+    let stats = Arc::new(Stats::new());
+    let tracing = Tracing::start(&config.traces, stats.trace_counts())?;
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
     server.bootstrap();
     let fleet = Arc::new(Fleet::new());
@@ -64,8 +79,9 @@ pub fn build(
         policy_name: config.policy.name,
         ledger: Ledger::new(config.eviction_interval),
         live,
-        stats: Arc::new(Stats::new()),
+        stats,
         tokenizers,
+        tracing,
     }));
     let mut proxy =
         pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));

@@ -58,6 +58,7 @@ pub struct Stats {
     kv_event_faults: IntCounterVec,
     kv_event_blocks: IntGaugeVec,
     kv_event_record: IntGaugeVec,
+    trace_spans: IntCounterVec,
 }
 
 /// What one backend's KV event subscriber saw, for the metrics.
@@ -261,6 +262,12 @@ impl Stats {
                 "1 for each backend's KV event record mode (exact, degraded, connecting)",
                 &["backend", "mode"],
             ),
+            trace_spans: counter_vec(
+                "trace_spans_total",
+                "Finished sampled spans: exported, dropped from a full queue, or failed to \
+                 export (collector error or timeout)",
+                &["outcome"],
+            ),
         };
         stats.register_all();
         stats.generation.set(1);
@@ -274,7 +281,7 @@ impl Stats {
         stats
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 34] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 35] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
@@ -310,6 +317,7 @@ impl Stats {
             Box::new(self.kv_event_faults.clone()),
             Box::new(self.kv_event_blocks.clone()),
             Box::new(self.kv_event_record.clone()),
+            Box::new(self.trace_spans.clone()),
         ]
     }
 
@@ -332,6 +340,16 @@ impl Stats {
                 .collect::<Vec<_>>()
         });
         descs.collect()
+    }
+
+    /// Where the trace exporter counts spans (every outcome shows from the start).
+    pub fn trace_counts(&self) -> crate::traces::Counts {
+        let outcome = |o: &str| self.trace_spans.with_label_values(&[o]);
+        crate::traces::Counts {
+            exported: outcome("exported"),
+            queue_full: outcome("queue_full"),
+            export_failed: outcome("export_failed"),
+        }
     }
 
     /// A request ended with `status` (0: no response was sent) on `backend`, if it got one.

@@ -103,6 +103,7 @@ fn state(n: u16, checked: bool) -> State {
         live,
         stats: Arc::new(Stats::new()),
         tokenizers: crate::tokens::Tokenizers::none(),
+        tracing: crate::traces::Tracing::off(),
     })
 }
 
@@ -133,7 +134,14 @@ async fn a_refused_connection_is_retried_on_another_backend() {
     let state = state(2, true);
     let mut fake = Fake::new([Step::Refused, Step::Answer]);
     let limits = Limits::default();
-    let dispatched = run(&state, &limits, &mut fake, Route::AnyBackend).await;
+    let dispatched = run(
+        &state,
+        &limits,
+        &mut fake,
+        Route::AnyBackend,
+        &RequestTrace::default(),
+    )
+    .await;
     let answered = dispatched.result.unwrap();
     assert_eq!(fake.sent.len(), 2);
     assert_ne!(fake.sent[0], fake.sent[1]);
@@ -151,7 +159,14 @@ async fn a_refused_connection_is_retried_on_another_backend() {
 async fn nothing_is_retried_once_the_request_may_have_reached_a_backend() {
     let state = state(2, true);
     let mut fake = Fake::new([Step::Cut]);
-    let dispatched = run(&state, &Limits::default(), &mut fake, Route::AnyBackend).await;
+    let dispatched = run(
+        &state,
+        &Limits::default(),
+        &mut fake,
+        Route::AnyBackend,
+        &RequestTrace::default(),
+    )
+    .await;
     assert!(matches!(dispatched.result, Err(RouterError::Upstream(_))));
     assert_eq!(fake.sent.len(), 1);
     let seats: usize = state
@@ -168,7 +183,14 @@ async fn nothing_is_retried_once_the_request_may_have_reached_a_backend() {
 async fn retries_end_with_the_last_error_when_every_backend_refuses() {
     let state = state(2, true);
     let mut fake = Fake::new([Step::Refused, Step::Refused, Step::Refused]);
-    let dispatched = run(&state, &Limits::default(), &mut fake, Route::AnyBackend).await;
+    let dispatched = run(
+        &state,
+        &Limits::default(),
+        &mut fake,
+        Route::AnyBackend,
+        &RequestTrace::default(),
+    )
+    .await;
     assert!(matches!(dispatched.result, Err(RouterError::Upstream(_))));
     assert_eq!(fake.sent.len(), 2, "each backend once");
 }
@@ -179,7 +201,14 @@ async fn a_queued_request_times_out_and_leaves_the_queue() {
     let _busy = occupy(&state);
     let limits = limits(1, Duration::from_millis(100));
     let mut fake = Fake::new([]);
-    let dispatched = run(&state, &limits, &mut fake, Route::AnyBackend).await;
+    let dispatched = run(
+        &state,
+        &limits,
+        &mut fake,
+        Route::AnyBackend,
+        &RequestTrace::default(),
+    )
+    .await;
     let shed = match dispatched.result {
         Err(RouterError::Overloaded { shed, .. }) => shed,
         other => panic!("{:?}", other.err()),
@@ -199,8 +228,11 @@ async fn a_queued_request_takes_the_slot_freed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         drop(busy);
     };
-    let (dispatched, ()) =
-        tokio::join!(run(&state, &limits, &mut fake, Route::AnyBackend), freeing);
+    let trace = RequestTrace::default();
+    let (dispatched, ()) = tokio::join!(
+        run(&state, &limits, &mut fake, Route::AnyBackend, &trace),
+        freeing
+    );
     assert!(dispatched.result.is_ok());
     assert_eq!(fake.sent.len(), 1);
 }
@@ -213,7 +245,14 @@ async fn a_client_gone_while_queued_leaves_the_queue() {
     let mut fake = Fake::new([]);
     fake.gone_after = Some(Duration::from_millis(20));
     let started = std::time::Instant::now();
-    let dispatched = run(&state, &limits, &mut fake, Route::AnyBackend).await;
+    let dispatched = run(
+        &state,
+        &limits,
+        &mut fake,
+        Route::AnyBackend,
+        &RequestTrace::default(),
+    )
+    .await;
     assert!(matches!(dispatched.result, Err(RouterError::ClientGone(_))));
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(state.queue.is_empty());
@@ -230,8 +269,11 @@ async fn the_first_request_waits_for_the_first_health_check() {
     };
     let mut fake = Fake::new([]);
     let limits = Limits::default();
-    let (dispatched, ()) =
-        tokio::join!(run(&state, &limits, &mut fake, Route::AnyBackend), checking);
+    let trace = RequestTrace::default();
+    let (dispatched, ()) = tokio::join!(
+        run(&state, &limits, &mut fake, Route::AnyBackend, &trace),
+        checking
+    );
     assert!(dispatched.result.is_ok());
     assert_eq!(fake.sent.len(), 1);
 }

@@ -1,0 +1,314 @@
+//! Traces: the router's spans as a real OTLP receiver decodes them (the official
+//! `opentelemetry-proto` classes, in a venv `tests/otlp/setup.sh` makes), the trace context
+//! the backend receives, and requests unaffected by a dead or slow collector.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use prefix_router::config::Settings;
+use serde_json::Value;
+
+use crate::support::*;
+
+/// The client's trace: its id and the span the router continues.
+const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+const SECRET_KEY: &str = "sk-do-not-export-7f3a";
+const SECRET_TEXT: &str = "body text that stays out of spans";
+
+/// An OTLP/HTTP receiver (tests/otlp/receiver.py); stops when dropped.
+struct Receiver {
+    child: Child,
+    url: String,
+}
+
+impl Receiver {
+    /// Starts one that answers each export `delay` seconds late.
+    fn start(delay: f64) -> Receiver {
+        static PYTHON: OnceLock<String> = OnceLock::new();
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let python = PYTHON.get_or_init(|| {
+            let setup = Command::new(root.join("tests/otlp/setup.sh"))
+                .arg(root.join("target/otlp"))
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&setup.stderr);
+            assert!(setup.status.success(), "{stderr}");
+            String::from_utf8(setup.stdout).unwrap().trim().to_string()
+        });
+        let mut child = Command::new(python)
+            .arg(root.join("tests/otlp/receiver.py"))
+            .args(["--delay", &delay.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut port = String::new();
+        let stdout = child.stdout.take().unwrap();
+        BufReader::new(stdout).read_line(&mut port).unwrap();
+        let url = format!("http://127.0.0.1:{}", port.trim());
+        Receiver { child, url }
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let resp = client().get(format!("{}{path}", self.url)).send().await;
+        resp.unwrap().json().await.unwrap()
+    }
+
+    /// The spans received, once at least `n` arrived (waits up to 15 s).
+    async fn spans(&self, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let spans = self.get("/spans").await;
+            let spans = spans.as_array().unwrap().clone();
+            if spans.len() >= n || Instant::now() > deadline {
+                return spans;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn traced(ups: &[&Upstream], endpoint: &str) -> Settings {
+    Settings {
+        otlp_endpoint: Some(endpoint.to_string()),
+        trace_sample_ratio: Some(1.0),
+        trace_resource_attributes: Some(vec!["deployment.environment=test".into()]),
+        ..settings(ups)
+    }
+}
+
+/// POSTs a chat completion carrying the client's trace context and secrets.
+async fn traced_chat(router: &TestRouter) -> u16 {
+    let body = chat(&[
+        ("system", "You are terse. ".repeat(40)),
+        ("user", SECRET_TEXT.into()),
+    ]);
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .header("traceparent", format!("00-{TRACE_ID}-{CLIENT_SPAN}-01"))
+        .header("authorization", format!("Bearer {SECRET_KEY}"))
+        .header("x-api-key", SECRET_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    resp.status().as_u16()
+}
+
+fn named<'s>(spans: &'s [Value], name: &str) -> &'s Value {
+    let span = spans.iter().find(|s| s["name"] == name);
+    span.unwrap_or_else(|| panic!("no span {name} in {spans:#?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_reach_a_real_otlp_receiver_linked_under_the_clients_trace() {
+    let receiver = Receiver::start(0.0);
+    let up = Upstream::start("a").await;
+    up.set_reply(Reply::Usage {
+        prompt: 120,
+        cached: 96,
+    });
+    let router = TestRouter::start(traced(&[&up], &receiver.url), 1);
+    assert_eq!(traced_chat(&router).await, 200);
+    let spans = receiver.spans(4).await;
+
+    assert!(
+        spans.iter().all(|s| s["trace_id"] == TRACE_ID),
+        "{spans:#?}"
+    );
+    let server = named(&spans, "POST /v1/chat/completions");
+    assert_eq!(server["parent_span_id"], CLIENT_SPAN);
+    assert_eq!(server["kind"], 2, "server");
+    let attributes = &server["attributes"];
+    assert_eq!(attributes["http.response.status_code"], 200);
+    assert_eq!(attributes["url.path"], "/v1/chat/completions");
+    assert_eq!(server["resource"]["service.name"], "prefix-router");
+    assert_eq!(server["resource"]["deployment.environment"], "test");
+    for child in ["read body", "route", "upstream"] {
+        assert_eq!(
+            named(&spans, child)["parent_span_id"],
+            server["span_id"],
+            "{child}"
+        );
+    }
+    let route = &named(&spans, "route")["attributes"];
+    assert_eq!(route["prefix_router.policy"], "kv_aware");
+    assert_eq!(route["prefix_router.outcome"], "placed");
+    assert_eq!(route["prefix_router.index"], "text");
+    assert_eq!(route["prefix_router.prefix.unit"], "bytes");
+    assert!(
+        route["prefix_router.prefix.total"].as_i64().unwrap() > 600,
+        "{route}"
+    );
+    assert_eq!(route["prefix_router.backend"], up.addr.to_string());
+    let upstream = named(&spans, "upstream");
+    assert_eq!(upstream["kind"], 3, "client");
+    let attributes = &upstream["attributes"];
+    assert_eq!(attributes["http.response.status_code"], 200);
+    assert_eq!(attributes["gen_ai.usage.input_tokens"], 120);
+    assert_eq!(attributes["prefix_router.cached_tokens"], 96);
+    assert!(
+        attributes["prefix_router.time_to_first_byte_ms"]
+            .as_f64()
+            .unwrap()
+            >= 0.0
+    );
+
+    // The backend's parent is the router's exchange span, in the client's trace.
+    let received = up.received();
+    let parent = received[0].headers["traceparent"].to_str().unwrap();
+    let expected = format!("00-{TRACE_ID}-{}-01", upstream["span_id"].as_str().unwrap());
+    assert_eq!(parent, expected);
+    // The body went as it came, and nothing secret went into a span.
+    assert!(String::from_utf8_lossy(&received[0].body).contains(SECRET_TEXT));
+    let exported = serde_json::to_string(&spans).unwrap();
+    for secret in [SECRET_KEY, SECRET_TEXT, "authorization", "You are terse"] {
+        assert!(!exported.contains(secret), "{secret} exported: {exported}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsampled_parent_is_followed_and_still_passed_on() {
+    let receiver = Receiver::start(0.0);
+    let up = Upstream::start("a").await;
+    let router = TestRouter::start(traced(&[&up], &receiver.url), 1);
+    let (status, _) = post(
+        &router.url,
+        "/v1/completions",
+        &serde_json::json!({"prompt": "x"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let resp = client()
+        .post(format!("{}/v1/completions", router.url))
+        .header("traceparent", format!("00-{TRACE_ID}-{CLIENT_SPAN}-00"))
+        .json(&serde_json::json!({"prompt": "y"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    // The unsampled request's context still reaches the backend, flagged unsampled.
+    let received = up.received();
+    let parent = received[1].headers["traceparent"].to_str().unwrap();
+    assert!(
+        parent.starts_with(&format!("00-{TRACE_ID}-")) && parent.ends_with("-00"),
+        "{parent}"
+    );
+    assert!(!parent.contains(CLIENT_SPAN), "{parent}");
+    // Only the first request's spans were exported, in a trace of their own.
+    let spans = receiver.spans(4).await;
+    assert_eq!(spans.len(), 4, "{spans:#?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(receiver.get("/spans").await.as_array().unwrap().len(), 4);
+    assert!(
+        spans.iter().all(|s| s["trace_id"] != TRACE_ID),
+        "{spans:#?}"
+    );
+    let ours = received[0].headers["traceparent"].to_str().unwrap();
+    assert!(
+        spans
+            .iter()
+            .all(|s| ours.contains(s["trace_id"].as_str().unwrap()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_backend_is_a_span_under_the_route() {
+    let receiver = Receiver::start(0.0);
+    let up = Upstream::start("a").await;
+    up.set_reply(Reply::Slow(Duration::from_millis(400)));
+    let settings = Settings {
+        max_inflight_per_backend: Some(1),
+        ..traced(&[&up], &receiver.url)
+    };
+    let router = TestRouter::start(settings, 1);
+    let (a, b) = tokio::join!(traced_chat(&router), traced_chat(&router));
+    assert_eq!((a, b), (200, 200));
+    let spans = receiver.spans(9).await;
+    let wait = named(&spans, "wait");
+    let routes: Vec<&Value> = spans.iter().filter(|s| s["name"] == "route").collect();
+    assert!(
+        routes
+            .iter()
+            .any(|r| r["span_id"] == wait["parent_span_id"]),
+        "{spans:#?}"
+    );
+    let waited = wait["end"].as_u64().unwrap() - wait["start"].as_u64().unwrap();
+    assert!(
+        waited >= 300_000_000,
+        "waited {waited} ns for a 400 ms answer"
+    );
+}
+
+/// Counts of `prefix_router_trace_spans_total` by outcome.
+async fn span_counts(router: &TestRouter) -> [f64; 3] {
+    let scrape = router.metrics().await;
+    let count = |o| {
+        sum(
+            &scrape,
+            "prefix_router_trace_spans_total",
+            &[("outcome", o)],
+        )
+    };
+    [
+        count("exported"),
+        count("queue_full"),
+        count("export_failed"),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_collector_costs_requests_nothing_and_its_spans_are_counted() {
+    let dead = free_loopback_addr().unwrap();
+    let up = Upstream::start("a").await;
+    let router = TestRouter::start(traced(&[&up], &format!("http://{dead}")), 1);
+    for _ in 0..20 {
+        assert_eq!(traced_chat(&router).await, 200);
+    }
+    assert_eq!(up.count(), 20);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let failed = loop {
+        let [exported, _, failed] = span_counts(&router).await;
+        assert_eq!(exported, 0.0);
+        if failed >= 80.0 || Instant::now() > deadline {
+            break failed;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(failed, 80.0, "four spans per request");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_collector_holds_no_request_and_a_full_queue_drops_spans() {
+    let receiver = Receiver::start(4.0);
+    let up = Upstream::start("a").await;
+    let settings = Settings {
+        trace_queue_size: Some(8),
+        ..traced(&[&up], &receiver.url)
+    };
+    let router = TestRouter::start(settings, 1);
+    // Requests go on while an export hangs in the collector.
+    let started = Instant::now();
+    let mut n = 0;
+    while n < 20 || started.elapsed() < Duration::from_millis(1500) {
+        assert_eq!(traced_chat(&router).await, 200);
+        n += 1;
+    }
+    let counts = receiver.get("/stats").await;
+    assert_eq!(
+        (counts["received"].as_u64(), counts["answered"].as_u64()),
+        (Some(1), Some(0))
+    );
+    let [_, dropped, _] = span_counts(&router).await;
+    assert!(dropped > 0.0, "queue of 8 spans, {n} requests of 4");
+}
