@@ -20,7 +20,9 @@
 # KV event sources point at ports where nothing publishes), THREADS (data plane
 # threads of the router and the pass-through, default: the number of CPUs, their default),
 # PROFILE (a directory: record each router run with `perf record -g` into
-# PROFILE/router-<KB>.data).
+# PROFILE/router-<KB>.data), TRACES (sampling ratios, e.g. 0,0.01,1: for each, a router with
+# trace export on, as forwarder `traced-<ratio>`, exporting to one OTLP receiver on this
+# machine that answers without decoding: tests/otlp/receiver.py --discard).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -107,6 +109,16 @@ extra_router() { # name, binary, extra flags...
   idle[$name]=$(rss_kb "${pid[$name]}"); forwarders="$forwarders $name"
 }
 [ -z "${BASELINE:-}" ] || extra_router before "$BASELINE"
+if [ -n "${TRACES:-}" ]; then
+  otlp_python=$("$root/tests/otlp/setup.sh" "$root/target/otlp")
+  coproc OTLP { exec "$otlp_python" "$root/tests/otlp/receiver.py" --discard; }
+  read -r otlp_port <&"${OTLP[0]}"
+  IFS=, read -ra ratios <<<"$TRACES"
+  for r in "${ratios[@]}"; do
+    extra_router "traced-$r" "$root/target/release/prefix-router" \
+      --otlp-endpoint "http://127.0.0.1:$otlp_port" --trace-sample-ratio "$r"
+  done
+fi
 [ -z "${TOKENIZER:-}" ] || extra_router tokens "$root/target/release/prefix-router" --tokenizer "$TOKENIZER"
 if [ -n "${VLLM_ROUTER:-}" ]; then
   p=$(free_port); e1=$(free_port); e2=$(free_port)

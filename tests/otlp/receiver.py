@@ -2,9 +2,10 @@
 with the official opentelemetry-proto classes and keeps the spans. GET /spans answers them
 as JSON (ids in hex, attributes as a dict, the resource's attributes on each span); GET
 /stats answers how many export requests arrived and were answered. With --delay S each
-export is answered S seconds late. Prints its port on the first line of stdout.
+export is answered S seconds late; with --discard bodies are read and answered without
+being decoded or kept (a sink for benchmarks). Prints its port on the first line of stdout.
 
-Usage: python receiver.py [--delay S]
+Usage: python receiver.py [--delay S] [--discard]
 """
 import argparse
 import json
@@ -56,6 +57,8 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("content-length", 0)))
         with lock:
             counts["received"] += 1
+        if args.discard:
+            return self.answer()
         if self.path != "/v1/traces" or self.headers.get("content-type") != "application/x-protobuf":
             self.send_response(400)
             self.end_headers()
@@ -65,6 +68,10 @@ class Handler(BaseHTTPRequestHandler):
         time.sleep(args.delay)
         with lock:
             spans.extend(keep(request))
+        self.answer()
+
+    def answer(self):
+        with lock:
             counts["answered"] += 1
         answer = ExportTraceServiceResponse().SerializeToString()
         self.send_response(200)
@@ -88,6 +95,7 @@ class Handler(BaseHTTPRequestHandler):
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--delay", type=float, default=0.0)
+parser.add_argument("--discard", action="store_true")
 args = parser.parse_args()
 server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
 print(server.server_address[1], flush=True)

@@ -231,13 +231,9 @@ fn address(default: &str, host: Option<&str>, port: Option<u16>) -> String {
 fn traces(s: &Settings, d: TraceSettings) -> Result<TraceSettings, ConfigError> {
     if let Some(endpoint) = &s.otlp_endpoint {
         let parsed: Result<http::Uri, _> = endpoint.parse();
-        let http =
-            parsed.is_ok_and(|u| u.scheme_str().is_some_and(|s| s == "http" || s == "https"));
-        if !http {
-            return Err(invalid(
-                "otlp_endpoint",
-                format!("{endpoint} is not an http(s) URL"),
-            ));
+        if !parsed.is_ok_and(|u| u.scheme_str() == Some("http") && u.host().is_some()) {
+            let reason = format!("{endpoint} is not an http:// URL (no TLS to collectors)");
+            return Err(invalid("otlp_endpoint", reason));
         }
     }
     let pair = |kv: &String| match kv.split_once('=') {

@@ -60,6 +60,34 @@ fn invalid_values_name_their_option() {
         ),
         (
             Settings {
+                otlp_endpoint: Some("https://collector:4318".into()),
+                ..Default::default()
+            },
+            "`otlp_endpoint`",
+        ),
+        (
+            Settings {
+                trace_sample_ratio: Some(1.5),
+                ..Default::default()
+            },
+            "`trace_sample_ratio`",
+        ),
+        (
+            Settings {
+                trace_resource_attributes: Some(vec!["region".into()]),
+                ..Default::default()
+            },
+            "`trace_resource_attributes`",
+        ),
+        (
+            Settings {
+                trace_queue_size: Some(0),
+                ..Default::default()
+            },
+            "`trace_queue_size`",
+        ),
+        (
+            Settings {
                 cache_threshold: Some(-0.1),
                 ..Default::default()
             },
