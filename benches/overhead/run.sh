@@ -22,7 +22,9 @@
 # PROFILE (a directory: record each router run with `perf record -g` into
 # PROFILE/router-<KB>.data), TRACES (sampling ratios, e.g. 0,0.01,1: for each, a router with
 # trace export on, as forwarder `traced-<ratio>`, exporting to one OTLP receiver on this
-# machine that answers without decoding: tests/otlp/receiver.py --discard).
+# machine that answers without decoding: tests/otlp/receiver.py --discard), TRACE_FAULTS
+# (1: two more routers sampling every trace, `traced-dead` exporting to a port where nothing
+# listens and `traced-slow` to a receiver that answers each export 5 s late).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -109,15 +111,28 @@ extra_router() { # name, binary, extra flags...
   idle[$name]=$(rss_kb "${pid[$name]}"); forwarders="$forwarders $name"
 }
 [ -z "${BASELINE:-}" ] || extra_router before "$BASELINE"
+receiver() { # name, receiver.py flags: an OTLP receiver on this machine; its port in $receiver_port
+  local name=$1 python; shift
+  python=$("$root/tests/otlp/setup.sh" "$root/target/otlp")
+  "$python" "$root/tests/otlp/receiver.py" "$@" >"$work/$name.port" &
+  for _ in $(seq 100); do [ -s "$work/$name.port" ] && break; sleep 0.1; done
+  receiver_port=$(head -1 "$work/$name.port")
+  wait_port "$receiver_port"
+}
 if [ -n "${TRACES:-}" ]; then
-  otlp_python=$("$root/tests/otlp/setup.sh" "$root/target/otlp")
-  coproc OTLP { exec "$otlp_python" "$root/tests/otlp/receiver.py" --discard; }
-  read -r otlp_port <&"${OTLP[0]}"
+  receiver sink --discard
   IFS=, read -ra ratios <<<"$TRACES"
   for r in "${ratios[@]}"; do
     extra_router "traced-$r" "$root/target/release/prefix-router" \
-      --otlp-endpoint "http://127.0.0.1:$otlp_port" --trace-sample-ratio "$r"
+      --otlp-endpoint "http://127.0.0.1:$receiver_port" --trace-sample-ratio "$r"
   done
+fi
+if [ -n "${TRACE_FAULTS:-}" ]; then
+  extra_router traced-dead "$root/target/release/prefix-router" \
+    --otlp-endpoint "http://127.0.0.1:$(free_port)" --trace-sample-ratio 1
+  receiver slow --discard --delay 5
+  extra_router traced-slow "$root/target/release/prefix-router" \
+    --otlp-endpoint "http://127.0.0.1:$receiver_port" --trace-sample-ratio 1
 fi
 [ -z "${TOKENIZER:-}" ] || extra_router tokens "$root/target/release/prefix-router" --tokenizer "$TOKENIZER"
 if [ -n "${VLLM_ROUTER:-}" ]; then

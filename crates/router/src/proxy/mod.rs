@@ -134,7 +134,7 @@ impl ProxyHttp for Router {
         let authority = ctx.placed.as_ref().map(|p| p.backend.authority.as_str());
         ctx.trace.end(Ending {
             status,
-            error: ctx.failure.as_ref().map(|e| e.to_string().into()),
+            error: ctx.failure.as_ref().map(|e| e.to_string()),
             backend: authority,
             retries: ctx.retries,
         });
@@ -153,14 +153,14 @@ impl Router {
             (SystemTime::now().checked_sub(ctx.started.elapsed())).unwrap_or_else(SystemTime::now);
         ctx.trace = state.tracing.request(&head.headers, started);
         let path = head.uri.path();
-        ctx.trace
-            .request_line(head.method.as_str(), path, &ctx.request_id);
-        if admin::serves(path) {
-            return Err(RouterError::NotFound(path.to_string()));
-        }
         let endpoint = (head.method == Method::POST)
             .then(|| Endpoint::from_path(path))
             .flatten();
+        let route = endpoint.map(|_| path);
+        (ctx.trace).request_line(head.method.as_str(), route, path, &ctx.request_id);
+        if admin::serves(path) {
+            return Err(RouterError::NotFound(path.to_string()));
+        }
         ctx.route = endpoint.map_or("other", Endpoint::label);
         let reading = SystemTime::now();
         let body = body::read(session, &body::Reading::new(limits, &state.budget)).await?;

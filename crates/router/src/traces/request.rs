@@ -4,7 +4,6 @@
 //! when the request waited for a backend), and one `upstream` client span per attempt,
 //! whose context the backend receives. Without tracing every call is a no-op.
 
-use std::borrow::Cow;
 use std::time::{Duration, SystemTime};
 
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
@@ -20,7 +19,7 @@ pub struct Ending<'e> {
     /// The status sent to the client (0: none).
     pub status: u16,
     /// Why the request failed, if it did.
-    pub error: Option<Cow<'e, str>>,
+    pub error: Option<String>,
     /// The backend that answered or was tried last (`host:port`).
     pub backend: Option<&'e str>,
     /// Attempts retried on another backend.
@@ -66,11 +65,18 @@ impl RequestTrace {
             .filter(|l| l.server.span().is_recording())
     }
 
-    /// Names the server span after the request line and records its path.
-    pub fn request_line(&self, method: &str, path: &str, request_id: &str) {
+    /// Names the server span after its method and `route` (a routed endpoint's path; other
+    /// paths are not in the name, which must stay of few values) and records its path.
+    pub fn request_line(&self, method: &str, route: Option<&str>, path: &str, request_id: &str) {
         let Some(live) = self.recording() else { return };
         let span = live.server.span();
-        span.update_name(format!("{method} {path}"));
+        span.update_name(match route {
+            Some(route) => format!("{method} {route}"),
+            None => method.to_string(),
+        });
+        if let Some(route) = route {
+            span.set_attribute(KeyValue::new("http.route", route.to_string()));
+        }
         span.set_attributes([
             KeyValue::new("http.request.method", method.to_string()),
             KeyValue::new("url.path", path.to_string()),
@@ -156,7 +162,7 @@ impl RequestTrace {
             }
             span.set_attributes(attributes);
             if let Some(error) = ending.error {
-                span.set_status(Status::error(error.into_owned()));
+                span.set_status(Status::error(error));
             }
         }
         span.end();
@@ -181,7 +187,7 @@ impl Live {
 
 /// What one exchange's span records when it ends.
 #[derive(Default)]
-pub struct ExchangeEnd<'e> {
+pub struct ExchangeEnd {
     /// The backend's response status (0: none arrived).
     pub status: u16,
     /// From sending the request to the first response body byte.
@@ -189,7 +195,7 @@ pub struct ExchangeEnd<'e> {
     /// Prompt and cached tokens from the response's usage.
     pub usage: Option<(u64, u64)>,
     /// Why the exchange failed, if it did.
-    pub error: Option<Cow<'e, str>>,
+    pub error: Option<String>,
 }
 
 /// One attempt's client span; empty without tracing.
@@ -228,7 +234,7 @@ impl ExchangeSpan {
             }
             span.set_attributes(attributes);
             if let Some(error) = end.error {
-                span.set_status(Status::error(error.into_owned()));
+                span.set_status(Status::error(error));
             }
         }
         span.end();
