@@ -228,6 +228,9 @@ fn address(default: &str, host: Option<&str>, port: Option<u16>) -> String {
     format!("{}:{port}", host.unwrap_or(default_host))
 }
 
+/// Most spans the trace queue may hold (its slots are allocated at start, ~0.5 KB each).
+const MAX_TRACE_QUEUE: usize = 1 << 20;
+
 fn traces(s: &Settings, d: TraceSettings) -> Result<TraceSettings, ConfigError> {
     if let Some(endpoint) = &s.otlp_endpoint {
         let parsed: Result<http::Uri, _> = endpoint.parse();
@@ -249,7 +252,13 @@ fn traces(s: &Settings, d: TraceSettings) -> Result<TraceSettings, ConfigError> 
         sample_ratio: (s.trace_sample_ratio.map(|r| ratio("trace_sample_ratio", r))).transpose()?,
         service_name: s.trace_service_name.clone(),
         resource: resource.collect::<Result<_, _>>()?,
-        queue: positive("trace_queue_size", s.trace_queue_size)?.unwrap_or(d.queue),
+        queue: match positive("trace_queue_size", s.trace_queue_size)? {
+            Some(n) if n > MAX_TRACE_QUEUE => {
+                let reason = format!("{n} is more than {MAX_TRACE_QUEUE} spans");
+                return Err(invalid("trace_queue_size", reason));
+            }
+            n => n.unwrap_or(d.queue),
+        },
         ..d
     })
 }

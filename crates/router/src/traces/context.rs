@@ -7,9 +7,19 @@ use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use pingora_http::RequestHeader;
 
-/// The trace context a client sent, or an empty one.
+/// The trace context a client sent, or an empty one. A `tracestate` sent over several
+/// header lines is one list.
 pub fn extract(headers: &http::HeaderMap) -> Context {
-    TraceContextPropagator::new().extract(&Headers(headers))
+    let lines = headers
+        .get_all(TRACESTATE)
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    let lines: Vec<&str> = lines.collect();
+    let tracestate = (lines.len() > 1).then(|| lines.join(","));
+    TraceContextPropagator::new().extract(&Headers {
+        map: headers,
+        tracestate,
+    })
 }
 
 /// Writes `cx`'s span into `head` as its `traceparent` (and `tracestate`).
@@ -17,15 +27,24 @@ pub fn inject(cx: &Context, head: &mut RequestHeader) {
     TraceContextPropagator::new().inject_context(cx, &mut Upstream(head));
 }
 
-struct Headers<'h>(&'h http::HeaderMap);
+const TRACESTATE: &str = "tracestate";
+
+struct Headers<'h> {
+    map: &'h http::HeaderMap,
+    /// `tracestate`'s lines joined, when there are several.
+    tracestate: Option<String>,
+}
 
 impl Extractor for Headers<'_> {
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key)?.to_str().ok()
+        match &self.tracestate {
+            Some(joined) if key == TRACESTATE => Some(joined),
+            _ => self.map.get(key)?.to_str().ok(),
+        }
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
+        self.map.keys().map(http::HeaderName::as_str).collect()
     }
 }
 
@@ -33,6 +52,11 @@ struct Upstream<'h>(&'h mut RequestHeader);
 
 impl Injector for Upstream<'_> {
     fn set(&mut self, key: &str, value: String) {
+        // An empty tracestate is not sent (W3C): a new trace replaces the client's.
+        if value.is_empty() {
+            self.0.remove_header(key);
+            return;
+        }
         // Both names are valid header names, and the propagator writes printable values.
         let _ = self.0.insert_header(key.to_string(), value);
     }
@@ -63,9 +87,34 @@ mod tests {
     }
 
     #[test]
-    fn a_malformed_context_starts_a_new_trace() {
+    fn a_malformed_context_starts_a_new_trace_and_sends_no_empty_state() {
         let mut headers = http::HeaderMap::new();
         headers.insert("traceparent", "00-zz-b7ad6b7169203331-01".parse().unwrap());
-        assert!(!extract(&headers).span().span_context().is_valid());
+        headers.insert("tracestate", "vendor=x".parse().unwrap());
+        let cx = extract(&headers);
+        assert!(!cx.span().span_context().is_valid());
+        let mut head = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+        head.insert_header("tracestate", "vendor=x").unwrap();
+        let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let new = extract(
+            &[("traceparent".parse().unwrap(), parent.parse().unwrap())]
+                .into_iter()
+                .collect(),
+        );
+        inject(&new, &mut head);
+        assert_eq!(head.headers["traceparent"], parent);
+        assert!(!head.headers.contains_key("tracestate"));
+    }
+
+    #[test]
+    fn a_tracestate_over_several_lines_is_one_list() {
+        let mut headers = http::HeaderMap::new();
+        let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        headers.insert("traceparent", parent.parse().unwrap());
+        headers.append("tracestate", "a=1".parse().unwrap());
+        headers.append("tracestate", "b=2".parse().unwrap());
+        let mut head = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+        inject(&extract(&headers), &mut head);
+        assert_eq!(head.headers["tracestate"], "a=1,b=2");
     }
 }

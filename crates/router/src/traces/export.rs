@@ -27,10 +27,10 @@ pub struct Counts {
     pub export_failed: IntCounter,
 }
 
-/// The processor, holding the queue's sending end.
+/// The processor, holding the queue's sending end (`None` asks the thread to stop).
 #[derive(Debug)]
 pub struct Batcher {
-    queue: SyncSender<SpanData>,
+    queue: SyncSender<Option<SpanData>>,
     counts: Counts,
     stop: Arc<AtomicBool>,
     /// Receives once the exporting thread ended.
@@ -78,11 +78,11 @@ impl SpanProcessor for Batcher {
         if !span.span_context.is_sampled() {
             return;
         }
-        match self.queue.try_send(span) {
+        match self.queue.try_send(Some(span)) {
             Ok(()) => {}
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.counts.queue_full.inc();
-            }
+            Err(TrySendError::Full(_)) => self.counts.queue_full.inc(),
+            // The exporting thread is gone (stopped): the span cannot be exported.
+            Err(TrySendError::Disconnected(_)) => self.counts.export_failed.inc(),
         }
     }
 
@@ -92,6 +92,8 @@ impl SpanProcessor for Batcher {
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.stop.store(true, Relaxed);
+        // Wakes the thread if it waits for spans; a full queue keeps it busy anyway.
+        let _ = self.queue.try_send(None);
         let Some(done) = self.done.lock().take() else {
             return Err(OTelSdkError::AlreadyShutdown);
         };
@@ -103,7 +105,7 @@ impl SpanProcessor for Batcher {
 /// The exporting thread's state.
 struct Worker<E> {
     exporter: E,
-    spans: Receiver<SpanData>,
+    spans: Receiver<Option<SpanData>>,
     stop: Arc<AtomicBool>,
     counts: Counts,
     batch: usize,
@@ -129,7 +131,7 @@ impl<E: SpanExporter> Worker<E> {
                 failing = self.export(&runtime, batch, failing);
             }
             if !open || self.stop.load(Relaxed) {
-                let rest: Vec<SpanData> = self.spans.try_iter().collect();
+                let rest: Vec<SpanData> = self.spans.try_iter().flatten().collect();
                 if !rest.is_empty() {
                     self.export(&runtime, rest, failing);
                 }
@@ -138,14 +140,16 @@ impl<E: SpanExporter> Worker<E> {
         }
     }
 
-    /// Spans until the batch is full or the interval passed; whether the queue is open.
+    /// Spans until the batch is full or the interval passed; whether to go on (the queue is
+    /// open and no stop was asked).
     fn gather(&self) -> (Vec<SpanData>, bool) {
         let mut batch = Vec::new();
         let deadline = Instant::now() + self.interval;
         while batch.len() < self.batch {
             let wait = deadline.saturating_duration_since(Instant::now());
             match self.spans.recv_timeout(wait) {
-                Ok(span) => batch.push(span),
+                Ok(Some(span)) => batch.push(span),
+                Ok(None) => return (batch, false),
                 Err(RecvTimeoutError::Timeout) => break,
                 Err(RecvTimeoutError::Disconnected) => return (batch, false),
             }

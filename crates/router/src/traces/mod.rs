@@ -127,6 +127,9 @@ pub enum TraceError {
 #[derive(Default)]
 pub struct Tracing {
     provider: Option<(SdkTracerProvider, opentelemetry_sdk::trace::Tracer)>,
+    /// Longest wait for the last export at shutdown.
+    flush: Duration,
+    shut: std::sync::OnceLock<()>,
 }
 
 impl Tracing {
@@ -140,6 +143,13 @@ impl Tracing {
     pub fn start(settings: &TraceSettings, counts: Counts) -> Result<Tracing, TraceError> {
         if !settings.enabled() {
             return Ok(Tracing::off());
+        }
+        let endpoint = (settings.endpoint.clone())
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
+            .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok());
+        if endpoint.is_some_and(|e| !e.trim().starts_with("http://")) {
+            let reason = "the collector must be an http:// URL (no TLS to collectors)";
+            return Err(TraceError::Exporter(reason.into()));
         }
         let client = reqwest::Client::builder()
             .timeout(settings.timeout)
@@ -169,6 +179,8 @@ impl Tracing {
         let tracer = provider.tracer("prefix-router");
         Ok(Tracing {
             provider: Some((provider, tracer)),
+            flush: settings.timeout + Duration::from_secs(2),
+            shut: std::sync::OnceLock::new(),
         })
     }
 
@@ -184,13 +196,17 @@ impl Tracing {
         }
     }
 
-    /// Exports what is queued (within the export timeout) and stops.
+    /// Exports what is queued (within the export timeout) and stops. Later and concurrent
+    /// calls return once the first is done.
     pub fn shutdown(&self) {
-        if let Some((provider, _)) = &self.provider
-            && let Err(e) = provider.shutdown()
-        {
-            log::warn!("traces: {e}");
-        }
+        let Some((provider, _)) = &self.provider else {
+            return;
+        };
+        self.shut.get_or_init(|| {
+            if let Err(e) = provider.shutdown_with_timeout(self.flush) {
+                log::warn!("traces: {e}");
+            }
+        });
     }
 }
 

@@ -18,8 +18,8 @@ use super::context;
 pub struct Ending<'e> {
     /// The status sent to the client (0: none).
     pub status: u16,
-    /// Why the request failed, if it did.
-    pub error: Option<String>,
+    /// Why the router failed the request, if it did: its error code and message.
+    pub error: Option<(&'static str, String)>,
     /// The backend that answered or was tried last (`host:port`).
     pub backend: Option<&'e str>,
     /// Attempts retried on another backend.
@@ -85,11 +85,14 @@ impl RequestTrace {
     }
 
     /// The body was read, from `started` to now.
-    pub fn body_read(&self, started: SystemTime, bytes: usize) {
+    pub fn body_read(&self, started: SystemTime, read: Result<usize, String>) {
         let Some(live) = self.recording() else { return };
-        let attributes = vec![KeyValue::new("http.request.body.size", bytes as i64)];
-        live.child(&live.server, "read body", started, attributes)
-            .end();
+        let mut span = live.child(&live.server, "read body", started, Vec::new());
+        match read {
+            Ok(bytes) => span.set_attribute(KeyValue::new("http.request.body.size", bytes as i64)),
+            Err(error) => span.set_status(Status::error(error)),
+        }
+        span.end();
     }
 
     /// Routing starts: parsing the body, then placing it.
@@ -161,8 +164,14 @@ impl RequestTrace {
                 attributes.push(KeyValue::new("prefix_router.backend", backend.to_string()));
             }
             span.set_attributes(attributes);
-            if let Some(error) = ending.error {
-                span.set_status(Status::error(error));
+            // A server's span is in error for 5xx (or no answer), not for the client's 4xx.
+            if let Some((code, message)) = ending.error {
+                span.set_attribute(KeyValue::new("error.type", code));
+                if ending.status == 0 || ending.status >= 500 {
+                    span.set_status(Status::error(message));
+                }
+            } else if ending.status >= 500 {
+                span.set_status(Status::error(format!("status {}", ending.status)));
             }
         }
         span.end();
@@ -233,8 +242,13 @@ impl ExchangeSpan {
                 attributes.push(KeyValue::new("prefix_router.cached_tokens", cached as i64));
             }
             span.set_attributes(attributes);
-            if let Some(error) = end.error {
-                span.set_status(Status::error(error));
+            // A client's span is in error for any 4xx or 5xx answer, or none.
+            match end.error {
+                Some(error) => span.set_status(Status::error(error)),
+                None if end.status >= 400 => {
+                    span.set_status(Status::error(format!("status {}", end.status)));
+                }
+                None => {}
             }
         }
         span.end();
