@@ -35,7 +35,7 @@ pub struct TraceSettings {
     /// `prefix-router`.
     pub service_name: Option<String>,
     /// More resource attributes (`trace_resource_attributes`, `key=value`), added to
-    /// `OTEL_RESOURCE_ATTRIBUTES`'. Default none.
+    /// `OTEL_RESOURCE_ATTRIBUTES`'s. Default none.
     pub resource: Vec<(String, String)>,
     /// Finished spans waiting for export at most (`trace_queue_size`); more are dropped.
     /// Default 2048.
@@ -44,7 +44,8 @@ pub struct TraceSettings {
     pub batch: usize,
     /// Longest time a finished span waits for its batch. Default 1 s.
     pub interval: Duration,
-    /// Time one export request may take. Default 10 s.
+    /// Time one export request may take. Default `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` or
+    /// `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds), else 10 s.
     pub timeout: Duration,
 }
 
@@ -85,6 +86,20 @@ impl TraceSettings {
             ratio.clamp(0.0, 1.0)
         } else {
             1.0
+        }
+    }
+
+    /// These settings with the export timeout the environment sets, if any.
+    fn with_env_timeout(&self) -> TraceSettings {
+        let ms = [
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]
+        .iter()
+        .find_map(|name| std::env::var(name).ok()?.trim().parse::<u64>().ok());
+        TraceSettings {
+            timeout: ms.map_or(self.timeout, Duration::from_millis),
+            ..self.clone()
         }
     }
 
@@ -144,6 +159,7 @@ impl Tracing {
         if !settings.enabled() {
             return Ok(Tracing::off());
         }
+        let settings = &settings.with_env_timeout();
         let endpoint = (settings.endpoint.clone())
             .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").ok())
             .or_else(|| std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok());

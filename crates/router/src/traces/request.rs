@@ -1,8 +1,8 @@
 //! One request's spans. The server span starts with the request and ends in the access
-//! log's phase; its children are made as each step ends, with the step's own start time:
-//! `read body`, `route` (from the parsed body to the first placement, with `wait` under it
-//! when the request waited for a backend), and one `upstream` client span per attempt,
-//! whose context the backend receives. Without tracing every call is a no-op.
+//! log's phase. Under it: `read body` and `wait` (a wait for a backend, under `route`) are
+//! made when their step ends, with the step's own start time; `route` (from the parsed body
+//! to the first placement) and one `upstream` client span per attempt, whose context the
+//! backend receives, are open while theirs runs. Without tracing every call is a no-op.
 
 use std::time::{Duration, SystemTime};
 
