@@ -131,21 +131,15 @@ print(f"{sys.argv[2]:16} run={sys.argv[3]} hit={(r['hit_rate'] or 0)*100:.1f}% o
 PY
 }
 
+measure() { # START NAME: $runs replays through NAME, started by START, fresh servers each
+  for run in $(seq 1 "$runs"); do
+    start_servers
+    "$1" "$2" "${urls[@]}"
+    replay "$2" "$run"
+    stop
+  done
+}
 IFS=, read -ra list <<<"$policies"
-for policy in "${list[@]}"; do
-  for run in $(seq 1 "$runs"); do
-    start_servers
-    start_router "$policy" "${urls[@]}"
-    replay "$policy" "$run"
-    stop
-  done
-done
+for policy in "${list[@]}"; do measure start_router "$policy"; done
 IFS=, read -ra peers <<<"${PEERS-smg,vllm-router}"
-for peer in "${peers[@]}"; do
-  for run in $(seq 1 "$runs"); do
-    start_servers
-    start_peer "$peer" "${urls[@]}"
-    replay "$peer" "$run"
-    stop
-  done
-done
+for peer in "${peers[@]}"; do measure start_peer "$peer"; done

@@ -134,7 +134,7 @@ impl ProxyHttp for Router {
         let authority = ctx.placed.as_ref().map(|p| p.backend.authority.as_str());
         ctx.trace.end(Ending {
             status,
-            error: (ctx.failure.as_ref()).map(|e| (e.code(), e.to_string())),
+            error: ctx.failure.as_ref(),
             backend: authority,
             retries: ctx.retries,
         });
@@ -164,11 +164,8 @@ impl Router {
         ctx.route = endpoint.map_or("other", Endpoint::label);
         let reading = SystemTime::now();
         let body = body::read(session, &body::Reading::new(limits, &state.budget)).await;
-        let read = body
-            .as_ref()
-            .map(|b| b.bytes.len())
-            .map_err(|e| e.to_string());
-        ctx.trace.body_read(reading, read);
+        ctx.trace
+            .body_read(reading, body.as_ref().map(|b| b.bytes.len()));
         let body = body?;
         state.stats.body(body.bytes.len());
         ctx.trace.routing();

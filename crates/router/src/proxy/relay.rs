@@ -67,7 +67,7 @@ impl Exchange for Upstream<'_> {
             }
             Err(failure) => {
                 span.end(ExchangeEnd {
-                    error: Some(failure.error().to_string()),
+                    error: Some(failure.error()),
                     ..ExchangeEnd::default()
                 });
                 Err(failure)
@@ -196,7 +196,7 @@ impl Answering {
             status: seen.status,
             first_byte: seen.first_byte,
             usage: seen.usage.map(|u| (u.prompt, u.cached)),
-            error: streamed.as_ref().err().map(|e| e.to_string()),
+            error: streamed.as_ref().err(),
         });
         if streamed.is_ok() {
             self.pool(connector, timeouts).await;

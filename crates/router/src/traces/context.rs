@@ -67,6 +67,10 @@ mod tests {
     use super::*;
     use opentelemetry::trace::TraceContextExt;
 
+    fn request() -> RequestHeader {
+        RequestHeader::build("POST", b"/v1/completions", None).unwrap()
+    }
+
     #[test]
     fn a_clients_context_is_read_and_passed_on() {
         let mut headers = http::HeaderMap::new();
@@ -80,7 +84,7 @@ mod tests {
             "0af7651916cd43dd8448eb211c80319c"
         );
         assert!(span.is_sampled() && span.is_remote());
-        let mut head = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+        let mut head = request();
         inject(&cx, &mut head);
         assert_eq!(head.headers["traceparent"], parent);
         assert_eq!(head.headers["tracestate"], "vendor=x");
@@ -93,7 +97,7 @@ mod tests {
         headers.insert("tracestate", "vendor=x".parse().unwrap());
         let cx = extract(&headers);
         assert!(!cx.span().span_context().is_valid());
-        let mut head = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+        let mut head = request();
         head.insert_header("tracestate", "vendor=x").unwrap();
         let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
         let new = extract(
@@ -113,7 +117,7 @@ mod tests {
         headers.insert("traceparent", parent.parse().unwrap());
         headers.append("tracestate", "a=1".parse().unwrap());
         headers.append("tracestate", "b=2".parse().unwrap());
-        let mut head = RequestHeader::build("POST", b"/v1/completions", None).unwrap();
+        let mut head = request();
         inject(&extract(&headers), &mut head);
         assert_eq!(head.headers["tracestate"], "a=1,b=2");
     }

@@ -13,13 +13,14 @@ use parking_lot::Mutex;
 use pingora_http::RequestHeader;
 
 use super::context;
+use crate::error::RouterError;
 
 /// What a finished request tells its server span.
 pub struct Ending<'e> {
     /// The status sent to the client (0: none).
     pub status: u16,
-    /// Why the router failed the request, if it did: its error code and message.
-    pub error: Option<(&'static str, String)>,
+    /// Why the router failed the request, if it did.
+    pub error: Option<&'e RouterError>,
     /// The backend that answered or was tried last (`host:port`).
     pub backend: Option<&'e str>,
     /// Attempts retried on another backend.
@@ -85,12 +86,12 @@ impl RequestTrace {
     }
 
     /// The body was read, from `started` to now.
-    pub fn body_read(&self, started: SystemTime, read: Result<usize, String>) {
+    pub fn body_read(&self, started: SystemTime, read: Result<usize, &RouterError>) {
         let Some(live) = self.recording() else { return };
         let mut span = live.child(&live.server, "read body", started, Vec::new());
         match read {
             Ok(bytes) => span.set_attribute(KeyValue::new("http.request.body.size", bytes as i64)),
-            Err(error) => span.set_status(Status::error(error)),
+            Err(error) => span.set_status(Status::error(error.to_string())),
         }
         span.end();
     }
@@ -165,10 +166,10 @@ impl RequestTrace {
             }
             span.set_attributes(attributes);
             // A server's span is in error for 5xx (or no answer), not for the client's 4xx.
-            if let Some((code, message)) = ending.error {
-                span.set_attribute(KeyValue::new("error.type", code));
+            if let Some(error) = ending.error {
+                span.set_attribute(KeyValue::new("error.type", error.code()));
                 if ending.status == 0 || ending.status >= 500 {
-                    span.set_status(Status::error(message));
+                    span.set_status(Status::error(error.to_string()));
                 }
             } else if ending.status >= 500 {
                 span.set_status(Status::error(format!("status {}", ending.status)));
@@ -196,7 +197,7 @@ impl Live {
 
 /// What one exchange's span records when it ends.
 #[derive(Default)]
-pub struct ExchangeEnd {
+pub struct ExchangeEnd<'e> {
     /// The backend's response status (0: none arrived).
     pub status: u16,
     /// From sending the request to the first response body byte.
@@ -204,7 +205,7 @@ pub struct ExchangeEnd {
     /// Prompt and cached tokens from the response's usage.
     pub usage: Option<(u64, u64)>,
     /// Why the exchange failed, if it did.
-    pub error: Option<String>,
+    pub error: Option<&'e RouterError>,
 }
 
 /// One attempt's client span; empty without tracing.
@@ -244,7 +245,7 @@ impl ExchangeSpan {
             span.set_attributes(attributes);
             // A client's span is in error for any 4xx or 5xx answer, or none.
             match end.error {
-                Some(error) => span.set_status(Status::error(error)),
+                Some(error) => span.set_status(Status::error(error.to_string())),
                 None if end.status >= 400 => {
                     span.set_status(Status::error(format!("status {}", end.status)));
                 }

@@ -129,19 +129,24 @@ fn occupy(state: &State) -> Seat {
     }
 }
 
+/// Dispatches a request placed on any backend, without a trace.
+async fn dispatch(state: &State, limits: &Limits, fake: &mut Fake) -> Dispatched<BackendId> {
+    run(
+        state,
+        limits,
+        fake,
+        Route::AnyBackend,
+        &RequestTrace::default(),
+    )
+    .await
+}
+
 #[tokio::test]
 async fn a_refused_connection_is_retried_on_another_backend() {
     let state = state(2, true);
     let mut fake = Fake::new([Step::Refused, Step::Answer]);
     let limits = Limits::default();
-    let dispatched = run(
-        &state,
-        &limits,
-        &mut fake,
-        Route::AnyBackend,
-        &RequestTrace::default(),
-    )
-    .await;
+    let dispatched = dispatch(&state, &limits, &mut fake).await;
     let answered = dispatched.result.unwrap();
     assert_eq!(fake.sent.len(), 2);
     assert_ne!(fake.sent[0], fake.sent[1]);
@@ -159,14 +164,7 @@ async fn a_refused_connection_is_retried_on_another_backend() {
 async fn nothing_is_retried_once_the_request_may_have_reached_a_backend() {
     let state = state(2, true);
     let mut fake = Fake::new([Step::Cut]);
-    let dispatched = run(
-        &state,
-        &Limits::default(),
-        &mut fake,
-        Route::AnyBackend,
-        &RequestTrace::default(),
-    )
-    .await;
+    let dispatched = dispatch(&state, &Limits::default(), &mut fake).await;
     assert!(matches!(dispatched.result, Err(RouterError::Upstream(_))));
     assert_eq!(fake.sent.len(), 1);
     let seats: usize = state
@@ -183,14 +181,7 @@ async fn nothing_is_retried_once_the_request_may_have_reached_a_backend() {
 async fn retries_end_with_the_last_error_when_every_backend_refuses() {
     let state = state(2, true);
     let mut fake = Fake::new([Step::Refused, Step::Refused, Step::Refused]);
-    let dispatched = run(
-        &state,
-        &Limits::default(),
-        &mut fake,
-        Route::AnyBackend,
-        &RequestTrace::default(),
-    )
-    .await;
+    let dispatched = dispatch(&state, &Limits::default(), &mut fake).await;
     assert!(matches!(dispatched.result, Err(RouterError::Upstream(_))));
     assert_eq!(fake.sent.len(), 2, "each backend once");
 }
@@ -201,14 +192,7 @@ async fn a_queued_request_times_out_and_leaves_the_queue() {
     let _busy = occupy(&state);
     let limits = limits(1, Duration::from_millis(100));
     let mut fake = Fake::new([]);
-    let dispatched = run(
-        &state,
-        &limits,
-        &mut fake,
-        Route::AnyBackend,
-        &RequestTrace::default(),
-    )
-    .await;
+    let dispatched = dispatch(&state, &limits, &mut fake).await;
     let shed = match dispatched.result {
         Err(RouterError::Overloaded { shed, .. }) => shed,
         other => panic!("{:?}", other.err()),
@@ -228,11 +212,7 @@ async fn a_queued_request_takes_the_slot_freed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         drop(busy);
     };
-    let trace = RequestTrace::default();
-    let (dispatched, ()) = tokio::join!(
-        run(&state, &limits, &mut fake, Route::AnyBackend, &trace),
-        freeing
-    );
+    let (dispatched, ()) = tokio::join!(dispatch(&state, &limits, &mut fake), freeing);
     assert!(dispatched.result.is_ok());
     assert_eq!(fake.sent.len(), 1);
 }
@@ -245,14 +225,7 @@ async fn a_client_gone_while_queued_leaves_the_queue() {
     let mut fake = Fake::new([]);
     fake.gone_after = Some(Duration::from_millis(20));
     let started = std::time::Instant::now();
-    let dispatched = run(
-        &state,
-        &limits,
-        &mut fake,
-        Route::AnyBackend,
-        &RequestTrace::default(),
-    )
-    .await;
+    let dispatched = dispatch(&state, &limits, &mut fake).await;
     assert!(matches!(dispatched.result, Err(RouterError::ClientGone(_))));
     assert!(started.elapsed() < Duration::from_secs(5));
     assert!(state.queue.is_empty());
@@ -269,11 +242,7 @@ async fn the_first_request_waits_for_the_first_health_check() {
     };
     let mut fake = Fake::new([]);
     let limits = Limits::default();
-    let trace = RequestTrace::default();
-    let (dispatched, ()) = tokio::join!(
-        run(&state, &limits, &mut fake, Route::AnyBackend, &trace),
-        checking
-    );
+    let (dispatched, ()) = tokio::join!(dispatch(&state, &limits, &mut fake), checking);
     assert!(dispatched.result.is_ok());
     assert_eq!(fake.sent.len(), 1);
 }
