@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use prefix_router_demo::{DemoArgs, compare as real_time};
-use prefix_router_lab::scenario::{Scenario, Source};
+use prefix_router_lab::scenario::{Agent, Scenario, Source};
 use prefix_router_lab::{IndexMode, Setting, compare as lab};
 use serde_json::Value;
 
@@ -41,14 +41,11 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         scenario: Scenario {
             name: "small".into(),
             about: "test",
-            source: Source::Agent {
-                sessions: 4,
-                session_rate: 0.5,
-                system_prompts: 4,
-            },
+            source: Source::Agent(Agent::new(4, 0.5, 4)),
             backends: 2,
             kv_blocks: 4_000,
             concurrency: 64,
+            max_model_len: 131_072,
         },
         max_tree_size: None,
         unknown_capacity: false,

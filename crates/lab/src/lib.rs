@@ -28,7 +28,7 @@ use serde::Serialize;
 pub use output::{svg, table};
 use prepare::Prepared;
 use router::RouterSetup;
-use scenario::{Scenario, Source};
+use scenario::{Agent, Scenario, Source};
 use world::{Clients, Situation};
 
 /// Why the lab cannot run.
@@ -84,6 +84,10 @@ pub struct LabArgs {
     /// KV cache per backend in 16-token blocks (a list sweeps) [default: the scenario's, else 26250].
     #[arg(long, value_delimiter = ',')]
     pub kv_blocks: Vec<usize>,
+    /// Agent workloads: KV per backend as a share of the sessions' final contexts summed
+    /// over the fleet (a list sweeps: 0.6,0.8,1,1.2,1.5); replaces --kv-blocks.
+    #[arg(long, value_delimiter = ',', conflicts_with = "kv_blocks")]
+    pub kv_scale: Vec<f64>,
     /// Agent workload: sessions (a list sweeps) [default: the scenario's, else 24].
     #[arg(long, value_delimiter = ',')]
     pub sessions: Vec<usize>,
@@ -234,48 +238,17 @@ impl Setting {
     fn sim(&self) -> SimConfig {
         SimConfig {
             kv_blocks: self.scenario.kv_blocks,
+            max_model_len: self.scenario.max_model_len,
             ..SimConfig::default()
         }
     }
 
     fn replay_args(&self) -> ReplayArgs {
-        let sim = self.sim();
-        let capacity = self.scenario.backends * sim.kv_blocks * sim.block_tokens;
-        let mut args = ReplayArgs {
-            stream: true,
-            quiet: true,
-            concurrency: self.scenario.concurrency,
+        ReplayArgs {
             max_requests: self.max_requests,
             send_session_header: self.send_session_header,
-            seed: self.seed,
-            backends: Some(self.scenario.backends),
-            bound_capacity: Some(capacity as u64),
-            model: prefix_router_sim::DEFAULT_MODEL.to_string(),
-            url: "lab://virtual".into(),
-            ..ReplayArgs::default()
-        };
-        match &self.scenario.source {
-            Source::Agent {
-                sessions,
-                session_rate,
-                system_prompts,
-            } => {
-                args.synthetic = Some(Synthetic::Agent);
-                (args.sessions, args.session_rate) = (*sessions, *session_rate);
-                args.system_prompts = *system_prompts;
-            }
-            Source::Template {
-                requests,
-                rate,
-                templates,
-            } => {
-                args.synthetic = Some(Synthetic::Template);
-                (args.sessions, args.session_rate) = (*requests, *rate);
-                args.system_prompts = *templates;
-            }
-            Source::Trace(path) => args.trace = Some(path.clone()),
+            ..scenario_args(&self.scenario, self.seed)
         }
-        args
     }
 
     fn router(&self, policy: &str) -> Result<RouterSetup, LabError> {
@@ -299,6 +272,44 @@ impl Setting {
             shared_table: self.shared_table,
         })
     }
+}
+
+/// The replay's options for `scenario`'s workload and clients, with `seed`.
+fn scenario_args(scenario: &Scenario, seed: u64) -> ReplayArgs {
+    let capacity = scenario.backends * scenario.kv_blocks * SimConfig::default().block_tokens;
+    let mut args = ReplayArgs {
+        stream: true,
+        quiet: true,
+        concurrency: scenario.concurrency,
+        seed,
+        backends: Some(scenario.backends),
+        bound_capacity: Some(capacity as u64),
+        model: prefix_router_sim::DEFAULT_MODEL.to_string(),
+        url: "lab://virtual".into(),
+        ..ReplayArgs::default()
+    };
+    match &scenario.source {
+        Source::Agent(agent) => {
+            args.synthetic = Some(Synthetic::Agent);
+            (args.sessions, args.session_rate) = (agent.sessions, agent.session_rate);
+            args.system_prompts = agent.system_prompts;
+            (args.max_context_tokens, args.min_context_tokens) =
+                (agent.contexts.1, agent.contexts.0);
+            (args.think_min, args.think_max) = agent.think;
+            args.overlap = agent.overlap;
+        }
+        Source::Template {
+            requests,
+            rate,
+            templates,
+        } => {
+            args.synthetic = Some(Synthetic::Template);
+            (args.sessions, args.session_rate) = (*requests, *rate);
+            args.system_prompts = *templates;
+        }
+        Source::Trace(path) => args.trace = Some(path.clone()),
+    }
+    args
 }
 
 /// Runs every policy of `policies` on `setting`; `progress` hears of each run.
@@ -488,7 +499,7 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
     for backends in or(&args.backends, scenario.backends) {
         for kv_blocks in or(&args.kv_blocks, scenario.kv_blocks) {
             let sessions = match &scenario.source {
-                Source::Agent { sessions, .. } => or(&args.sessions, *sessions),
+                Source::Agent(agent) => or(&args.sessions, agent.sessions),
                 Source::Template { requests, .. } => or(&args.sessions, *requests),
                 Source::Trace(_) => vec![0],
             };
@@ -496,23 +507,23 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                 let mut s = scenario.clone();
                 (s.backends, s.kv_blocks) = (backends, kv_blocks);
                 s.concurrency = args.concurrency.unwrap_or(s.concurrency);
-                match &mut s.source {
-                    Source::Agent {
-                        sessions,
-                        session_rate,
-                        system_prompts,
+                let (sessions, rate, prompts) = match &mut s.source {
+                    Source::Agent(a) => {
+                        (&mut a.sessions, &mut a.session_rate, &mut a.system_prompts)
                     }
-                    | Source::Template {
-                        requests: sessions,
-                        rate: session_rate,
-                        templates: system_prompts,
-                    } => {
-                        *sessions = n;
-                        *session_rate = args.session_rate.unwrap_or(*session_rate);
-                        *system_prompts = args.system_prompts.unwrap_or(*system_prompts);
+                    Source::Template {
+                        requests,
+                        rate,
+                        templates,
+                    } => (requests, rate, templates),
+                    Source::Trace(_) => {
+                        out.extend(scaled(s, args)?);
+                        continue;
                     }
-                    Source::Trace(_) => {}
-                }
+                };
+                *sessions = n;
+                *rate = args.session_rate.unwrap_or(*rate);
+                *prompts = args.system_prompts.unwrap_or(*prompts);
                 let swept =
                     args.backends.len() > 1 || args.kv_blocks.len() > 1 || args.sessions.len() > 1;
                 if swept {
@@ -522,16 +533,54 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                         session_label(&s.source)
                     );
                 }
-                out.push(s);
+                out.extend(scaled(s, args)?);
             }
         }
     }
     Ok(out)
 }
 
+/// `scenario` once per `--kv-scale` point, its KV per backend that share of its sessions'
+/// final contexts; as it is without the option.
+fn scaled(scenario: Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError> {
+    if args.kv_scale.is_empty() {
+        return Ok(vec![scenario]);
+    }
+    if args.kv_scale.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+        return Err(LabError::Invalid("--kv-scale must be > 0".into()));
+    }
+    let finals = final_contexts(&scenario, args.seed)?;
+    let block = SimConfig::default().block_tokens as f64;
+    Ok((args.kv_scale.iter())
+        .map(|&x| {
+            let mut s = scenario.clone();
+            let per_backend = x * finals as f64 / s.backends.max(1) as f64;
+            s.kv_blocks = ((per_backend / block).ceil() as usize).max(1);
+            s.name = format!("{} kv={x}x", s.name);
+            s
+        })
+        .collect())
+}
+
+/// The sum of every session's last prompt, tokens (an agent workload's final contexts).
+fn final_contexts(scenario: &Scenario, seed: u64) -> Result<u64, LabError> {
+    if !matches!(scenario.source, Source::Agent(_)) {
+        return Err(LabError::Invalid(format!(
+            "--kv-scale needs an agent scenario, not {}",
+            scenario.name
+        )));
+    }
+    let workload = Workload::load(&scenario_args(scenario, seed))?;
+    let sessions = workload.plan().sessions().iter();
+    Ok(sessions
+        .filter_map(|s| s.turns().last())
+        .map(|t| t.prompt_tokens())
+        .sum())
+}
+
 fn session_label(source: &Source) -> String {
     match source {
-        Source::Agent { sessions, .. }
+        Source::Agent(Agent { sessions, .. })
         | Source::Template {
             requests: sessions, ..
         } => {
@@ -593,14 +642,11 @@ mod tests {
             scenario: Scenario {
                 name: "small".into(),
                 about: "test",
-                source: Source::Agent {
-                    sessions: 4,
-                    session_rate: 0.5,
-                    system_prompts: 2,
-                },
+                source: Source::Agent(Agent::new(4, 0.5, 2)),
                 backends: 2,
                 kv_blocks: 4_000,
                 concurrency: 64,
+                max_model_len: 131_072,
             },
             max_tree_size: None,
             unknown_capacity: false,

@@ -34,11 +34,12 @@ pub fn of_finite(result: &LabResult) -> Option<f64> {
 pub fn summary(report: &Report, pooled_bound: f64) -> String {
     let ttft = report.ttft_ms.as_ref();
     format!(
-        "hit {} (pooled bound {}), TTFT p50 {} p99 {}, {} ok, {} failed",
+        "hit {} (pooled bound {}), TTFT p50 {} p99 {}, makespan {:.1}s, {} ok, {} failed",
         pct(report.hit_rate),
         pct(Some(pooled_bound)),
         secs(ttft.map(|p| p.p50)),
         secs(ttft.map(|p| p.p99)),
+        report.elapsed_s,
         report.requests.ok,
         report.requests.failed
     )
@@ -59,7 +60,7 @@ pub fn table(results: &[LabResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<22} {:<16} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>15} {:>9} {:>6}",
+        "{:<22} {:<16} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>8} {:>6} {:>6} {:>15} {:>9} {:>6}",
         "scenario",
         "policy",
         "hit",
@@ -68,6 +69,8 @@ pub fn table(results: &[LabResult]) -> String {
         "TTFT p50",
         "TTFT p90",
         "TTFT p99",
+        "makespan",
+        "req/s",
         "e2e p50",
         "e2e p99",
         "req im",
@@ -85,7 +88,7 @@ pub fn table(results: &[LabResult]) -> String {
         let backends = p.backends.as_ref();
         let _ = writeln!(
             out,
-            "{:<22} {:<16} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>15} {:>9} {:>6}",
+            "{:<22} {:<16} {:>8} {:>7} {:>7} {:>8} {:>8} {:>8} {:>9} {:>7} {:>8} {:>8} {:>6} {:>6} {:>15} {:>9} {:>6}",
             r.scenario,
             r.policy,
             pct(p.hit_rate),
@@ -94,6 +97,8 @@ pub fn table(results: &[LabResult]) -> String {
             secs(ttft.map(|t| t.p50)),
             secs(ttft.map(|t| t.p90)),
             secs(ttft.map(|t| t.p99)),
+            format!("{:.1}s", p.elapsed_s),
+            format!("{:.2}", p.throughput.requests_per_s),
             secs(e2e.map(|t| t.p50)),
             secs(e2e.map(|t| t.p99)),
             ratio(backends.and_then(|b| b.request_imbalance)),

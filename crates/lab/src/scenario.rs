@@ -7,14 +7,7 @@ use std::path::PathBuf;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
     /// The built-in coding-agent generator.
-    Agent {
-        /// Sessions generated.
-        sessions: usize,
-        /// Mean new sessions per second.
-        session_rate: f64,
-        /// Distinct system prompts the sessions share.
-        system_prompts: usize,
-    },
+    Agent(Agent),
     /// The built-in few-shot generator: single requests sharing a template.
     Template {
         /// Requests.
@@ -26,6 +19,48 @@ pub enum Source {
     },
     /// A Mooncake JSONL trace.
     Trace(PathBuf),
+}
+
+/// The coding-agent generator's settings in a scenario (the replay's agent options).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Agent {
+    /// Sessions generated.
+    pub sessions: usize,
+    /// Mean new sessions per second.
+    pub session_rate: f64,
+    /// Distinct system prompts the sessions share.
+    pub system_prompts: usize,
+    /// Final context of the smallest and the largest session, tokens; the sizes between
+    /// are heavy-tailed (the replay's `--min-context-tokens`). Equal: every session the
+    /// same. Default 100,000 both.
+    pub contexts: (u64, u64),
+    /// Shortest and longest think time between turns, seconds. Default 1-5.
+    pub think: (f64, f64),
+    /// Share of turns sent without waiting for the previous answer. Default 0.
+    pub overlap: f64,
+}
+
+impl Agent {
+    /// `sessions` arriving at `session_rate` per second over `system_prompts` prompts,
+    /// otherwise the replay's defaults.
+    pub fn new(sessions: usize, session_rate: f64, system_prompts: usize) -> Self {
+        let d = prefix_router_replay::AgentConfig::default();
+        Agent {
+            sessions,
+            session_rate,
+            system_prompts,
+            contexts: (d.max_context_tokens, d.max_context_tokens),
+            think: (d.think_min, d.think_max),
+            overlap: d.overlap,
+        }
+    }
+
+    /// Heavy-tailed session sizes from `min` to `max` tokens, closed loop with `think`
+    /// seconds between an answer and the next turn.
+    fn pressed(mut self, min: u64, max: u64, think: f64) -> Self {
+        (self.contexts, self.think) = ((min, max), (think, think));
+        self
+    }
 }
 
 /// One scenario.
@@ -43,24 +78,64 @@ pub struct Scenario {
     pub kv_blocks: usize,
     /// Requests in flight at most (the replay's `--concurrency`).
     pub concurrency: usize,
+    /// Longest prompt plus output the engines accept, tokens (beyond: 400, as vLLM's
+    /// `--max-model-len`). Default the simulator's, 131,072.
+    pub max_model_len: usize,
 }
 
 /// The simulator's default KV capacity per backend, blocks (420K tokens).
 pub const KV_BLOCKS: usize = 26_250;
 
+/// The simulator's default `max_model_len`, tokens.
+const MAX_MODEL_LEN: usize = 131_072;
+
 fn agent(name: &str, about: &'static str, sessions: usize, rate: f64, prompts: usize) -> Scenario {
+    with_agent(name, about, Agent::new(sessions, rate, prompts))
+}
+
+fn with_agent(name: &str, about: &'static str, agent: Agent) -> Scenario {
     Scenario {
         name: name.into(),
         about,
-        source: Source::Agent {
-            sessions,
-            session_rate: rate,
-            system_prompts: prompts,
-        },
+        source: Source::Agent(agent),
         backends: 4,
         kv_blocks: KV_BLOCKS,
         concurrency: 64,
+        max_model_len: MAX_MODEL_LEN,
     }
+}
+
+/// The fleets under pressure: heavy-tailed agent sessions from 20K to 520K tokens, all
+/// started within a few seconds, each turn 4 s after the previous answer (0.2 s in the
+/// demo's 20x time), on backends whose engines refuse prompts over 500K tokens.
+fn pressure() -> Vec<Scenario> {
+    let tail =
+        |sessions, rate, prompts| Agent::new(sessions, rate, prompts).pressed(20_000, 520_000, 4.0);
+    let mut list = vec![
+        with_agent(
+            "pressure",
+            "24 heavy-tailed agent sessions (20K-520K tokens), 512K tokens of KV a backend: 0.84x their final contexts",
+            tail(24, 4.8, 4),
+        ),
+        with_agent(
+            "pressure-shared",
+            "32 heavy-tailed agent sessions over 2 shared prompts, KV 0.76x their final contexts",
+            tail(32, 4.8, 2),
+        ),
+    ];
+    list[0].kv_blocks = 32_768;
+    list[1].kv_blocks = 37_888;
+    for s in &mut list {
+        s.max_model_len = 500_000;
+    }
+    let mut overlap = Agent::new(24, 0.5, 2);
+    overlap.overlap = 0.3;
+    list.push(with_agent(
+        "overlap",
+        "24 agent sessions over 2 shared prompts, 30% of turns sent before the previous answer",
+        overlap,
+    ));
+    list
 }
 
 fn trace(
@@ -77,6 +152,7 @@ fn trace(
         backends: 4,
         kv_blocks: kv,
         concurrency: 64,
+        max_model_len: MAX_MODEL_LEN,
     }
 }
 
@@ -140,6 +216,7 @@ pub fn all(traces: &std::path::Path) -> Vec<Scenario> {
         backends: 4,
         kv_blocks: KV_BLOCKS,
         concurrency: 1024,
+        max_model_len: MAX_MODEL_LEN,
     });
     list.extend([
         trace(
@@ -164,6 +241,7 @@ pub fn all(traces: &std::path::Path) -> Vec<Scenario> {
             KV_BLOCKS,
         ),
     ]);
+    list.extend(pressure());
     list
 }
 

@@ -107,6 +107,7 @@ pub fn run(
         waiting: VecDeque::new(),
         budget: clients.max_requests.unwrap_or(usize::MAX),
         next_session: 0,
+        progress: vec![Progress::default(); plan.sessions().len()],
         live: HashMap::new(),
         held: VecDeque::new(),
         next_id: 0,
@@ -182,6 +183,15 @@ struct Live {
     prompt: usize,
 }
 
+/// Where a session stands.
+#[derive(Clone, Copy, Debug, Default)]
+struct Progress {
+    /// Its turns scheduled or sent, and not ended.
+    in_flight: usize,
+    /// The next turn not yet scheduled.
+    next: usize,
+}
+
 struct World<'w> {
     plan: &'w Plan,
     prepared: &'w Prepared,
@@ -207,6 +217,9 @@ struct World<'w> {
     waiting: VecDeque<Want>,
     budget: usize,
     next_session: usize,
+    /// Per session: its turns scheduled or sent and not ended, and the next turn not yet
+    /// scheduled.
+    progress: Vec<Progress>,
     live: HashMap<u64, Live>,
     /// Requests a router replica holds while every backend is at its limit, with the time
     /// the client sent each and the replica.
@@ -267,6 +280,7 @@ impl World<'_> {
             Event::Dispatch => {
                 let session = self.next_session;
                 self.next_session += 1;
+                self.progress[session].in_flight += 1;
                 self.want(
                     now,
                     Want {
@@ -323,6 +337,7 @@ impl World<'_> {
         }
         self.budget -= 1;
         self.send(now, want);
+        self.schedule_next(now, want.session, true);
     }
 
     /// The client sends at `now` to the next router replica in turn: placed at once, or
@@ -589,19 +604,37 @@ impl World<'_> {
 
     /// A request ended at `now`: a request held by the router may take its backend slot,
     /// its client slot goes to the next in line, and its session's next turn is due a think
-    /// time later.
+    /// time later once every answer of the session is in.
     fn ended(&mut self, now: f64, want: Want) {
         self.drain_held(now);
         self.release(now);
-        let turns = self.plan.sessions()[want.session].turns();
-        if let Some(next) = turns.get(want.turn + 1) {
-            let turn = want.turn + 1;
+        let progress = &mut self.progress[want.session];
+        progress.in_flight = progress.in_flight.saturating_sub(1);
+        self.schedule_next(now, want.session, false);
+    }
+
+    /// Schedules `session`'s next turn a think time after `now`: one that overlaps when a
+    /// turn was just `sent`, one that waits when the session has nothing in flight.
+    fn schedule_next(&mut self, now: f64, session: usize, sent: bool) {
+        let progress = self.progress[session];
+        let turns = self.plan.sessions()[session].turns();
+        let Some(next) = turns.get(progress.next.max(1)) else {
+            return;
+        };
+        let due = if sent {
+            next.overlaps()
+        } else {
+            !next.overlaps() && progress.in_flight == 0
+        };
+        if due {
+            let turn = progress.next.max(1);
+            self.progress[session] = Progress {
+                in_flight: progress.in_flight + 1,
+                next: turn + 1,
+            };
             self.at(
                 now + next.think_ms() / 1000.0,
-                Event::Turn {
-                    session: want.session,
-                    turn,
-                },
+                Event::Turn { session, turn },
             );
         }
     }

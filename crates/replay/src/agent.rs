@@ -9,6 +9,21 @@
 //! `[think_min, think_max]` seconds, divided by `--speedup`) after the previous
 //! response finished. Everything is a pure function of the config (seed).
 //!
+//! Two options make it look like real agent fleets under pressure:
+//! - `min_context_tokens` gives sessions heavy-tailed final sizes: the quantiles of a
+//!   bounded Pareto distribution ([`TAIL_ALPHA`]) between it and `max_context_tokens`,
+//!   one per session in an order drawn from the seed, so that the largest session always
+//!   reaches the maximum and a few are many times the median. A session's messages are
+//!   as much longer or shorter as its size (large sessions read large files), so every
+//!   session has about as many turns and all grow together: their live contexts add up
+//!   to the sum of their sizes near the end.
+//! - `overlap` is the share of turns sent a think time after the previous turn was *sent*,
+//!   without waiting for its answer, as parallel tool calls and sub-agents sharing a
+//!   prefix do; the next turn that does wait waits for every answer of its session.
+//!
+//! Both draw from random streams of their own, so without them the workload is the same
+//! as before they existed.
+//!
 //! Token counts are estimated as serialized message bytes / bytes-per-token.
 
 use std::sync::Arc;
@@ -38,7 +53,20 @@ pub struct AgentConfig {
     /// Every message's and tool description's length is multiplied by this (1: the sizes
     /// above; 0.1 for engines on a CPU).
     pub message_scale: f64,
+    /// Heavy-tailed session sizes: sessions end between this many tokens and
+    /// `max_context_tokens` (see the module doc). 0: every session runs to the maximum.
+    pub min_context_tokens: u64,
+    /// Share of turns, 0..=1, sent without waiting for the previous turn's answer. Default 0.
+    pub overlap: f64,
 }
+
+/// Shape of the heavy tail of session sizes: a bounded Pareto of this index (below 1: a
+/// few sessions hold most of the context).
+pub const TAIL_ALPHA: f64 = 0.6;
+
+/// With heavy-tailed sizes, a session of this many tokens has messages of the usual
+/// lengths (about 80 turns); others' are scaled by their size over it.
+pub const TAIL_REFERENCE: u64 = 100_000;
 
 impl Default for AgentConfig {
     fn default() -> Self {
@@ -52,6 +80,8 @@ impl Default for AgentConfig {
             think_max: 5.0,
             system_prompts: 4,
             message_scale: 1.0,
+            min_context_tokens: 0,
+            overlap: 0.0,
         }
     }
 }
@@ -66,22 +96,46 @@ pub(crate) fn plan_agent(cfg: &AgentConfig) -> Plan {
     plan.tools = Some(plan.push_piece(tools, None, tools_tokens));
     let prompts: Vec<u32> = (0..cfg.system_prompts.max(1))
         .map(|i| {
-            let len = rng.range(scaled(20_000, cfg), scaled(40_000, cfg)) as usize;
+            let len = rng.range(
+                scaled(20_000, cfg.message_scale),
+                scaled(40_000, cfg.message_scale),
+            ) as usize;
             let json = render_message(Role::System, &text(mix(cfg.seed, 0x5157 + i as u64), len));
             let t = tokens(json.len(), bpt);
             plan.push_piece(json, None, t)
         })
         .collect();
+    let sizes = session_sizes(cfg);
     let mut start_s = 0.0;
     for s in 0..cfg.sessions {
         if s > 0 {
             start_s += exponential(&mut rng, cfg.session_rate);
         }
         let prompt = prompts[rng.range(0, prompts.len() as u64 - 1) as usize];
-        let session = SessionGen::new(cfg, s, &mut plan, prompt).run(start_s);
+        let session = SessionGen::new(cfg, s, &mut plan, prompt, sizes[s]).run(start_s);
         plan.sessions.push(session);
     }
     plan.finish()
+}
+
+/// Each session's final context, tokens: `max_context_tokens` for all, or with
+/// `min_context_tokens` the quantiles `i / (n - 1)` of a bounded Pareto in a seeded order.
+fn session_sizes(cfg: &AgentConfig) -> Vec<u64> {
+    let (lo, hi) = (cfg.min_context_tokens, cfg.max_context_tokens);
+    let n = cfg.sessions;
+    if lo == 0 || lo >= hi || n < 2 {
+        return vec![hi; n];
+    }
+    let mut ranks: Vec<usize> = (0..n).collect();
+    let mut rng = Rng::new(mix(cfg.seed, 0x7A11));
+    for i in (1..n).rev() {
+        ranks.swap(i, rng.range(0, i as u64) as usize);
+    }
+    let ratio = (lo as f64 / hi as f64).powf(TAIL_ALPHA);
+    let quantile = |u: f64| lo as f64 / (1.0 - u * (1.0 - ratio)).powf(1.0 / TAIL_ALPHA);
+    (ranks.iter())
+        .map(|&r| (quantile(r as f64 / (n - 1) as f64) as u64).clamp(lo, hi))
+        .collect()
 }
 
 /// Exponential inter-arrival time with the given rate (per second).
@@ -98,8 +152,8 @@ pub(crate) fn tokens(bytes: usize, bpt: u64) -> u32 {
 
 /// The shared `tools` array: one function per [`TOOL_NAMES`] entry.
 /// `bytes` times the config's message scale, at least 1.
-fn scaled(bytes: u64, cfg: &AgentConfig) -> u64 {
-    ((bytes as f64 * cfg.message_scale) as u64).max(1)
+fn scaled(bytes: u64, scale: f64) -> u64 {
+    ((bytes as f64 * scale) as u64).max(1)
 }
 
 fn tools_json(seed: u64, scale: f64) -> String {
@@ -123,14 +177,22 @@ struct SessionGen<'a> {
     cfg: &'a AgentConfig,
     plan: &'a mut Plan,
     rng: Rng,
+    /// Draws whether a turn overlaps the previous one (a stream of its own).
+    overlaps: Rng,
     index: usize,
+    /// Its messages' lengths times this: the config's message scale, times its size over
+    /// [`TAIL_REFERENCE`] with heavy-tailed sizes (every session then has about as many
+    /// turns).
+    scale: f64,
+    /// It ends before its context would pass this many tokens.
+    size: u64,
     messages: Vec<u32>,
     /// Context size so far, tokens (tools included).
     context: u64,
 }
 
 impl<'a> SessionGen<'a> {
-    fn new(cfg: &'a AgentConfig, index: usize, plan: &'a mut Plan, prompt: u32) -> Self {
+    fn new(cfg: &'a AgentConfig, index: usize, plan: &'a mut Plan, prompt: u32, size: u64) -> Self {
         let tools = plan
             .tools
             .map_or(0, |t| u64::from(plan.piece_tokens[t as usize]));
@@ -139,7 +201,13 @@ impl<'a> SessionGen<'a> {
             cfg,
             plan,
             rng: Rng::new(mix(cfg.seed, 0x5E55_0000 + index as u64)),
+            overlaps: Rng::new(mix(cfg.seed, 0x0E1A_0000 + index as u64)),
             index,
+            scale: match cfg.min_context_tokens {
+                0 => cfg.message_scale,
+                _ => cfg.message_scale * size as f64 / TAIL_REFERENCE as f64,
+            },
+            size,
             messages: vec![prompt],
             context,
         }
@@ -148,7 +216,7 @@ impl<'a> SessionGen<'a> {
     fn run(mut self, start_s: f64) -> Session {
         let mut turns = Vec::new();
         self.message(Role::User, 300, 2_000);
-        while self.context <= self.cfg.max_context_tokens || turns.is_empty() {
+        while self.context <= self.size || turns.is_empty() {
             turns.push(self.turn(turns.is_empty()));
             let call = ((self.index as u64) << 20) | turns.len() as u64;
             self.message(Role::AssistantCall { call }, 40, 400);
@@ -174,17 +242,21 @@ impl<'a> SessionGen<'a> {
             );
             (lo + (hi - lo) * self.rng.unit()) * 1000.0
         };
+        let overlaps = !first && self.overlaps.unit() < self.cfg.overlap;
         Turn {
             pieces: self.messages.clone(),
             max_tokens: self.rng.range(30, 300) as u32,
             think_ms: think,
             prompt_tokens: self.context,
+            overlaps,
         }
     }
 
     /// Appends a message with `lo..=hi` bytes of content.
     fn message(&mut self, role: Role, lo: u64, hi: u64) {
-        let len = self.rng.range(scaled(lo, self.cfg), scaled(hi, self.cfg)) as usize;
+        let len = self
+            .rng
+            .range(scaled(lo, self.scale), scaled(hi, self.scale)) as usize;
         let json = render_message(role, &text(self.rng.next_u64(), len));
         let t = tokens(json.len(), u64::from(self.cfg.bytes_per_token.max(1)));
         self.messages.push(self.plan.push_piece(json, None, t));

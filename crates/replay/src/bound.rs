@@ -231,6 +231,7 @@ mod tests {
             max_tokens: 1,
             think_ms,
             prompt_tokens: 0,
+            overlaps: false,
         };
         let mut sessions = Vec::new();
         for s in 0..2u32 {

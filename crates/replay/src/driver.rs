@@ -1,7 +1,7 @@
 //! Scheduling: open-loop arrivals (trace timestamps or agent session starts,
 //! divided by `--speedup`), closed-loop turns inside a session (the next turn
-//! goes a think time after the previous response), all capped by
-//! `--concurrency`.
+//! goes a think time after the previous response, or after the previous send
+//! for a turn that overlaps), all capped by `--concurrency`.
 //!
 //! Requests over the cap wait in FIFO order. Latency (TTFT, end-to-end) is
 //! measured from when a request was actually sent; how late it was sent
@@ -132,15 +132,25 @@ async fn dispatch(ctx: Arc<Ctx>) {
     }
 }
 
-/// Sends a session's turns one after another.
+/// Sends a session's turns in order: each a think time after the previous answer, or,
+/// for a turn that overlaps, after the previous send; a turn that waits waits for every
+/// answer of its session.
 async fn session(ctx: Arc<Ctx>, si: usize, first_ready: Instant, permit: OwnedSemaphorePermit) {
     let mut first = Some(permit);
-    let mut ready = first_ready;
+    let (mut ready, mut last_send) = (first_ready, first_ready);
+    let mut answers = tokio::task::JoinSet::new();
     for (ti, turn) in ctx.plan.sessions[si].turns.iter().enumerate() {
         let permit = match first.take() {
             Some(p) => p,
             None => {
-                ready = Instant::now() + ctx.scaled(turn.think_ms);
+                ready = if turn.overlaps {
+                    last_send + ctx.scaled(turn.think_ms)
+                } else {
+                    if !all_delivered(&mut answers).await {
+                        return;
+                    }
+                    Instant::now() + ctx.scaled(turn.think_ms)
+                };
                 if ctx.expired(ready) || ctx.tx.is_closed() {
                     break;
                 }
@@ -151,12 +161,25 @@ async fn session(ctx: Arc<Ctx>, si: usize, first_ready: Instant, permit: OwnedSe
                 }
             }
         };
-        let outcome = ctx.send(si, ti, ready).await;
-        drop(permit);
-        if ctx.tx.send(outcome).is_err() {
-            break;
-        }
+        last_send = Instant::now();
+        let ctx = Arc::clone(&ctx);
+        answers.spawn(async move {
+            let outcome = ctx.send(si, ti, ready).await;
+            drop(permit);
+            ctx.tx.send(outcome).is_ok()
+        });
     }
+    all_delivered(&mut answers).await;
+}
+
+/// Waits for a session's requests in flight; false when a result could not be delivered
+/// (the run was dropped).
+async fn all_delivered(answers: &mut tokio::task::JoinSet<bool>) -> bool {
+    let mut delivered = true;
+    while let Some(sent) = answers.join_next().await {
+        delivered &= sent.unwrap_or(false);
+    }
+    delivered
 }
 
 impl Ctx {

@@ -184,6 +184,15 @@ pub struct ReplayArgs {
     /// Agent workload: every message's length times this (0.1 sizes it for engines on a CPU).
     #[arg(long, default_value_t = 1.0)]
     pub message_scale: f64,
+    /// Agent workload: sessions end between this many tokens and --max-context-tokens,
+    /// heavy-tailed (a few sessions near the maximum, most far below) [default: 0, every
+    /// session runs to the maximum].
+    #[arg(long, default_value_t = 0)]
+    pub min_context_tokens: u64,
+    /// Agent workload: share of turns (0-1) sent a think time after the previous turn was
+    /// sent, without waiting for its answer (parallel tool calls, sub-agents).
+    #[arg(long, default_value_t = 0.0)]
+    pub overlap: f64,
 }
 
 impl Default for ReplayArgs {
@@ -219,6 +228,8 @@ impl Default for ReplayArgs {
             think_max: agent.think_max,
             system_prompts: agent.system_prompts,
             message_scale: agent.message_scale,
+            min_context_tokens: agent.min_context_tokens,
+            overlap: agent.overlap,
         }
     }
 }
@@ -236,6 +247,8 @@ impl ReplayArgs {
             think_max: self.think_max,
             system_prompts: self.system_prompts,
             message_scale: self.message_scale,
+            min_context_tokens: self.min_context_tokens,
+            overlap: self.overlap,
         }
     }
 
@@ -249,6 +262,9 @@ impl ReplayArgs {
         }
         if self.concurrency == 0 {
             return bad("--concurrency must be >= 1");
+        }
+        if !(0.0..=1.0).contains(&self.overlap) {
+            return bad("--overlap must be within 0-1");
         }
         if !(self.timeout.is_finite() && self.timeout > 0.0) {
             return bad("--timeout must be > 0");

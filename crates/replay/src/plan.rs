@@ -48,6 +48,8 @@ pub struct Turn {
     pub(crate) think_ms: f64,
     /// Prompt tokens the workload intends (trace `input_length`).
     pub(crate) prompt_tokens: u64,
+    /// Sent `think_ms` after the previous turn was sent, without waiting for its answer.
+    pub(crate) overlaps: bool,
 }
 
 impl Session {
@@ -71,6 +73,17 @@ impl Turn {
     /// Delay after the previous turn's response, ms (before `--speedup`).
     pub fn think_ms(&self) -> f64 {
         self.think_ms
+    }
+
+    /// Prompt tokens the workload intends (estimated from its bytes for generated ones).
+    pub fn prompt_tokens(&self) -> u64 {
+        self.prompt_tokens
+    }
+
+    /// Whether it is sent a think time after the previous turn was sent, without waiting
+    /// for that turn's answer (a turn that waits waits for every earlier answer).
+    pub fn overlaps(&self) -> bool {
+        self.overlaps
     }
 }
 

@@ -42,6 +42,7 @@ pub(crate) fn plan_template(cfg: &AgentConfig) -> Plan {
                 max_tokens: rng.range(30, 300) as u32,
                 think_ms: 0.0,
                 prompt_tokens,
+                overlaps: false,
             }],
         });
     }

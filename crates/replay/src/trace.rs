@@ -159,6 +159,7 @@ impl Builder {
             max_tokens: u32::try_from(r.output_length).unwrap_or(u32::MAX).max(1),
             think_ms: 0.0,
             prompt_tokens: r.input_length,
+            overlaps: false,
         }
     }
 
