@@ -186,3 +186,61 @@ async fn llama_cpp_slots_are_read_and_new_conversations_fill_them_evenly() {
     }
     assert_eq!(ups.map(|u| u.count()), [2, 2]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_or_failed_turn_no_longer_counts_as_a_live_conversation() {
+    let up = Upstream::start("a").await;
+    let router = TestRouter::start(settings(&[&up]), 1);
+    let url = up.url();
+    let live = || async {
+        let scrape = router.metrics().await;
+        sum(
+            &scrape,
+            "prefix_router_backend_live_conversations",
+            &[("backend", &url)],
+        )
+    };
+    backend_of(&router, &chat(&conversation(0, 0))).await;
+    backend_of(&router, &chat(&conversation(1, 0))).await;
+    assert_eq!(live().await, 2.0);
+    // The engine refuses the next turn of conversation 0 (a prompt over its limit).
+    up.set_reply(Reply::Status(400));
+    let (status, _) = post(
+        &router.url,
+        "/v1/chat/completions",
+        &chat(&conversation(0, 1)),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(live().await, 1.0);
+    // A new conversation refused at once is not counted either; a failed exchange frees its own.
+    post(
+        &router.url,
+        "/v1/chat/completions",
+        &chat(&conversation(2, 0)),
+    )
+    .await;
+    up.set_reply(Reply::Hangup);
+    post(
+        &router.url,
+        "/v1/chat/completions",
+        &chat(&conversation(1, 1)),
+    )
+    .await;
+    assert_eq!(live().await, 0.0);
+    // POST /route shows the working set and the conversation's home.
+    up.set_reply(Reply::Json);
+    backend_of(&router, &chat(&conversation(1, 2))).await;
+    let explained = post(&router.admin_url, "/route", &chat(&conversation(1, 3)))
+        .await
+        .1;
+    let backend = &explained["backends"][0];
+    assert_eq!(
+        (&backend["home"], &backend["live_conversations"]),
+        (&json!(true), &json!(1))
+    );
+    assert!(
+        backend["live_tokens"].as_u64().unwrap() > 500,
+        "{explained}"
+    );
+}

@@ -71,6 +71,7 @@ pub struct Placement {
     /// The backend chosen.
     pub backend: usize,
     seat: Seat,
+    conversation: u128,
 }
 
 impl Placement {
@@ -190,12 +191,20 @@ impl LabRouter {
         Ok(Placement {
             backend: index,
             seat,
+            conversation: request.conversation(),
         })
     }
 
     /// The placed request's first response byte arrived.
     pub fn answered(&self, placement: &Placement) {
         placement.seat.answered();
+    }
+
+    /// The engine refused the placed request: it holds no KV, as the proxy tells the
+    /// policy of an error status.
+    pub fn refused(&self, placement: Placement) {
+        let backend = self.accounts[placement.backend].id;
+        self.selector.released(placement.conversation, backend);
     }
 
     /// Whether every backend is at its in-flight limit (never, without a limit).

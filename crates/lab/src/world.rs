@@ -401,18 +401,18 @@ impl World<'_> {
         let backend = match &placed {
             Ok(Some(p)) => p.backend,
             Ok(None) => self.bypass_backend(want),
-            Err(_) => return self.refused(now, sent, want, None, 400),
+            Err(_) => return self.refused(now, sent, want, None, replica, 400),
         };
         let placement = placed.ok().flatten();
         let Some(shape) = shape else {
-            return self.refused(now, sent, want, placement, 500);
+            return self.refused(now, sent, want, placement, replica, 500);
         };
         let Some(request) = shape.request(self.next_id) else {
             let status = match shape {
                 Shape::Refused(status) => *status,
                 Shape::Accepted { .. } => 500,
             };
-            return self.refused(now, sent, want, placement, status);
+            return self.refused(now, sent, want, placement, replica, status);
         };
         let engine = &mut self.engines[backend];
         engine.advance(now);
@@ -495,10 +495,14 @@ impl World<'_> {
         sent: f64,
         want: Want,
         placement: Option<Placement>,
+        replica: usize,
         status: u16,
     ) {
-        // The placement ends here (dropped), before the next request is placed.
-        let backend = placement.map(|p| self.names[p.backend].clone());
+        // The placement ends here, before the next request is placed.
+        let backend = placement.as_ref().map(|p| self.names[p.backend].clone());
+        if let Some(placement) = placement {
+            self.routers[replica].refused(placement);
+        }
         let exchange = Exchange {
             backend,
             error: Some(format!("http_{status}")),
@@ -572,7 +576,9 @@ impl World<'_> {
                 let Some(live) = self.live.remove(&id) else {
                     return;
                 };
-                drop(live.placement);
+                if let Some(placement) = live.placement {
+                    self.routers[live.replica].refused(placement);
+                }
                 let now = self.engines[backend].now();
                 let want = Want {
                     session: live.session,

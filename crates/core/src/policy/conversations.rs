@@ -1,14 +1,22 @@
 //! The conversation table: which backend each conversation was last placed on and by
 //! whom (remembered for a time-to-live), and for each backend the routing text of its
-//! *live* conversations, those seen within a shorter horizon: what its KV must hold for
-//! them to keep hitting. Bounded in entries; entries leave as time passes (amortized on
-//! every note).
+//! *live* conversations, those expected back: what its KV must hold for them to keep
+//! hitting. Bounded in entries; entries leave as time passes (amortized on every note).
+//!
+//! A conversation is live until it has been idle for [`LIVE_GAPS`] times its own rhythm
+//! (the time between its last notes, the longer of the last two nearly), at least
+//! [`MIN_LIVE`] and at most [`LIVE_HORIZON`]: a router in front of agents that call tools every second and one in
+//! front of people who type for a minute both drop a finished conversation from the sums
+//! soon after its last turn, without a constant that suits only one of them. A request
+//! that an engine refused or that failed holds no KV: [`Conversations::release`] takes
+//! its conversation out of the sums at once.
 //!
 //! Router replicas share it: every placement a replica makes is a [`Note`], handed to a
 //! sink (the router publishes it), and the notes of the other replicas are merged in, so
 //! that a conversation whose turns reach different replicas has one home.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -18,8 +26,16 @@ use crate::BackendId;
 use crate::clock::Clock;
 use crate::units::TextBytes;
 
-/// Idle time after which a conversation no longer counts in its backend's live text.
+/// Longest idle time after which a conversation no longer counts in its backend's live
+/// text (also the only one for a conversation seen once).
 pub const LIVE_HORIZON: Duration = Duration::from_secs(30);
+
+/// A conversation seen more than once stops counting after this many times its rhythm.
+pub const LIVE_GAPS: u32 = 4;
+
+/// Shortest idle time after which a conversation stops counting: notes closer together
+/// (a retry, requests sent at once) say nothing of its rhythm.
+pub const MIN_LIVE: Duration = Duration::from_secs(1);
 
 /// Idle time after which the table forgets a conversation.
 pub const CONVERSATION_TTL: Duration = Duration::from_secs(1800);
@@ -27,14 +43,15 @@ pub const CONVERSATION_TTL: Duration = Duration::from_secs(1800);
 /// Bound on conversations remembered.
 pub const MAX_CONVERSATIONS: usize = 1 << 20;
 
-/// One placement of a conversation.
+/// One placement of a conversation, or (with `bytes` 0) its release: the request placed
+/// last holds no KV on `backend`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Note {
     /// The conversation (its session key, or the hash of its anchor).
     pub conversation: u128,
     /// Where it was placed.
     pub backend: BackendId,
-    /// Its routing text now.
+    /// Its routing text now; 0 for a release.
     pub bytes: TextBytes,
     /// Who placed it: a router replica's id.
     pub origin: u64,
@@ -46,16 +63,21 @@ struct Entry {
     origin: u64,
     bytes: TextBytes,
     seen: Duration,
-    /// Whether `bytes` counts in its backend's sum (seen within the horizon).
-    live: bool,
+    /// Its rhythm: the time between its last two notes, or half the one before when that
+    /// was longer; `None` until it is seen twice.
+    gap: Option<Duration>,
+    /// When it stops counting in its backend's sum, if it counts.
+    live_until: Option<Duration>,
 }
 
 #[derive(Default)]
 struct Inner {
     entries: HashMap<u128, Entry>,
-    /// Notes in time order, (when, conversation), once to leave the sums at the horizon
-    /// and once to leave the table at the time-to-live; stale when seen again later.
-    live: VecDeque<(Duration, u128)>,
+    /// When each note stops counting in the sums, earliest first; stale when the entry
+    /// was seen again since.
+    live: BinaryHeap<Reverse<(Duration, u128)>>,
+    /// Notes in time order, (when, conversation), to leave the table at the time-to-live;
+    /// stale when seen again later.
     kept: VecDeque<(Duration, u128)>,
     /// Live conversations, by backend id.
     per_backend: Vec<Live>,
@@ -88,8 +110,9 @@ impl Conversations {
         Conversations::with(LIVE_HORIZON, CONVERSATION_TTL, MAX_CONVERSATIONS, clock)
     }
 
-    /// A table where a conversation idle for `horizon` on `clock` no longer counts in its
-    /// backend's sum, one idle for `ttl` is forgotten, and at most `max` are remembered.
+    /// A table where a conversation idle for `horizon` on `clock` (or sooner, by its
+    /// rhythm) no longer counts in its backend's sum, one idle for `ttl` is forgotten, and
+    /// at most `max` are remembered.
     pub fn with(horizon: Duration, ttl: Duration, max: usize, clock: Arc<dyn Clock>) -> Self {
         Conversations {
             inner: Mutex::new(Inner::default()),
@@ -107,7 +130,8 @@ impl Conversations {
         let _ = self.sink.set(Box::new(sink));
     }
 
-    /// This router placed a conversation: recorded, and handed to the sink.
+    /// This router placed a conversation, or released it: recorded, and handed to the
+    /// sink.
     pub fn note(&self, note: Note) {
         self.merge(note);
         if let Some(sink) = self.sink.get() {
@@ -115,25 +139,51 @@ impl Conversations {
         }
     }
 
-    /// Another replica placed a conversation: recorded.
+    /// The request of `conversation` that this router placed last on `backend` holds no
+    /// KV there (the engine refused it, or it failed): the conversation stops counting in
+    /// the backend's sum until its next placement. Its home stays.
+    pub fn release(&self, conversation: u128, backend: BackendId, origin: u64) {
+        self.note(Note {
+            conversation,
+            backend,
+            bytes: TextBytes(0),
+            origin,
+        });
+    }
+
+    /// Another replica placed or released a conversation: recorded.
     pub fn merge(&self, note: Note) {
         let now = self.expire();
         let mut inner = self.inner.lock();
+        if note.bytes.0 == 0 {
+            inner.release(note.conversation, note.backend);
+            return;
+        }
         if inner.entries.len() >= self.max && !inner.entries.contains_key(&note.conversation) {
             return;
         }
+        let old = inner.entries.get(&note.conversation).copied();
+        let gap = old.map(|old| {
+            let gap = now.saturating_sub(old.seen);
+            old.gap.map_or(gap, |g| gap.max(g / 2))
+        });
+        let horizon = gap.map_or(self.horizon, |g| {
+            (g * LIVE_GAPS).clamp(MIN_LIVE, self.horizon)
+        });
         let entry = Entry {
             backend: note.backend,
             origin: note.origin,
             bytes: note.bytes,
             seen: now,
-            live: true,
+            gap,
+            live_until: Some(now + horizon),
         };
-        if let Some(old) = inner.entries.insert(note.conversation, entry) {
+        if let Some(old) = old {
             inner.sub(old);
         }
+        inner.entries.insert(note.conversation, entry);
         inner.add(entry);
-        inner.live.push_back((now, note.conversation));
+        inner.live.push(Reverse((now + horizon, note.conversation)));
         inner.kept.push_back((now, note.conversation));
     }
 
@@ -161,7 +211,7 @@ impl Conversations {
     fn expire(&self) -> Duration {
         let now = self.clock.now();
         let mut inner = self.inner.lock();
-        inner.expire_live(now.saturating_sub(self.horizon));
+        inner.expire_live(now);
         inner.expire_kept(now.saturating_sub(self.ttl));
         now
     }
@@ -197,7 +247,7 @@ impl super::Table for Conversations {
 
 impl Inner {
     fn add(&mut self, e: Entry) {
-        if !e.live {
+        if e.live_until.is_none() {
             return;
         }
         let i = e.backend.0 as usize;
@@ -210,7 +260,7 @@ impl Inner {
     }
 
     fn sub(&mut self, e: Entry) {
-        if !e.live {
+        if e.live_until.is_none() {
             return;
         }
         if let Some(live) = self.per_backend.get_mut(e.backend.0 as usize) {
@@ -219,16 +269,34 @@ impl Inner {
         }
     }
 
-    /// Conversations last seen before `cutoff` stop counting in the sums.
-    fn expire_live(&mut self, cutoff: Duration) {
-        while let Some((at, key)) = self.live.front().copied().filter(|&(at, _)| at < cutoff) {
-            self.live.pop_front();
-            let Some(entry) = self.entries.get(&key).copied().filter(|e| e.seen == at) else {
+    /// `key` stops counting in its backend's sum, if it was last placed on `backend`.
+    fn release(&mut self, key: u128, backend: BackendId) {
+        let Some(entry) = self.entries.get(&key).copied() else {
+            return;
+        };
+        if entry.backend == backend {
+            self.stop_counting(key, entry);
+        }
+    }
+
+    fn stop_counting(&mut self, key: u128, entry: Entry) {
+        self.sub(entry);
+        let entry = Entry {
+            live_until: None,
+            ..entry
+        };
+        self.entries.insert(key, entry);
+    }
+
+    /// Conversations whose live time ended by `now` stop counting in the sums.
+    fn expire_live(&mut self, now: Duration) {
+        while let Some(&Reverse((at, key))) = self.live.peek().filter(|r| r.0.0 <= now) {
+            self.live.pop();
+            let Some(entry) = self.entries.get(&key).copied() else {
                 continue;
             };
-            self.sub(entry);
-            if let Some(e) = self.entries.get_mut(&key) {
-                e.live = false;
+            if entry.live_until == Some(at) {
+                self.stop_counting(key, entry);
             }
         }
     }
@@ -311,5 +379,60 @@ mod tests {
         t.merge(note(2, 0, 10));
         assert_eq!(*sent.lock(), [1]);
         assert_eq!(t.entries(), 2);
+    }
+
+    #[test]
+    fn a_conversation_counts_for_a_few_of_its_own_turns() {
+        let (t, clock) = table();
+        for at in [0, 2, 4] {
+            clock.set(Duration::from_secs(at));
+            t.note(note(1, 0, 100));
+        }
+        // Every 2 s: live for 4 x 2 s after its last note.
+        clock.set(Duration::from_secs(11));
+        assert_eq!(held(&t, &[0]), [(1, 100)]);
+        clock.set(Duration::from_secs(13));
+        assert_eq!(held(&t, &[0]), [(0, 0)]);
+        // A slower turn lengthens its rhythm at once; a quicker one shortens it by half.
+        clock.set(Duration::from_secs(23));
+        t.note(note(1, 0, 100));
+        clock.set(Duration::from_secs(24));
+        t.note(note(1, 0, 100));
+        clock.set(Duration::from_secs(24 + 4 * 19 / 2 - 1));
+        assert_eq!(held(&t, &[0]), [(1, 100)]);
+        assert_eq!(t.home_of(1), Some((BackendId(0), 7)));
+    }
+
+    #[test]
+    fn notes_at_once_keep_a_conversation_live_for_a_second() {
+        let (t, clock) = table();
+        t.note(note(1, 0, 100));
+        t.note(note(1, 0, 120));
+        clock.set(Duration::from_millis(999));
+        assert_eq!(held(&t, &[0]), [(1, 120)]);
+        clock.set(Duration::from_millis(1001));
+        assert_eq!(held(&t, &[0]), [(0, 0)]);
+    }
+
+    #[test]
+    fn a_released_conversation_stops_counting_and_keeps_its_home() {
+        let (t, _) = table();
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&sent);
+        t.on_note(move |n| seen.lock().push(n.bytes.0));
+        t.note(note(1, 0, 100));
+        t.note(note(2, 0, 50));
+        // Released on another backend: nothing changes.
+        t.release(1, BackendId(1), 7);
+        assert_eq!(held(&t, &[0]), [(2, 150)]);
+        t.release(1, BackendId(0), 7);
+        assert_eq!(held(&t, &[0]), [(1, 50)]);
+        assert_eq!(t.home_of(1), Some((BackendId(0), 7)));
+        // Its next turn counts again; a replica hears of the release as a note of 0 bytes.
+        t.note(note(1, 0, 110));
+        assert_eq!(held(&t, &[0]), [(2, 160)]);
+        assert_eq!(*sent.lock(), [100, 50, 0, 0, 110]);
+        t.merge(note(1, 0, 0));
+        assert_eq!(held(&t, &[0]), [(1, 50)]);
     }
 }

@@ -11,8 +11,7 @@
 //!   texts continue in more than one way (a system prompt, a template) is the
 //!   conversation's own history. At least [`MIN_PRIVATE`] of it on some backend make the
 //!   request a continuation, at home on the backend with the longest match.
-//! - **A continuation stays home**, unless home's live conversations (those active there in
-//!   the last [`LIVE_HORIZON`](super::conversations::LIVE_HORIZON)) overflow its KV while
+
 //!   another backend has room: then it moves once, as a new conversation would be placed,
 //!   instead of thrashing home's cache.
 //! - **A new conversation** goes, among the backends with room for it (all of them when
@@ -69,7 +68,7 @@ pub fn build(params: &PolicyParams) -> Selector {
     let index = params.index();
     Selector::new(PrefixPolicy::new(&index, rule))
         .indexed(index)
-        .with_table(conversations)
+        .with_conversations(conversations, params.seed)
 }
 
 /// One decision's view of the candidates.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
-use super::{Candidate, Decision, Policy, PolicyParams, Request, Sticky, Table};
+use super::{Candidate, Conversations, Decision, Policy, PolicyParams, Request, Sticky, Table};
 use crate::BackendId;
 use crate::index::PrefixIndex;
 use crate::units::KeyBytes;
@@ -25,6 +25,8 @@ pub struct Selector {
     policy: Box<dyn Policy>,
     index: Option<Arc<PrefixIndex>>,
     tables: Vec<Arc<dyn Table>>,
+    /// The conversation table, with this router's id in it.
+    conversations: Option<(Arc<Conversations>, u64)>,
     upkeep_due: AtomicBool,
     signal: Box<dyn Fn() + Send + Sync>,
 }
@@ -36,6 +38,7 @@ impl Selector {
             policy: Box::new(policy),
             index: None,
             tables: Vec::new(),
+            conversations: None,
             upkeep_due: AtomicBool::new(false),
             signal: Box::new(|| {}),
         }
@@ -47,9 +50,10 @@ impl Selector {
         self
     }
 
-    /// The policy keeps `table`.
-    pub fn with_table(mut self, table: Arc<dyn Table>) -> Self {
-        self.tables.push(table);
+    /// The policy keeps the conversation table `table`, where this router's id is `origin`.
+    pub fn with_conversations(mut self, table: Arc<Conversations>, origin: u64) -> Self {
+        self.tables.push(Arc::clone(&table) as Arc<dyn Table>);
+        self.conversations = Some((table, origin));
         self
     }
 
@@ -77,6 +81,28 @@ impl Selector {
             (self.signal)();
         }
         decision
+    }
+
+    /// The request of `conversation` placed on `backend` holds no KV there: the engine
+    /// refused it (an error status) or the exchange failed. Its conversation stops
+    /// counting as live on that backend ([`Conversations::release`]).
+    pub fn released(&self, conversation: u128, backend: BackendId) {
+        if let Some((table, origin)) = &self.conversations {
+            table.release(conversation, backend, *origin);
+        }
+    }
+
+    /// The live conversations on each of `backends` (what their KV must hold), when the
+    /// policy keeps a conversation table.
+    pub fn live(&self, backends: impl Iterator<Item = BackendId>) -> Option<Vec<super::Live>> {
+        (self.conversations.as_ref()).map(|(table, _)| table.held(backends))
+    }
+
+    /// The backend `conversation` was last placed on, when the policy keeps a conversation
+    /// table that remembers it.
+    pub fn home(&self, conversation: u128) -> Option<BackendId> {
+        let (table, _) = self.conversations.as_ref()?;
+        table.home_of(conversation).map(|(backend, _)| backend)
     }
 
     /// Whether a decision found eviction due since the last call.

@@ -1,8 +1,11 @@
 //! `POST /route`: what the router would do with a request, without sending it or
 //! remembering it. The body is the request's body as a client would send it to
 //! `?path=` (default `/v1/chat/completions`), with its headers (`x-session-id`, ...); the
-//! answer names the backend the policy would choose, why, the index mode (`tokens` or
-//! `text`), and per ready backend the prefix it is believed to hold and its load.
+//! answer names the backend the policy would choose, why (`outcome`: `placed` for a new
+//! conversation, `prefix_hit` for one staying home, `imbalance` for one moving off a home
+//! whose live conversations overflow its KV), the index mode (`tokens` or `text`), and per
+//! ready backend the prefix it is believed to hold, its load, whether it is the
+//! conversation's home and the live conversations it holds against its KV capacity.
 //! Sizes are in tokens: exact in token mode, text bytes / 4 in text mode (`estimated`).
 
 use bytes::Bytes;
@@ -62,8 +65,11 @@ pub async fn explain(
     let size = request.size();
     let matches =
         (state.selector.index()).map(|index| index.matches(request.model, &request.chain(), size));
+    let live = state.selector.live(accounts.iter().map(|a| a.id));
+    let home = state.selector.home(request.conversation());
     let backends: Vec<Value> = (accounts.iter().enumerate())
         .map(|(i, a)| {
+            let live = live.as_ref().map(|l| l[i]);
             json!({
                 "url": url(i),
                 "matched_tokens": matches.as_ref().map(|m| tokens(m.matched(a.id))),
@@ -72,6 +78,9 @@ pub async fn explain(
                 "capacity_tokens": a.capacity().map(|t| t.0),
                 "slots": a.sequences(),
                 "open": is_open(a),
+                "home": home == Some(a.id),
+                "live_conversations": live.map(|l| l.conversations),
+                "live_tokens": live.map(|l| tokens(l.bytes)),
                 "record": record(state, a.id, &request),
             })
         })

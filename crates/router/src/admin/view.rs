@@ -11,11 +11,14 @@ use crate::stats::{BackendGauge, KvEventGauge, TreeGauge};
 /// Sets the state gauges (in-flight, health, index size, tables) from current snapshots.
 pub fn refresh_gauges(state: &State) {
     let snapshot = state.fleet.snapshot();
-    let backends: Vec<BackendGauge> = (snapshot.backends.iter())
-        .map(|b| BackendGauge {
+    let live = (state.selector).live(snapshot.backends.iter().map(|b| b.id));
+    let backends: Vec<BackendGauge> = (snapshot.backends.iter().enumerate())
+        .map(|(i, b)| BackendGauge {
             url: &b.worker.url,
             inflight: b.load(),
             ready: b.is_ready(),
+            live: (live.as_ref()).map(|l| (l[i].conversations, l[i].bytes.tokens().0)),
+            capacity: b.account.capacity().map(|t| t.0),
         })
         .collect();
     let tree = (state.selector.index()).map_or_else(Default::default, |i| i.stats());

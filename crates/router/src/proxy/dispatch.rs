@@ -41,6 +41,13 @@ impl Route<'_, '_> {
             Route::AnyBackend => TextBytes(0),
         }
     }
+
+    /// The request placed on `backend` holds no KV there (refused, or failed).
+    pub fn released(&self, state: &State, backend: BackendId) {
+        if let Route::Policy(request) = self {
+            state.selector.released(request.conversation(), backend);
+        }
+    }
 }
 
 /// The backend a request went to, and why.
@@ -78,7 +85,7 @@ pub async fn run<E: Exchange>(
     state: &State,
     limits: &Limits,
     exchange: &mut E,
-    route: Route<'_, '_>,
+    route: &Route<'_, '_>,
     trace: &RequestTrace,
 ) -> Dispatched<E::Answer> {
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
@@ -90,7 +97,7 @@ pub async fn run<E: Exchange>(
             Ok(ready) => ready,
             Err(e) => break Err(e),
         };
-        let Some((seat, backend)) = place(state, limits, &ready, &route, trace) else {
+        let Some((seat, backend)) = place(state, limits, &ready, route, trace) else {
             // Another request took the last slot since the backends were read.
             continue;
         };
@@ -110,6 +117,7 @@ pub async fn run<E: Exchange>(
             Err(failure) => failure,
         };
         note_health(limits, &backend, Err(failure.error()));
+        route.released(state, backend.id);
         match failure {
             Failure::Retryable(e) if tried.len() < limits.retries => {
                 warn!("{}: {e}; trying another backend", backend.worker.url);

@@ -196,7 +196,7 @@ impl Router {
             timeouts: &limits.exchange,
             trace: &ctx.trace,
         };
-        let dispatched = dispatch::run(state, limits, &mut upstream, route, &ctx.trace).await;
+        let dispatched = dispatch::run(state, limits, &mut upstream, &route, &ctx.trace).await;
         drop(upstream);
         ctx.placed = dispatched.placed;
         ctx.retries = dispatched.retries;
@@ -205,7 +205,7 @@ impl Router {
             request_id: &ctx.request_id,
             closing: state.draining(),
         };
-        relay(state, limits, session, answered, reply).await
+        relay(state, limits, session, answered, reply, &route).await
     }
 }
 
@@ -242,6 +242,7 @@ async fn relay(
     session: &mut Session,
     answered: Answered<Answering>,
     reply: Reply<'_>,
+    route: &Route<'_, '_>,
 ) -> Result<(), RouterError> {
     let Answered {
         answer,
@@ -253,6 +254,10 @@ async fn relay(
         .await;
     let result = exchanged.result.as_ref().map_err(|f| f.error()).copied();
     dispatch::note_health(limits, &backend, result);
+    let status = exchanged.trace.as_ref().map_or(0, |t| t.status);
+    if result.is_err() || !(200..300).contains(&status) {
+        route.released(state, backend.id);
+    }
     if let Some(trace) = &exchanged.trace {
         note_response(state, &backend, &seat, trace);
     }

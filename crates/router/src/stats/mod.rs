@@ -36,6 +36,9 @@ pub struct Stats {
     evicted_bytes: IntCounter,
     inflight: IntGaugeVec,
     healthy: IntGaugeVec,
+    live: IntGaugeVec,
+    live_tokens: IntGaugeVec,
+    kv_capacity: IntGaugeVec,
     tree_bytes: IntGaugeVec,
     tree_nodes: IntGaugeVec,
     tree_heap_bytes: IntGaugeVec,
@@ -107,6 +110,11 @@ pub struct BackendGauge<'a> {
     pub inflight: usize,
     /// Whether it takes requests.
     pub ready: bool,
+    /// Its live conversations and their tokens (estimated in text mode), when the policy
+    /// keeps a conversation table.
+    pub live: Option<(usize, usize)>,
+    /// The KV capacity it published, tokens.
+    pub capacity: Option<usize>,
 }
 
 /// One model's prefix-tree gauges.
@@ -177,6 +185,21 @@ impl Stats {
             healthy: gauge_vec(
                 "backend_healthy",
                 "1 when the backend is ready",
+                &["backend"],
+            ),
+            live: gauge_vec(
+                "backend_live_conversations",
+                "Conversations expected back on the backend (kv_aware's conversation table)",
+                &["backend"],
+            ),
+            live_tokens: gauge_vec(
+                "backend_live_tokens",
+                "Prompt tokens of the backend's live conversations: the working set its KV must hold (text bytes / 4 in text mode)",
+                &["backend"],
+            ),
+            kv_capacity: gauge_vec(
+                "backend_kv_capacity_tokens",
+                "KV cache capacity the backend published, tokens",
                 &["backend"],
             ),
             tree_bytes: gauge_vec(
@@ -281,7 +304,7 @@ impl Stats {
         stats
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 35] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 38] {
         [
             Box::new(self.requests.clone()),
             Box::new(self.decisions.clone()),
@@ -298,6 +321,9 @@ impl Stats {
             Box::new(self.evicted_bytes.clone()),
             Box::new(self.inflight.clone()),
             Box::new(self.healthy.clone()),
+            Box::new(self.live.clone()),
+            Box::new(self.live_tokens.clone()),
+            Box::new(self.kv_capacity.clone()),
             Box::new(self.tree_bytes.clone()),
             Box::new(self.tree_nodes.clone()),
             Box::new(self.tree_heap_bytes.clone()),
@@ -520,7 +546,17 @@ impl Stats {
     pub fn set_state(&self, backends: &[BackendGauge], trees: &[TreeGauge], tables: &[TableSize]) {
         self.inflight.reset();
         self.healthy.reset();
+        self.live.reset();
+        self.live_tokens.reset();
+        self.kv_capacity.reset();
         for b in backends {
+            if let Some((conversations, tokens)) = b.live {
+                (self.live.with_label_values(&[b.url])).set(conversations as i64);
+                (self.live_tokens.with_label_values(&[b.url])).set(tokens as i64);
+            }
+            if let Some(capacity) = b.capacity {
+                (self.kv_capacity.with_label_values(&[b.url])).set(capacity as i64);
+            }
             self.inflight
                 .with_label_values(&[b.url])
                 .set(b.inflight as i64);

@@ -135,7 +135,7 @@ async fn dispatch(state: &State, limits: &Limits, fake: &mut Fake) -> Dispatched
         state,
         limits,
         fake,
-        Route::AnyBackend,
+        &Route::AnyBackend,
         &RequestTrace::default(),
     )
     .await
