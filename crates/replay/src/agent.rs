@@ -105,14 +105,13 @@ pub(crate) fn plan_agent(cfg: &AgentConfig) -> Plan {
             plan.push_piece(json, None, t)
         })
         .collect();
-    let sizes = session_sizes(cfg);
     let mut start_s = 0.0;
-    for s in 0..cfg.sessions {
+    for (s, size) in session_sizes(cfg).into_iter().enumerate() {
         if s > 0 {
             start_s += exponential(&mut rng, cfg.session_rate);
         }
         let prompt = prompts[rng.range(0, prompts.len() as u64 - 1) as usize];
-        let session = SessionGen::new(cfg, s, &mut plan, prompt, sizes[s]).run(start_s);
+        let session = SessionGen::new(cfg, s, &mut plan, prompt, size).run(start_s);
         plan.sessions.push(session);
     }
     plan.finish()
