@@ -54,6 +54,7 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         replicas: 1,
         scrape_interval: 1.0,
         shared_table: true,
+        note_delay: 0.002,
         seed: 1,
         max_requests: Some(120),
         send_session_header: false,

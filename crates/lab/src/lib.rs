@@ -131,6 +131,10 @@ pub struct LabArgs {
     /// The replicas do not share their conversation table (routers without `shared_table`).
     #[arg(long)]
     pub no_shared_table: bool,
+    /// Seconds a replica's note of a placement takes to reach the other replicas (their
+    /// shared table's publish and subscribe hop).
+    #[arg(long, default_value_t = 0.002)]
+    pub note_delay: f64,
     /// What the router knows of the engines' caches (a list sweeps: text,exact): `text`
     /// predicts from what it sent; `exact` reads the engines' own records (their KV
     /// events, without delay) and routes in token mode.
@@ -220,6 +224,8 @@ pub struct Setting {
     pub scrape_interval: f64,
     /// Whether the replicas share their conversation table.
     pub shared_table: bool,
+    /// Seconds a note takes from one replica to the others.
+    pub note_delay: f64,
     /// Seed.
     pub seed: u64,
     /// Stop after this many requests.
@@ -270,6 +276,7 @@ impl Setting {
             replicas: self.replicas.max(1),
             scrape_interval: self.scrape_interval,
             shared_table: self.shared_table,
+            note_delay: self.note_delay,
         })
     }
 }
@@ -420,6 +427,9 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
             "--replicas must be >= 1 and --scrape-interval > 0".into(),
         ));
     }
+    if !(args.note_delay.is_finite() && args.note_delay >= 0.0) {
+        return Err(LabError::Invalid("--note-delay must be >= 0".into()));
+    }
     if !(0.0..=1.0).contains(&args.bypass) {
         return Err(LabError::Invalid("--bypass must be within 0-1".into()));
     }
@@ -453,6 +463,7 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
                     replicas,
                     scrape_interval: args.scrape_interval,
                     shared_table: !args.no_shared_table,
+                    note_delay: args.note_delay,
                     seed: args.seed,
                     max_requests: args.max_requests,
                     send_session_header: args.send_session_header,
@@ -655,6 +666,7 @@ mod tests {
             replicas: 1,
             scrape_interval: 1.0,
             shared_table: true,
+            note_delay: 0.002,
             seed: 3,
             max_requests: Some(120),
             send_session_header: false,

@@ -50,8 +50,10 @@ pub struct RouterSetup {
     /// replicas read at staggered moments.
     pub scrape_interval: f64,
     /// Whether the replicas share their conversation table (as routers configured with a
-    /// `shared_table` do), instantly.
+    /// `shared_table` do).
     pub shared_table: bool,
+    /// Seconds a replica's note takes to reach the other replicas.
+    pub note_delay: f64,
 }
 
 /// What the engines hold of one request by their own records (their KV events, without

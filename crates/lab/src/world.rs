@@ -15,8 +15,9 @@ use prefix_router_sim::engine::{EngineCore, Output};
 use crate::prepare::{Prepared, Shape};
 use std::sync::Arc;
 
-use prefix_router_core::clock::Manual;
-use prefix_router_core::policy::{Conversations, Published};
+use parking_lot::Mutex;
+use prefix_router_core::clock::{Clock, Manual};
+use prefix_router_core::policy::{Conversations, Note, Published};
 
 use crate::router::{LabRouter, Placement, Record, RouterSetup};
 use prefix_router_core::units::Tokens;
@@ -83,6 +84,7 @@ pub fn run(
 ) -> Run {
     let total: usize = plan.sessions().iter().map(|s| s.turns().len()).sum();
     let total = total.min(clients.max_requests.unwrap_or(usize::MAX));
+    let (routers, notes) = routers(router, backends);
     let mut world = World {
         plan,
         prepared,
@@ -95,7 +97,9 @@ pub fn run(
         engines: (0..backends.len())
             .map(|_| EngineCore::new(sim.timing(), sim.kv_blocks))
             .collect(),
-        routers: routers(router, backends),
+        routers,
+        notes,
+        note_delay: seconds(router.note_delay),
         next_replica: 0,
         scrapes: (0..router.replicas.max(1))
             .map(|r| r as f64 * router.scrape_interval / router.replicas.max(1) as f64)
@@ -139,15 +143,54 @@ pub fn run(
     }
 }
 
-/// The router replicas of `setup`, on one virtual clock, sharing a conversation table when
-/// the setup says so.
-fn routers(setup: &RouterSetup, backends: &[String]) -> Vec<LabRouter> {
+/// The router replicas of `setup`, on one virtual clock, each with a conversation table of
+/// its own; when the setup shares the table, every note a replica makes reaches the others
+/// `note_delay` later ([`Notes`]).
+fn routers(setup: &RouterSetup, backends: &[String]) -> (Vec<LabRouter>, Notes) {
     let clock = Manual::default();
-    let shared =
-        (setup.shared_table).then(|| Arc::new(Conversations::new(Arc::new(clock.clone()))));
-    (0..setup.replicas.max(1))
-        .map(|r| LabRouter::new(setup, backends, r, &clock, shared.clone()))
-        .collect()
+    let mut notes = Notes::default();
+    let routers = (0..setup.replicas.max(1))
+        .map(|r| {
+            let table = setup.shared_table.then(|| {
+                let table = Arc::new(Conversations::new(Arc::new(clock.clone())));
+                let (sent, clock) = (Arc::clone(&notes.sent), clock.clone());
+                table.on_note(move |note| sent.lock().push((clock.now(), r, note)));
+                table
+            });
+            notes.tables.push(table.clone());
+            notes.merged.push(0);
+            LabRouter::new(setup, backends, r, &clock, table)
+        })
+        .collect();
+    (routers, notes)
+}
+
+/// The replicas' notes in the order they were made, with when and by which replica, and
+/// how far each replica has merged them: the shared table's publish and subscribe.
+#[derive(Default)]
+struct Notes {
+    sent: Arc<Mutex<Vec<(Duration, usize, Note)>>>,
+    tables: Vec<Option<Arc<Conversations>>>,
+    merged: Vec<usize>,
+}
+
+impl Notes {
+    /// Replica `replica` merges the other replicas' notes made at least `delay` before `now`.
+    fn deliver(&mut self, replica: usize, now: Duration, delay: Duration) {
+        let Some(Some(table)) = self.tables.get(replica) else {
+            return;
+        };
+        let sent = self.sent.lock();
+        let due = (sent[self.merged[replica]..].iter())
+            .take_while(|(at, _, _)| *at + delay <= now)
+            .collect::<Vec<_>>();
+        for (_, from, note) in &due {
+            if *from != replica {
+                table.merge(*note);
+            }
+        }
+        self.merged[replica] += due.len();
+    }
 }
 
 /// Something due at a time.
@@ -207,6 +250,9 @@ struct World<'w> {
     engines: Vec<EngineCore>,
     /// The router replicas; requests go to them in turn.
     routers: Vec<LabRouter>,
+    /// Their notes to one another, delivered `note_delay` after they were made.
+    notes: Notes,
+    note_delay: Duration,
     next_replica: usize,
     /// When each replica next reads the engines' published load.
     scrapes: Vec<f64>,
@@ -393,6 +439,7 @@ impl World<'_> {
             self.engines[0].forget_cache();
         }
         let shape = self.prepared.shape(want.session, want.turn);
+        (self.notes).deliver(replica, seconds(now), self.note_delay);
         let placed = if self.bypasses(want) {
             Ok(None)
         } else {
