@@ -1,7 +1,7 @@
 # Helpers the real-time benchmarks share (sourced, not run): free ports, readiness waits,
 # the router or a peer router started in front of a list of backends, and the processes
 # started stopped again. Each caller sets $out (a directory for logs) and $bin (the
-# prefix-router executable) first.
+# prefix-router executable) first; ROUTER_BIN, when set, is the router started instead.
 pids=()
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -16,7 +16,7 @@ start_router() { # POLICY URL...: the router in front of URL..., ready; sets $po
   port=$(free_port); admin=$(free_port)
   local policy="$1"; shift
   # shellcheck disable=SC2086
-  "$bin" --host 127.0.0.1 --port "$port" --admin-port "$admin" --policy "$policy" \
+  "${ROUTER_BIN:-$bin}" --host 127.0.0.1 --port "$port" --admin-port "$admin" --policy "$policy" \
     --worker-urls "$(IFS=,; echo "$*")" ${ROUTER_ARGS:-} >"$out/router-$port.log" 2>&1 &
   pids+=($!)
   wait_ok "http://127.0.0.1:$admin/health"

@@ -7,7 +7,8 @@
 # line per run: hit rate, TTFT p50/p99, makespan (first send to last answer), refusals.
 #
 # Env: KV (KV per backend in tokens, a comma list; default 480000,512000,576000),
-# MAX_MODEL_LEN (500000), RUNS (3), POLICIES (default cache_aware,prefill_aware,kv_aware),
+# MAX_MODEL_LEN (500000), RUNS (3), POLICIES (default cache_aware,prefill_aware,kv_aware;
+# POLICY@PATH runs the router at PATH, another build, with that policy),
 # PEERS (default smg,vllm-router; empty for none), SESSIONS (24), MIN_CONTEXT (20000),
 # MAX_CONTEXT (520000), SESSION_RATE (4.8 a second), SYSTEM_PROMPTS (4), THINK (4 s),
 # OVERLAP (0: share of turns sent before the previous answer), REPLICAS (1: router
@@ -50,6 +51,7 @@ start_front() { # NAME: the router policy or peer NAME, $replicas times; sets ta
   for _ in $(seq 1 "$replicas"); do
     case $1 in
       smg | vllm-router) start_peer "$1" "${urls[@]}" ;;
+      *@*) ROUTER_BIN="${1#*@}" ROUTER_ARGS="$shared" start_router "${1%@*}" "${urls[@]}" ;;
       *) ROUTER_ARGS="$shared" start_router "$1" "${urls[@]}" ;;
     esac
     targets_list+=("http://127.0.0.1:$port")
@@ -58,7 +60,7 @@ start_front() { # NAME: the router policy or peer NAME, $replicas times; sets ta
 }
 
 replay() { # NAME KV RUN: the workload through $targets, one line
-  local report="$out/$1-$2-$3.json"
+  local report="$out/${1//\//_}-$2-$3.json"
   "$bin" replay --url "$targets" --synthetic agent --sessions "${SESSIONS:-24}" \
     --session-rate "${SESSION_RATE:-4.8}" --system-prompts "${SYSTEM_PROMPTS:-4}" \
     --min-context-tokens "${MIN_CONTEXT:-20000}" --max-context-tokens "${MAX_CONTEXT:-520000}" \
@@ -66,7 +68,7 @@ replay() { # NAME KV RUN: the workload through $targets, one line
     --speedup "$speedup" --stream --quiet --backends 4 --concurrency 1024 --timeout 600 \
     --model meta-llama/Llama-3.1-8B-Instruct \
     --out "$report" >/dev/null
-  python3 - "$report" "$1" "$2" "$3" <<'PY'
+  python3 - "$report" "${1/@*/@other}" "$2" "$3" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r.get("ttft_ms") or {}

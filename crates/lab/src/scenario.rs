@@ -114,7 +114,7 @@ fn pressure() -> Vec<Scenario> {
     let mut list = vec![
         with_agent(
             "pressure",
-            "24 heavy-tailed agent sessions (20K-520K tokens), 512K tokens of KV a backend: 0.84x their final contexts",
+            "24 heavy-tailed agent sessions (20K-520K tokens), 512K tokens of KV a backend: 0.86x their final contexts",
             tail(24, 4.8, 4),
         ),
         with_agent(
