@@ -114,12 +114,12 @@ fn pressure() -> Vec<Scenario> {
     let mut list = vec![
         with_agent(
             "pressure",
-            "24 heavy-tailed agent sessions (20K-520K tokens), 512K tokens of KV a backend: 0.86x their final contexts",
+            "24 heavy-tailed agent sessions (20K-520K tokens), 524K tokens of KV a backend: 0.86x their final contexts",
             tail(24, 4.8, 4),
         ),
         with_agent(
             "pressure-shared",
-            "32 heavy-tailed agent sessions over 2 shared prompts, KV 0.76x their final contexts",
+            "32 heavy-tailed agent sessions over 2 shared prompts, KV 0.77x their final contexts",
             tail(32, 4.8, 2),
         ),
     ];
