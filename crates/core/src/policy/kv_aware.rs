@@ -11,9 +11,11 @@
 //!   texts continue in more than one way (a system prompt, a template) is the
 //!   conversation's own history. At least [`MIN_PRIVATE`] of it on some backend make the
 //!   request a continuation, at home on the backend with the longest match.
-
-//!   another backend has room: then it moves once, as a new conversation would be placed,
-//!   instead of thrashing home's cache.
+//! - **A continuation stays home**, unless home's live conversations (those expected back,
+//!   see [`Conversations`]) overflow its KV while another backend has room: then it moves
+//!   once, as a new conversation would be placed, instead of thrashing home's cache. A
+//!   turn the engine refused, or that failed, holds no KV: the proxy releases it
+//!   ([`Selector::released`]) and its conversation stops counting.
 //! - **A new conversation** goes, among the backends with room for it (all of them when
 //!   none has), to the one where its first token comes soonest: the prefill of what that
 //!   backend does not hold, plus [`QUEUE_WEIGHT`] of the prefill already queued there. A
@@ -224,7 +226,8 @@ impl Rule for KvAware {
         self.conversations.note(Note {
             conversation: request.conversation(),
             backend,
-            bytes: request.size(),
+            // A note of 0 bytes is a release: a placement counts at least 1.
+            bytes: request.size().max(TextBytes(1)),
             origin: self.origin,
         });
     }
