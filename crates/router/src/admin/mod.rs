@@ -17,39 +17,9 @@ use serde_json::{Value, json};
 use crate::control::Control;
 use bytes::Bytes;
 
+use crate::endpoints::{ENDPOINTS, Endpoint};
 use crate::error::{RouterError, error_body};
 use crate::state::State;
-
-/// An admin endpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Endpoint {
-    Metrics,
-    Stats,
-    Workers,
-    ListWorkers,
-    AddWorker,
-    RemoveWorker,
-    Reload,
-    Route,
-}
-
-/// Every admin endpoint, declared once: the admin listener serves these and the data plane
-/// answers 404 to their paths (`/health` is both listeners' own and is not listed).
-const ENDPOINTS: [(Method, &str, Endpoint); 8] = [
-    (Method::GET, "/metrics", Endpoint::Metrics),
-    (Method::GET, "/stats", Endpoint::Stats),
-    (Method::GET, "/workers", Endpoint::Workers),
-    (Method::GET, "/list_workers", Endpoint::ListWorkers),
-    (Method::POST, "/add_worker", Endpoint::AddWorker),
-    (Method::POST, "/remove_worker", Endpoint::RemoveWorker),
-    (Method::POST, "/reload", Endpoint::Reload),
-    (Method::POST, "/route", Endpoint::Route),
-];
-
-/// Whether `path` is an admin endpoint's (whatever the method).
-pub fn serves(path: &str) -> bool {
-    ENDPOINTS.iter().any(|(_, p, _)| *p == path)
-}
 
 fn endpoint(method: &Method, path: &str) -> Option<Endpoint> {
     let found = ENDPOINTS.iter().find(|(m, p, _)| m == method && *p == path);

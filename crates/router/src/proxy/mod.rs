@@ -26,7 +26,7 @@ use prefix_router_core::policy::Request;
 use prefix_router_core::request::{self, Endpoint, SessionKey};
 use prefix_router_core::units::{TextBytes, Tokens};
 
-use crate::admin;
+use crate::endpoints;
 use crate::error::RouterError;
 use crate::fleet::Backend;
 use crate::limits::Limits;
@@ -158,7 +158,7 @@ impl Router {
             .flatten();
         let route = endpoint.map(|_| path);
         (ctx.trace).request_line(head.method.as_str(), route, path, &ctx.request_id);
-        if admin::serves(path) {
+        if endpoints::is_admin(path) {
             return Err(RouterError::NotFound(path.to_string()));
         }
         ctx.route = endpoint.map_or("other", Endpoint::label);
