@@ -292,16 +292,10 @@ impl Ledger {
         text: TextBytes,
         choose: impl FnOnce(&[Candidate]) -> Decision,
     ) -> Placing {
-        let open: SmallVec<[usize; 16]> = (0..accounts.len())
-            .filter(|&i| limit == 0 || accounts[i].load() < limit)
-            .collect();
-        if open.is_empty() {
+        let Some(decided) = self.choice(accounts, limit, choose) else {
             return Placing::Full;
-        }
-        let candidates: SmallVec<[Candidate; 16]> =
-            open.iter().map(|&i| accounts[i].candidate()).collect();
-        let decision = choose(&candidates);
-        let Some(&index) = open.get(decision.index) else {
+        };
+        let Some((index, decision)) = decided else {
             return Placing::Taken;
         };
         let prefill = text.saturating_sub(decision.matched);
@@ -309,6 +303,38 @@ impl Ledger {
             Some(seat) => Placing::Placed { seat, index },
             None => Placing::Taken,
         }
+    }
+
+    /// What [`Self::place`] would choose, without taking a seat (`POST /route`): the
+    /// chosen account's position in `accounts` and the decision; `None` when every one is
+    /// at the in-flight `limit`.
+    pub fn decide(
+        &self,
+        accounts: &[&Arc<Account>],
+        limit: usize,
+        choose: impl FnOnce(&[Candidate]) -> Decision,
+    ) -> Option<(usize, Decision)> {
+        self.choice(accounts, limit, choose).flatten()
+    }
+
+    /// `choose` among the accounts below `limit`, as candidates: `None` when there are
+    /// none, `Some(None)` when it chose none of them.
+    fn choice(
+        &self,
+        accounts: &[&Arc<Account>],
+        limit: usize,
+        choose: impl FnOnce(&[Candidate]) -> Decision,
+    ) -> Option<Option<(usize, Decision)>> {
+        let open: SmallVec<[usize; 16]> = (0..accounts.len())
+            .filter(|&i| limit == 0 || accounts[i].load() < limit)
+            .collect();
+        if open.is_empty() {
+            return None;
+        }
+        let candidates: SmallVec<[Candidate; 16]> =
+            open.iter().map(|&i| accounts[i].candidate()).collect();
+        let decision = choose(&candidates);
+        Some(open.get(decision.index).map(|&index| (index, decision)))
     }
 
     /// Upkeep at `now` of `selector`'s index and tables over the backends of `accounts`

@@ -2,7 +2,10 @@
 //!
 //! - [`TextBytes`]: bytes of routing text (what a request offers, what the index matched);
 //! - [`Tokens`]: tokens of a backend's KV cache (what backends publish and report);
-//! - [`KeyBytes`]: bytes of the prefix index's keys (what its budgets and LRU count).
+//! - [`KeyBytes`]: bytes of the prefix index's keys (what its budgets and LRU count);
+//!
+//! and [`PromptSize`], a prompt's size as the router knows it: counted in tokens (token
+//! mode) or estimated from its routing text (text mode).
 //!
 //! Routing text is taken at [`TEXT_BYTES_PER_TOKEN`] bytes a token, and the index keeps one
 //! [`KEY_BYTES`] hash per [`BLOCK_BYTES`] block of text. A wrong mix is a compile error.
@@ -104,6 +107,52 @@ impl KeyBytes {
     }
 }
 
+/// A prompt's size as the router knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptSize {
+    /// Counted by the model's tokenizer (token mode).
+    Tokens(Tokens),
+    /// Its routing text (text mode): tokens only estimated, at [`TEXT_BYTES_PER_TOKEN`].
+    Text(TextBytes),
+}
+
+impl Default for PromptSize {
+    fn default() -> Self {
+        PromptSize::Text(TextBytes(0))
+    }
+}
+
+impl PromptSize {
+    /// The size in routing text (tokens at [`TEXT_BYTES_PER_TOKEN`]), the unit the index
+    /// and the policies work in.
+    pub fn text(self) -> TextBytes {
+        match self {
+            PromptSize::Tokens(t) => t.text(),
+            PromptSize::Text(t) => t,
+        }
+    }
+
+    /// Its tokens: exact in token mode, estimated in text mode.
+    pub fn tokens(self) -> Tokens {
+        self.text().tokens()
+    }
+
+    /// Whether its tokens are estimated (text mode).
+    pub fn estimated(self) -> bool {
+        matches!(self, PromptSize::Text(_))
+    }
+
+    /// `part` of it (routing text, as the index matched it) and the whole, in the unit the
+    /// prompt was measured in, with that unit's name: tokens in token mode, bytes in text
+    /// mode.
+    pub fn shown(self, part: TextBytes) -> (usize, usize, &'static str) {
+        match self {
+            PromptSize::Tokens(t) => (part.tokens().0, t.0, "tokens"),
+            PromptSize::Text(t) => (part.0, t.0, "bytes"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,5 +166,18 @@ mod tests {
         assert_eq!(TextBytes(130).whole_blocks(), TextBytes(128));
         assert_eq!(KeyBytes(16).text(), TextBytes(128));
         assert_eq!(Tokens(15).keys(), KeyBytes(0), "less than a block");
+    }
+
+    #[test]
+    fn a_prompt_is_shown_in_the_unit_it_was_measured_in() {
+        let counted = PromptSize::Tokens(Tokens(100));
+        assert_eq!(counted.shown(TextBytes(256)), (64, 100, "tokens"));
+        assert_eq!(
+            (counted.text(), counted.estimated()),
+            (TextBytes(400), false)
+        );
+        let text = PromptSize::Text(TextBytes(400));
+        assert_eq!(text.shown(TextBytes(256)), (256, 400, "bytes"));
+        assert_eq!((text.tokens(), text.estimated()), (Tokens(100), true));
     }
 }

@@ -35,7 +35,7 @@ use crate::clock::Clock;
 use crate::index::PrefixIndex;
 use crate::request::{RoutingText, SessionKey, blocks};
 use crate::tree::TreeConfig;
-use crate::units::{TextBytes, Tokens};
+use crate::units::{PromptSize, TextBytes, Tokens};
 
 /// Balance bounds shared by `cache_aware` and session affinity: the fleet is imbalanced when
 /// max in-flight - min in-flight > `abs` and max > min * `rel`.
@@ -155,9 +155,14 @@ impl<'r, 'a> Request<'r, 'a> {
     ///
     /// [`TEXT_BYTES_PER_TOKEN`]: crate::units::TEXT_BYTES_PER_TOKEN
     pub fn size(&self) -> TextBytes {
+        self.prompt_size().text()
+    }
+
+    /// The prompt's size: counted tokens in token mode, else its text.
+    pub fn prompt_size(&self) -> PromptSize {
         match self.tokens {
-            Some(t) => t.tokens.text(),
-            None => self.text.size(),
+            Some(t) => PromptSize::Tokens(t.tokens),
+            None => PromptSize::Text(self.text.size()),
         }
     }
 

@@ -10,17 +10,18 @@
 
 use bytes::Bytes;
 use http::HeaderMap;
-use prefix_router_core::ledger::Account;
-use prefix_router_core::policy::{Candidate, Request};
-use prefix_router_core::request::{self, Endpoint, SessionKey};
+use prefix_router_core::policy::Request;
+use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::TextBytes;
 use serde_json::{Value, json};
 
 use crate::error::RouterError;
+use crate::proxy::prepare::{self, Prepared};
 use crate::state::State;
 use crate::tokens::Tokenizing;
 
-/// Explains the routing of `body` sent to `path` with `headers`.
+/// Explains the routing of `body` sent to `path` with `headers`: prepared and chosen as
+/// the data plane does ([`Prepared`], [`prepare::decide`]), without a seat.
 pub async fn explain(
     state: &State,
     path: &str,
@@ -29,42 +30,22 @@ pub async fn explain(
 ) -> Result<Value, RouterError> {
     let endpoint = Endpoint::from_path(path)
         .ok_or_else(|| RouterError::Malformed(format!("`{path}` is not a routed path")))?;
-    let parsed = request::parse(endpoint, &body)?;
     let limits = &state.live().limits;
-    let session = SessionKey::find(headers, &limits.session_headers, parsed.session);
-    let mut request = Request::new(parsed.model, &parsed.text, session);
-    request.explain = true;
-    let tokenizing = (state.tokenizers)
-        .tokenize(endpoint, &body, parsed.model)
-        .await;
-    let (mode, unrendered) = match &tokenizing {
-        Tokenizing::Tokenized(t) => {
-            request.tokens = Some(t.blocks());
-            ("tokens", None)
-        }
-        Tokenizing::Unrendered(why) => ("text", Some(why.to_string())),
-        Tokenizing::Untokenized => ("text", None),
+    let prepared = Prepared::new(state, limits, endpoint, headers, &body).await?;
+    let request = prepared.request(true);
+    let unrendered = match &prepared.tokenizing {
+        Tokenizing::Unrendered(why) => Some(why.to_string()),
+        _ => None,
     };
     let ready = state.fleet.ready(&[]);
     let accounts = ready.accounts();
     let limit = limits.max_inflight_per_backend;
-    let is_open = |a: &Account| limit == 0 || a.load() < limit;
-    let open: Vec<usize> = (0..accounts.len())
-        .filter(|&i| is_open(accounts[i]))
-        .collect();
-    if open.is_empty() {
-        return Err(RouterError::NoBackend);
-    }
-    let candidates: Vec<Candidate> = open.iter().map(|&i| accounts[i].candidate()).collect();
-    let candidates = state
-        .records
-        .recorded(&request, &candidates)
-        .unwrap_or(candidates);
-    let decision = state.selector.select(&request, &candidates);
+    let (chosen, decision) = prepare::decide(state, &state.ledger, &accounts, limit, &request)
+        .ok_or(RouterError::NoBackend)?;
     let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
-    let size = request.size();
-    let matches =
-        (state.selector.index()).map(|index| index.matches(request.model, &request.chain(), size));
+    let size = prepared.size();
+    let matches = (state.selector.index())
+        .map(|index| index.matches(request.model, &request.chain(), size.text()));
     let live = state.selector.live(accounts.iter().map(|a| a.id));
     let home = state.selector.home(request.conversation());
     let backends: Vec<Value> = (accounts.iter().enumerate())
@@ -77,7 +58,7 @@ pub async fn explain(
                 "pending_tokens": tokens(a.pending()),
                 "capacity_tokens": a.capacity().map(|t| t.0),
                 "slots": a.sequences(),
-                "open": is_open(a),
+                "open": limit == 0 || a.load() < limit,
                 "home": home == Some(a.id),
                 "live_conversations": live.map(|l| l.conversations),
                 "live_tokens": live.map(|l| tokens(l.bytes)),
@@ -86,15 +67,15 @@ pub async fn explain(
         })
         .collect();
     Ok(json!({
-        "backend": open.get(decision.index).and_then(|&i| url(i)),
+        "backend": url(chosen),
         "policy": state.policy_name,
         "outcome": decision.outcome.label(),
-        "mode": mode,
+        "mode": if size.estimated() { "text" } else { "tokens" },
         "unrendered": unrendered,
-        "prompt_tokens": tokens(size),
-        "estimated": mode == "text",
+        "prompt_tokens": size.tokens().0,
+        "estimated": size.estimated(),
         "matched_tokens": tokens(decision.matched),
-        "session": session.is_some(),
+        "session": request.session.is_some(),
         "backends": backends,
     }))
 }

@@ -17,6 +17,7 @@ use prefix_router_core::units::TextBytes;
 use smallvec::SmallVec;
 
 use super::exchange::{Exchange, Failure};
+use super::prepare;
 use crate::error::{RouterError, Shed};
 use crate::fleet::{Backend, Fleet, Ready};
 use crate::limits::Limits;
@@ -148,13 +149,7 @@ fn place(
     let limit = limits.max_inflight_per_backend;
     let recorded = Cell::new(false);
     let choose = |candidates: &[Candidate]| match route {
-        Route::Policy(request) => match state.records.recorded(request, candidates) {
-            Some(candidates) => {
-                recorded.set(true);
-                state.selector.select(request, &candidates)
-            }
-            None => state.selector.select(request, candidates),
-        },
+        Route::Policy(request) => prepare::choose(state, request, candidates, &recorded),
         Route::AnyBackend => Decision::new(state.ties.least_loaded(candidates), Outcome::Balanced),
     };
     let Placing::Placed { seat, index } =
@@ -182,12 +177,11 @@ fn placement(
     backend: &Backend,
     recorded: bool,
 ) -> Vec<KeyValue> {
-    let (matched, total, unit) = match route {
-        Route::Policy(r) if r.tokens.is_some() => {
-            (decision.matched.tokens().0, r.size().tokens().0, "tokens")
-        }
-        _ => (decision.matched.0, route.text().0, "bytes"),
+    let size = match route {
+        Route::Policy(r) => r.prompt_size(),
+        Route::AnyBackend => Default::default(),
     };
+    let (matched, total, unit) = size.shown(decision.matched);
     let index = match route {
         Route::AnyBackend => "none",
         Route::Policy(_) if recorded => "kv_events",

@@ -7,6 +7,7 @@ mod body;
 mod dispatch;
 mod exchange;
 mod headers;
+pub mod prepare;
 mod relay;
 
 use std::sync::Arc;
@@ -22,9 +23,8 @@ use pingora_core::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use prefix_router_core::ledger::Seat;
-use prefix_router_core::policy::Request;
-use prefix_router_core::request::{self, Endpoint, SessionKey};
-use prefix_router_core::units::{TextBytes, Tokens};
+use prefix_router_core::request::Endpoint;
+use prefix_router_core::units::{PromptSize, TextBytes, Tokens};
 
 use crate::endpoints;
 use crate::error::RouterError;
@@ -34,7 +34,7 @@ use crate::state::{Active, State};
 use crate::tokens::Tokenizing;
 use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
-use prefix_router_tokens::Tokenized;
+use prepare::Prepared;
 use relay::{Answering, Reply, Trace, Upstream};
 
 /// The proxy service.
@@ -59,8 +59,8 @@ pub struct Ctx {
     /// Attempts retried on another backend.
     retries: usize,
     route: &'static str,
-    /// The prompt's size, and whether it is in tokens (token mode) or text bytes.
-    prompt: (TextBytes, bool),
+    /// The prompt's size (0 bytes for paths not routed on a prompt).
+    prompt: PromptSize,
     placed: Option<Placed>,
     failure: Option<RouterError>,
 }
@@ -77,7 +77,7 @@ impl ProxyHttp for Router {
             trace: RequestTrace::default(),
             retries: 0,
             route: "other",
-            prompt: (TextBytes(0), false),
+            prompt: PromptSize::default(),
             placed: None,
             failure: None,
         }
@@ -170,22 +170,16 @@ impl Router {
         state.stats.body(body.bytes.len());
         ctx.trace.routing();
         let bytes = body.bytes.clone();
-        let parsed = endpoint.map(|e| request::parse(e, &bytes)).transpose()?;
         let headers = &session.req_header().headers;
-        let mut request = parsed.as_ref().map(|p| {
-            let session = SessionKey::find(headers, &limits.session_headers, p.session);
-            Request::new(p.model, &p.text, session)
-        });
-        let tokens = match (&request, endpoint) {
-            (Some(r), Some(e)) => tokenize(state, e, &bytes, r).await,
-            _ => None,
+        let prepared = match endpoint {
+            Some(e) => Some(Prepared::new(state, limits, e, headers, &bytes).await?),
+            None => None,
         };
-        if let (Some(request), Some(t)) = (&mut request, &tokens) {
-            request.tokens = Some(t.blocks());
+        if let Some(p) = &prepared {
+            note_tokenizing(state, &p.tokenizing);
+            ctx.prompt = p.size();
         }
-        if let Some(r) = &request {
-            ctx.prompt = (r.size(), r.tokens.is_some());
-        }
+        let request = prepared.as_ref().map(|p| p.request(false));
         let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
         let mut upstream = Upstream {
             head: headers::upstream_request(session.req_header()),
@@ -209,28 +203,17 @@ impl Router {
     }
 }
 
-/// The prompt's own tokens, when its model has a tokenizer and the body renders; counted
-/// either way.
-async fn tokenize(
-    state: &State,
-    endpoint: Endpoint,
-    body: &Bytes,
-    request: &Request<'_, '_>,
-) -> Option<Tokenized> {
-    let tokens = (state.tokenizers)
-        .tokenize(endpoint, body, request.model)
-        .await;
-    match tokens {
-        Tokenizing::Untokenized => None,
+/// Stats count what token mode made of a routed prompt.
+fn note_tokenizing(state: &State, tokenizing: &Tokenizing) {
+    match tokenizing {
+        Tokenizing::Untokenized => {}
         Tokenizing::Tokenized(t) => {
             state.stats.prompt("tokens", "rendered");
             state.stats.tokenized(t.tokens, t.reused);
-            Some(t)
         }
         Tokenizing::Unrendered(why) => {
             debug!("routed on its text: {why}");
             state.stats.prompt("text", why.label());
-            None
         }
     }
 }
@@ -317,11 +300,7 @@ fn log_request(session: &Session, ctx: &Ctx, status: u16) {
         ),
         None => ("-", "-", TextBytes(0)),
     };
-    let (size, tokens) = ctx.prompt;
-    let (matched, size, unit) = match tokens {
-        true => (matched.tokens().0, size.tokens().0, "tokens"),
-        false => (matched.0, size.0, "bytes"),
-    };
+    let (matched, size, unit) = ctx.prompt.shown(matched);
     let line = format_args!(
         "[{}] {} {} -> {backend} {outcome} matched {matched}/{size} {unit}, status {status}, {:.1} ms",
         ctx.request_id,

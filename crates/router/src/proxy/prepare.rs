@@ -1,0 +1,96 @@
+//! One request's preparation, the same whether the router serves it or explains it
+//! (`POST /route`): the body parsed into its routing text, its session key, its tokens
+//! when its model has a tokenizer, and then the policy's choice among the open backends,
+//! with what the engines' KV events say of it. Serving takes a seat for the choice
+//! ([`Ledger::place`]); explaining only asks for it ([`Ledger::decide`]).
+
+use std::cell::Cell;
+
+use bytes::Bytes;
+use http::HeaderMap;
+use prefix_router_core::ledger::{Account, Ledger};
+use prefix_router_core::policy::{Candidate, Decision, Request};
+use prefix_router_core::request::{self, Endpoint, Parsed, SessionKey};
+use prefix_router_core::units::PromptSize;
+
+use crate::error::RouterError;
+use crate::limits::Limits;
+use crate::state::State;
+use crate::tokens::Tokenizing;
+
+/// A routed request's body, read into what the policy decides on.
+pub struct Prepared<'b> {
+    parsed: Parsed<'b>,
+    session: Option<SessionKey>,
+    /// What token mode made of it.
+    pub tokenizing: Tokenizing,
+}
+
+impl<'b> Prepared<'b> {
+    /// Parses `body`, sent to `endpoint` with `headers`, and tokenizes it when its model
+    /// has a tokenizer.
+    pub async fn new(
+        state: &State,
+        limits: &Limits,
+        endpoint: Endpoint,
+        headers: &HeaderMap,
+        body: &'b Bytes,
+    ) -> Result<Prepared<'b>, RouterError> {
+        let parsed = request::parse(endpoint, body)?;
+        let session = SessionKey::find(headers, &limits.session_headers, parsed.session);
+        let tokenizing = (state.tokenizers)
+            .tokenize(endpoint, body, parsed.model)
+            .await;
+        Ok(Prepared {
+            parsed,
+            session,
+            tokenizing,
+        })
+    }
+
+    /// The request the policy sees; `explain`: decided on without being remembered.
+    pub fn request(&self, explain: bool) -> Request<'_, 'b> {
+        let mut request = Request::new(self.parsed.model, &self.parsed.text, self.session);
+        if let Tokenizing::Tokenized(t) = &self.tokenizing {
+            request.tokens = Some(t.blocks());
+        }
+        request.explain = explain;
+        request
+    }
+
+    /// The prompt's size: its tokens in token mode, else estimated from its text.
+    pub fn size(&self) -> PromptSize {
+        self.request(true).prompt_size()
+    }
+}
+
+/// The policy's choice for `request` among `candidates`, with the engines' own records
+/// when they publish them; `recorded` says whether they did.
+pub fn choose(
+    state: &State,
+    request: &Request,
+    candidates: &[Candidate],
+    recorded: &Cell<bool>,
+) -> Decision {
+    match state.records.recorded(request, candidates) {
+        Some(candidates) => {
+            recorded.set(true);
+            state.selector.select(request, &candidates)
+        }
+        None => state.selector.select(request, candidates),
+    }
+}
+
+/// What serving `request` would choose now among `accounts`, without taking a seat:
+/// the account's position and the decision; `None` when every one is at the in-flight
+/// limit.
+pub fn decide(
+    state: &State,
+    ledger: &Ledger,
+    accounts: &[&std::sync::Arc<Account>],
+    limit: usize,
+    request: &Request,
+) -> Option<(usize, Decision)> {
+    let recorded = Cell::new(false);
+    ledger.decide(accounts, limit, |c| choose(state, request, c, &recorded))
+}
