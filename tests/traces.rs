@@ -5,7 +5,6 @@
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use prefix_router::config::Settings;
@@ -28,18 +27,8 @@ struct Receiver {
 impl Receiver {
     /// Starts one that answers each export `delay` seconds late.
     fn start(delay: f64) -> Receiver {
-        static PYTHON: OnceLock<String> = OnceLock::new();
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-        let python = PYTHON.get_or_init(|| {
-            let setup = Command::new(root.join("tests/otlp/setup.sh"))
-                .arg(root.join("target/otlp"))
-                .output()
-                .unwrap();
-            let stderr = String::from_utf8_lossy(&setup.stderr);
-            assert!(setup.status.success(), "{stderr}");
-            String::from_utf8(setup.stdout).unwrap().trim().to_string()
-        });
-        let mut child = Command::new(python)
+        let mut child = Command::new(crate::support::fixtures::otlp_python())
             .arg(root.join("tests/otlp/receiver.py"))
             .args(["--delay", &delay.to_string()])
             .stdout(Stdio::piped())

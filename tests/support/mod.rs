@@ -1,6 +1,7 @@
 //! Test support: real backends, the real router, and small HTTP helpers.
 #![allow(dead_code)] // helpers serve several test modules; not every test uses all of them
 
+pub mod fixtures;
 pub mod logs;
 pub mod router;
 pub mod upstream;
