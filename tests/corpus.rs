@@ -543,7 +543,9 @@ async fn every_bad_request_gets_its_4xx_and_reaches_no_backend() {
         }
     }
     assert_eq!(up.count(), 0, "a rejected request reached the backend");
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
     let (status, _) = post(
         &router.url,
         CHAT,

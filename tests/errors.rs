@@ -99,7 +99,9 @@ async fn upstream_failure_gets_502_and_releases_load() {
     .await;
     assert_eq!(status, 502);
     assert_error(&body, "upstream_failed");
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -114,5 +116,7 @@ async fn upstream_statuses_pass_through() {
     )
     .await;
     assert_eq!(status, 429);
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }

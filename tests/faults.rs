@@ -33,7 +33,9 @@ async fn a_backend_that_never_answers_gets_504_in_time() {
     assert_eq!(status, 504);
     assert_error(&body, "upstream_timeout");
     assert!(started.elapsed() < Duration::from_secs(5));
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }
 
 /// Reads a streamed response to its end; Err when the stream was cut.
@@ -58,7 +60,9 @@ async fn a_response_cut_by_the_backend_is_cut_for_the_client() {
         outcome.is_err(),
         "a cut stream read as complete: {outcome:?}"
     );
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,7 +85,9 @@ async fn slow_streams_pass_and_stalled_ones_are_cut() {
         read_stream(&router.url).await.is_err(),
         "a stalled stream read as complete"
     );
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -124,9 +130,11 @@ async fn failing_exchanges_take_a_backend_out_until_its_check_passes() {
     );
     assert_eq!(router.ready_backends(), 1);
     a.set_reply(Reply::Json);
-    router.wait_until("a is back after its active check", |r| {
-        r.ready_backends() == 2
-    });
+    router
+        .wait_until("a is back after its active check", |r| {
+            r.ready_backends() == 2
+        })
+        .await;
     let before = a.count();
     for i in 0..4 {
         post(
@@ -187,7 +195,9 @@ async fn killing_one_of_three_backends_under_load_loses_only_its_requests_in_fli
         "the dead backend got requests"
     );
     let c = Upstream::start_on("c", victim_addr).await;
-    router.wait_until("c passes its check again", |r| r.ready_backends() == 3);
+    router
+        .wait_until("c passes its check again", |r| r.ready_backends() == 3)
+        .await;
     traffic.await.unwrap();
     let failed = failed.load(SeqCst);
     eprintln!("killed one of 3 backends during 10,000 requests: {failed} failed");
@@ -201,7 +211,9 @@ async fn killing_one_of_three_backends_under_load_loses_only_its_requests_in_fli
         received <= 10_000 && received + failed >= 10_000,
         "received {received}, failed {failed}"
     );
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }
 
 /// Sends `total` requests, `concurrency` at a time, counting sent and failed ones.

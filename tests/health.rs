@@ -28,7 +28,9 @@ async fn unhealthy_backend_gets_nothing_until_it_recovers() {
     }
     assert_eq!((a.count(), b.count()), (10, 0));
     b.set_healthy(true);
-    router.wait_until("b passes its check", |r| r.ready_backends() == 2);
+    router
+        .wait_until("b passes its check", |r| r.ready_backends() == 2)
+        .await;
     for i in 10..20 {
         assert_eq!(
             post(&router.url, "/v1/chat/completions", &chat_n(i))
@@ -39,7 +41,9 @@ async fn unhealthy_backend_gets_nothing_until_it_recovers() {
     }
     assert!(b.count() > 0, "recovered backend got no traffic");
     a.set_healthy(false);
-    router.wait_until("a is out", |r| r.ready_backends() == 1);
+    router
+        .wait_until("a is out", |r| r.ready_backends() == 1)
+        .await;
     let before = a.count();
     for i in 20..30 {
         assert_eq!(
@@ -66,5 +70,7 @@ async fn refused_connection_is_retried_on_another_backend() {
         assert_eq!(body["backend"], "a");
     }
     assert_eq!(a.count(), 10);
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }

@@ -145,19 +145,21 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
         let (status, _) = post(&router.url, "/v1/chat/completions", &body).await;
         assert_eq!(status, 200);
     }
-    router.wait_until("the sim's index is within its budget", |r| {
-        let tree = r.state().selector.index().unwrap().stats();
-        let sim_id = r
-            .state()
-            .fleet
-            .snapshot()
-            .backends
-            .iter()
-            .find(|b| b.worker.url == sim_url)
-            .unwrap()
-            .id;
-        tree.backends
-            .iter()
-            .all(|&(b, bytes)| b != sim_id || bytes <= 8_000 * 11 / 10)
-    });
+    router
+        .wait_until("the sim's index is within its budget", |r| {
+            let tree = r.state().selector.index().unwrap().stats();
+            let sim_id = r
+                .state()
+                .fleet
+                .snapshot()
+                .backends
+                .iter()
+                .find(|b| b.worker.url == sim_url)
+                .unwrap()
+                .id;
+            tree.backends
+                .iter()
+                .all(|&(b, bytes)| b != sim_id || bytes <= 8_000 * 11 / 10)
+        })
+        .await;
 }

@@ -224,7 +224,9 @@ async fn malformed_config_on_reload_keeps_serving_the_old_one() {
     assert_eq!(sum(&scrape, "prefix_router_config_generation", &[]), 1.0);
     write_config(&path, &[&b]);
     assert_eq!(reload(&router).await, 200);
-    router.wait_until("b is ready", |r| r.ready_backends() == 1);
+    router
+        .wait_until("b is ready", |r| r.ready_backends() == 1)
+        .await;
     let (status, body) = post(
         &router.url,
         "/v1/chat/completions",
@@ -254,7 +256,9 @@ async fn admin_adds_and_removes_workers() {
             .status(),
         200
     );
-    router.wait_until("b is ready", |r| r.ready_backends() == 2);
+    router
+        .wait_until("b is ready", |r| r.ready_backends() == 2)
+        .await;
     let list: Json = reqwest::get(format!("{}/list_workers", router.admin_url))
         .await
         .unwrap()

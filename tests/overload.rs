@@ -280,7 +280,9 @@ async fn clients_that_leave_the_queue_free_their_place() {
         )
         .await
     });
-    router.wait_until("the first request is in flight", |r| r.inflight() == 1);
+    router
+        .wait_until("the first request is in flight", |r| r.inflight() == 1)
+        .await;
     let body = serde_json::to_vec(&chat(&[("user", "waiting".into())])).unwrap();
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
@@ -295,13 +297,19 @@ async fn clients_that_leave_the_queue_free_their_place() {
         stream.write_all(&body).await.unwrap();
         leaving.push(stream);
     }
-    router.wait_until("three requests wait in the queue", |r| {
-        r.state().queue.len() == 3
-    });
+    router
+        .wait_until("three requests wait in the queue", |r| {
+            r.state().queue.len() == 3
+        })
+        .await;
     drop(leaving);
-    router.wait_until("the queue is empty again", |r| r.state().queue.is_empty());
+    router
+        .wait_until("the queue is empty again", |r| r.state().queue.is_empty())
+        .await;
     assert_eq!(busy.await.unwrap().0, 200);
-    router.wait_until("nothing is in flight", |r| r.inflight() == 0);
+    router
+        .wait_until("nothing is in flight", |r| r.inflight() == 0)
+        .await;
     assert_eq!(a.count(), 1, "the requests that left reached the backend");
     assert_eq!(router.state().budget.held(), 0);
 }

@@ -163,13 +163,15 @@ async fn llama_cpp_slots_are_read_and_new_conversations_fill_them_evenly() {
     ups.iter()
         .for_each(|u| u.set_pages(LLAMA_CPP_METRICS, LLAMA_CPP_PROPS));
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
-    router.wait_until("both backends' slots are read", |r| {
-        let fleet = r.state().fleet.snapshot();
-        fleet
-            .backends
-            .iter()
-            .all(|b| b.account.sequences() == Some(2))
-    });
+    router
+        .wait_until("both backends' slots are read", |r| {
+            let fleet = r.state().fleet.snapshot();
+            fleet
+                .backends
+                .iter()
+                .all(|b| b.account.sequences() == Some(2))
+        })
+        .await;
     let workers = router.admin_json("/workers").await;
     for backend in workers["workers"].as_array().unwrap() {
         assert_eq!(

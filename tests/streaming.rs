@@ -34,7 +34,9 @@ async fn sse_events_arrive_before_the_upstream_finishes() {
         rest.contains("\"chunk\":4") && rest.ends_with("data: [DONE]\n\n"),
         "{rest}"
     );
-    router.wait_until("in-flight is zero", |r| r.inflight() == 0);
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -48,5 +50,7 @@ async fn a_client_that_leaves_mid_stream_releases_its_load() {
     let _ = stream.next().await;
     assert_eq!(router.inflight(), 1);
     drop(stream);
-    router.wait_until("the aborted request is released", |r| r.inflight() == 0);
+    router
+        .wait_until("the aborted request is released", |r| r.inflight() == 0)
+        .await;
 }

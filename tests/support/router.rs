@@ -112,12 +112,12 @@ impl TestRouter {
             .sum()
     }
 
-    /// Waits (bounded) until `check` holds.
-    pub fn wait_until(&self, what: &str, check: impl Fn(&TestRouter) -> bool) {
+    /// Waits (bounded, without blocking the runtime) until `check` holds.
+    pub async fn wait_until(&self, what: &str, check: impl Fn(&TestRouter) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !check(self) {
             assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            std::thread::sleep(Duration::from_millis(20));
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 }
