@@ -171,13 +171,17 @@ async fn killing_one_of_three_backends_under_load_loses_only_its_requests_in_fli
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let [a, b, c] = ups;
-    c.kill();
-    // Let its connections see the stop before counting what it answered.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.kill().await;
     let (victim_addr, before_kill) = (c.addr, c.count());
     drop(c);
-    // Two health-check intervals later, the router sends it nothing more.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    // Once its health check fails and its last requests are over, it gets nothing more.
+    router
+        .wait_until("c is out and idle", |r| {
+            let fleet = r.state().fleet.snapshot();
+            let c = fleet.backends.iter().find(|b| b.worker.url == victim);
+            r.ready_backends() == 2 && c.is_some_and(|c| c.load() == 0)
+        })
+        .await;
     let routed = |scrape| {
         sum(
             &scrape,

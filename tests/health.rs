@@ -63,7 +63,7 @@ async fn refused_connection_is_retried_on_another_backend() {
     s.health_check_interval = Some(3600.0);
     s.policy = Some("round_robin".into());
     let router = TestRouter::start(s, 2);
-    b.kill();
+    b.kill().await;
     for i in 0..10 {
         let (status, body) = post(&router.url, "/v1/chat/completions", &chat_n(i)).await;
         assert_eq!(status, 200, "{body}");

@@ -649,8 +649,17 @@ async fn upgrade_under_load(trigger: Trigger) {
     }
     let started = match trigger {
         Trigger::Quit => {
+            assert!(!std::path::Path::new(&upgrade).exists());
             let new = spawn(&["--upgrade"]);
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            // The new process listens on the upgrade socket for the old one's listeners.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !std::path::Path::new(&upgrade).exists() {
+                assert!(
+                    Instant::now() < deadline,
+                    "no upgrade socket from the new process"
+                );
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             signal(old.0.id(), "QUIT");
             Some(new)
         }

@@ -71,7 +71,7 @@ async fn hold(addr: String, release: Arc<AtomicUsize>, sent_all_but_end: Arc<Ato
 async fn held_bodies_stay_within_the_budget_and_small_requests_still_pass() {
     let _heavy = heavy().await;
     let up = Upstream::start("a").await;
-    let (mut command, url, _) = router_binary();
+    let (mut command, url, admin) = router_binary();
     let mut child = command
         .args([
             "--worker-urls",
@@ -137,9 +137,20 @@ async fn held_bodies_stay_within_the_budget_and_small_requests_still_pass() {
         );
         peak = peak.max(rss_kib(child.id()));
     }
-    // Past the admission timeout every waiting holder has been shed.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    peak = peak.max(rss_kib(child.id()));
+    // Past the admission timeout every waiting holder is shed: none waits any more.
+    let shed_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        peak = peak.max(rss_kib(child.id()));
+        let scrape = scrape(&admin).await;
+        if sum(&scrape, "prefix_router_budget_waiting_requests", &[]) == 0.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < shed_by,
+            "holders still wait past the admission timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     release.store(1, SeqCst);
     let mut outcomes = Vec::new();
     for h in holders {

@@ -71,13 +71,7 @@ impl TestRouter {
 
     /// The router's metrics, parsed by a Prometheus text-format parser.
     pub async fn metrics(&self) -> prometheus_parse::Scrape {
-        let text = reqwest::get(format!("{}/metrics", self.admin_url))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
+        scrape(&self.admin_url).await
     }
 
     /// `GET path` on the admin listener, as JSON.
@@ -132,4 +126,16 @@ pub fn router_binary() -> (std::process::Command, String, String) {
     command.args(["--host", "127.0.0.1", "--port", &port(&data)]);
     command.args(["--admin-port", &port(&admin)]);
     (command, format!("http://{data}"), format!("http://{admin}"))
+}
+
+/// The metrics of the router whose admin listener is `admin_url`, parsed by a Prometheus
+/// text-format parser.
+pub async fn scrape(admin_url: &str) -> prometheus_parse::Scrape {
+    let text = reqwest::get(format!("{admin_url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
 }

@@ -57,6 +57,8 @@ pub enum Reply {
 struct Shared {
     name: String,
     connections: std::sync::atomic::AtomicUsize,
+    /// Connections being served now.
+    open: std::sync::atomic::AtomicUsize,
     received: Mutex<Vec<Received>>,
     inflight: std::sync::atomic::AtomicUsize,
     max_inflight: std::sync::atomic::AtomicUsize,
@@ -86,6 +88,7 @@ impl Upstream {
         let shared = Arc::new(Shared {
             name: name.to_string(),
             connections: Default::default(),
+            open: Default::default(),
             received: Mutex::new(Vec::new()),
             inflight: Default::default(),
             max_inflight: Default::default(),
@@ -98,9 +101,18 @@ impl Upstream {
         Upstream { addr, shared, stop }
     }
 
-    /// Stops listening and drops every open connection (a crashed backend).
-    pub fn kill(&self) {
+    /// Stops listening and drops every open connection (a crashed backend); returns once
+    /// every connection is gone, so that what it received is final (bounded: 5 s).
+    pub async fn kill(&self) {
         let _ = self.stop.send(true);
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while self.shared.open.load(SeqCst) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "connections still open"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// Its base URL.
@@ -163,16 +175,19 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::R
         };
         let Ok((stream, _)) = accepted else { continue };
         shared.connections.fetch_add(1, SeqCst);
+        shared.open.fetch_add(1, SeqCst);
         let shared = Arc::clone(&shared);
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |req| handle(Arc::clone(&shared), req));
+            let handler = Arc::clone(&shared);
+            let service = service_fn(move |req| handle(Arc::clone(&handler), req));
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
                 _ = conn => {}
                 _ = stopped.changed() => {}
             }
+            shared.open.fetch_sub(1, SeqCst);
         });
     }
 }
