@@ -163,7 +163,7 @@ impl Upstream {
 
 impl Drop for Upstream {
     fn drop(&mut self) {
-        self.kill();
+        let _ = self.stop.send(true);
     }
 }
 
