@@ -7,16 +7,19 @@
 //! its capacity is on `/props` ([`props`]): `total_slots` sequences, each with a KV of its
 //! own of `default_generation_settings.n_ctx` tokens. A backend that does not say (another
 //! server, an older vLLM) keeps the configured `max_tree_size` and no published load.
+//!
+//! Pages are fetched with `reqwest`. They are read by the few lines below rather than by
+//! `prometheus-parse`: its names are `\w+`, so it drops every sample named with a colon,
+//! as all of vLLM's and llama.cpp's are (a test below checks that it still does).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use prefix_router_core::policy::Published;
 use prefix_router_core::units::Tokens;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Largest `/metrics` page read, bytes.
-const MAX_PAGE: u64 = 8 << 20;
+const MAX_PAGE: usize = 8 << 20;
 
 /// What one `/metrics` page says.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -126,36 +129,53 @@ fn load(page: &str) -> Option<(Published, LoadNames)> {
     })
 }
 
-/// Reads `GET /metrics` from `addr` within `timeout`; `None` when it could not be read.
-pub async fn probe(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Page> {
-    get(addr, host, "/metrics", "text/plain", timeout)
+/// Reads `GET /metrics` from `addr` (named `host`) with `client` within `timeout`; `None`
+/// when it could not be read.
+pub async fn probe(
+    client: &reqwest::Client,
+    addr: SocketAddr,
+    host: &str,
+    timeout: Duration,
+) -> Option<Page> {
+    get(client, addr, host, "/metrics", timeout)
         .await
         .map(|body| parse(&body))
 }
 
 /// Reads llama.cpp's `GET /props` from `addr` within `timeout`.
-pub async fn probe_props(addr: SocketAddr, host: &str, timeout: Duration) -> Option<Props> {
-    get(addr, host, "/props", "application/json", timeout)
+pub async fn probe_props(
+    client: &reqwest::Client,
+    addr: SocketAddr,
+    host: &str,
+    timeout: Duration,
+) -> Option<Props> {
+    get(client, addr, host, "/props", timeout)
         .await
         .and_then(|body| props(&body))
 }
 
-/// The body of a 200 answer to `GET path` accepting `kind` (HTTP/1.0, so the answer is
-/// not chunked), at most [`MAX_PAGE`] bytes.
-async fn get(addr: SocketAddr, host: &str, path: &str, kind: &str, t: Duration) -> Option<String> {
+/// The body of a 200 answer to `GET path`, its first [`MAX_PAGE`] bytes.
+async fn get(
+    client: &reqwest::Client,
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    timeout: Duration,
+) -> Option<String> {
     let fetch = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: {kind}\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
+        let request = client.get(format!("http://{addr}{path}"));
+        let mut response = request.header(http::header::HOST, host).send().await.ok()?;
+        (response.status() == http::StatusCode::OK).then_some(())?;
         let mut page = Vec::new();
-        stream.take(MAX_PAGE).read_to_end(&mut page).await.ok()?;
-        let text = String::from_utf8_lossy(&page);
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        head.starts_with("HTTP/1.").then_some(())?;
-        head.split(' ').nth(1).filter(|s| *s == "200")?;
-        Some(body.to_owned())
+        while let Some(chunk) = response.chunk().await.ok()? {
+            page.extend_from_slice(&chunk[..chunk.len().min(MAX_PAGE - page.len())]);
+            if page.len() == MAX_PAGE {
+                break;
+            }
+        }
+        Some(String::from_utf8_lossy(&page).into_owned())
     };
-    tokio::time::timeout(t, fetch).await.ok().flatten()
+    tokio::time::timeout(timeout, fetch).await.ok().flatten()
 }
 
 #[cfg(test)]
@@ -244,5 +264,17 @@ mod tests {
             "no waiting"
         );
         assert_eq!(parse("llamacpp:requests_processing 1\n"), Page::default());
+    }
+
+    #[test]
+    fn prometheus_parse_still_drops_the_names_engines_use() {
+        // Why this module reads pages itself: the crate's names are `\w+`.
+        let page = "vllm:num_requests_running{engine=\"0\"} 3.0\nplain_name 1\n";
+        let lines = page.lines().map(|l| Ok(l.to_owned()));
+        let scrape = prometheus_parse::Scrape::parse(lines).unwrap();
+        let names: Vec<&str> = scrape.samples.iter().map(|s| s.metric.as_str()).collect();
+        assert_eq!(names, ["plain_name"]);
+        assert_eq!(parse(page).load, None, "no waiting count");
+        assert_eq!(samples(page, "vllm:num_requests_running").sum::<f64>(), 3.0);
     }
 }

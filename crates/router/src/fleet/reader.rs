@@ -36,12 +36,17 @@ impl Default for ReaderSettings {
 pub struct MetricsReader {
     settings: ReaderSettings,
     fleet: Arc<Fleet>,
+    client: reqwest::Client,
 }
 
 impl MetricsReader {
     /// Reads `fleet`'s backends as `settings` say.
     pub fn new(settings: ReaderSettings, fleet: Arc<Fleet>) -> Self {
-        MetricsReader { settings, fleet }
+        MetricsReader {
+            settings,
+            fleet,
+            client: reqwest::Client::new(),
+        }
     }
 
     /// Reads every backend of the current snapshot once, in parallel.
@@ -53,7 +58,8 @@ impl MetricsReader {
 
     async fn read(&self, backend: &Backend) {
         let (addr, host) = (backend.addr, &backend.authority);
-        let page = metrics::probe(addr, host, self.settings.timeout).await;
+        let (client, timeout) = (&self.client, self.settings.timeout);
+        let page = metrics::probe(client, addr, host, timeout).await;
         let account = &backend.account;
         let Some(page) = page else {
             account.set_published(None);
@@ -65,7 +71,7 @@ impl MetricsReader {
             Some(tokens) => (Some(tokens), None),
             None if page.llama_cpp => match account.sequences() {
                 Some(n) => (account.capacity(), Some(n)),
-                None => (metrics::probe_props(addr, host, self.settings.timeout).await)
+                None => (metrics::probe_props(client, addr, host, timeout).await)
                     .map_or((None, None), |p| (Some(p.capacity), Some(p.sequences))),
             },
             None => (None, None),
