@@ -16,7 +16,11 @@ struct Redis {
 
 impl Redis {
     fn start() -> Redis {
-        let addr = free_loopback_addr().unwrap();
+        Redis::start_on(free_loopback_addr().unwrap())
+    }
+
+    /// A server on `addr` (`host:port`).
+    fn start_on(addr: String) -> Redis {
         let port = addr.rsplit_once(':').unwrap().1.to_string();
         let child = Command::new("redis-server")
             .args([
@@ -157,4 +161,77 @@ async fn replicas_sharing_a_table_keep_each_conversation_on_one_backend() {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// Waits (bounded) until `router`'s subscription to the shared table is `connected`.
+async fn wait_connected(router: &TestRouter, connected: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (metric(router, "prefix_router_shared_table_connected", &[]).await >= 1.0) != connected {
+        assert!(
+            Instant::now() < deadline,
+            "shared table never connected={connected}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_keep_serving_while_redis_is_down_and_share_again_once_it_is_back() {
+    let redis = Redis::start();
+    let addr = redis.url.trim_start_matches("redis://").to_string();
+    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let mut s = settings(&ups.iter().collect::<Vec<_>>());
+    s.shared_table = Some(redis.url.clone());
+    let replicas = [TestRouter::start(s.clone(), 2), TestRouter::start(s, 2)];
+    for r in &replicas {
+        wait_connected(r, true).await;
+    }
+    drop(redis);
+    for r in &replicas {
+        wait_connected(r, false).await;
+        let (status, _) = post(
+            &r.url,
+            "/v1/chat/completions",
+            &chat(&[("user", "hi".into())]),
+        )
+        .await;
+        assert_eq!(
+            status, 200,
+            "a replica stopped serving without its shared table"
+        );
+    }
+    let _redis = Redis::start_on(addr);
+    for r in &replicas {
+        wait_connected(r, true).await;
+    }
+    let received = [("direction", "received")];
+    let before = metric(
+        &replicas[1],
+        "prefix_router_shared_table_notes_total",
+        &received,
+    )
+    .await;
+    let text = format!("after the restart: {}", "a question ".repeat(100));
+    let (status, _) = post(
+        &replicas[0].url,
+        "/v1/chat/completions",
+        &chat(&[("user", text)]),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(
+        &replicas[1],
+        "prefix_router_shared_table_notes_total",
+        &received,
+    )
+    .await
+        <= before
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no note reached the other replica after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

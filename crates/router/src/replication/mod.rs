@@ -8,9 +8,8 @@
 //! Backends are named on the wire by the hash of their address, the same on every
 //! replica. A replica that loses the server keeps routing on its own table and reconnects
 //! with backoff; notes that cannot be sent are dropped and counted, never queued without
-//! bound.
-
-mod resp;
+//! bound. The server is spoken to through the `redis` crate (one multiplexed connection
+//! to publish, one to subscribe).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +26,8 @@ use tokio::sync::mpsc;
 
 use crate::fleet::Fleet;
 use crate::stats::Stats;
-use resp::{Connection, Reply, RespError};
+use futures_util::StreamExt;
+use redis::RedisError;
 
 /// Notes waiting to be published at most; beyond, new ones are dropped.
 const OUTBOX: usize = 1 << 16;
@@ -86,9 +86,14 @@ impl Replication {
         }
     }
 
+    /// The server's client.
+    fn client(&self) -> Result<redis::Client, RedisError> {
+        redis::Client::open(format!("redis://{}/", self.settings.address))
+    }
+
     /// Publishes queued notes until the connection fails.
-    async fn publish(&self, outbox: &mut mpsc::Receiver<Note>) -> Result<(), RespError> {
-        let mut connection = Connection::connect(&self.settings.address).await?;
+    async fn publish(&self, outbox: &mut mpsc::Receiver<Note>) -> Result<(), RedisError> {
+        let mut connection = self.client()?.get_multiplexed_async_connection().await?;
         let mut batch = Vec::with_capacity(BATCH);
         loop {
             if outbox.recv_many(&mut batch, BATCH).await == 0 {
@@ -97,39 +102,33 @@ impl Replication {
             let payload = self.encode(&batch);
             let sent = batch.len() as u64;
             batch.clear();
-            let channel = self.settings.channel.as_bytes();
-            connection
-                .writer
-                .send(&[b"PUBLISH", channel, &payload])
-                .await?;
-            match connection.reader.next().await? {
-                Reply::Integer(_) => self.stats.shared_notes("sent", sent),
-                Reply::Error(e) => warn!("shared table: the server refused a publish: {e}"),
-                _ => return Err(RespError::Protocol("unexpected reply to PUBLISH")),
+            let publish = redis::cmd("PUBLISH")
+                .arg(&self.settings.channel)
+                .arg(payload)
+                .query_async::<i64>(&mut connection)
+                .await;
+            match publish {
+                Ok(_) => self.stats.shared_notes("sent", sent),
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => return Err(e),
+                Err(e) => warn!("shared table: the server refused a publish: {e}"),
             }
         }
     }
 
     /// Merges the other replicas' notes until the connection fails.
-    async fn subscribe(&self) -> Result<(), RespError> {
-        let mut connection = Connection::connect(&self.settings.address).await?;
-        let channel = self.settings.channel.as_bytes();
-        connection.writer.send(&[b"SUBSCRIBE", channel]).await?;
-        loop {
-            let Reply::Array(items) = connection.reader.next().await? else {
-                return Err(RespError::Protocol("unexpected reply on a subscription"));
-            };
-            match items.as_slice() {
-                [Reply::Bulk(Some(kind)), _, Reply::Bulk(Some(payload))] if kind == b"message" => {
-                    self.merge(payload)
-                }
-                [Reply::Bulk(Some(kind)), ..] if kind == b"subscribe" => {
-                    self.stats.shared_connected(true);
-                    info!("shared table: subscribed on {}", self.settings.address);
-                }
-                _ => {}
-            }
+    async fn subscribe(&self) -> Result<(), RedisError> {
+        let mut pubsub = self.client()?.get_async_pubsub().await?;
+        pubsub.subscribe(&self.settings.channel).await?;
+        self.stats.shared_connected(true);
+        info!("shared table: subscribed on {}", self.settings.address);
+        let mut messages = pubsub.on_message();
+        while let Some(message) = messages.next().await {
+            self.merge(message.get_payload_bytes());
         }
+        Err(RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "the subscription ended",
+        )))
     }
 
     fn encode(&self, notes: &[Note]) -> Vec<u8> {
