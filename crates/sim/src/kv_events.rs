@@ -18,6 +18,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use rmp::encode;
 use serde::Deserialize;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::task::JoinHandle;
@@ -254,21 +255,25 @@ fn frames(parts: &[Bytes]) -> ZmqMessage {
     message
 }
 
-/// One batch `[ts, events, 0]` of `changes`, MessagePack as vLLM's encoder writes it.
+/// One batch `[ts, events, 0]` of `changes`, MessagePack as vLLM's encoder writes it
+/// (through the `rmp` crate: the smallest form of each integer and length).
 pub fn encode_batch(ts: f64, changes: &[Change], block_size: usize) -> Vec<u8> {
     let mut out = Vec::new();
-    array(&mut out, 3);
-    out.push(0xcb);
-    out.extend_from_slice(&ts.to_be_bytes());
-    array(&mut out, changes.len());
+    // Writing into a Vec cannot fail: the results carry nothing.
+    let _ = encode::write_array_len(&mut out, 3);
+    let _ = encode::write_f64(&mut out, ts);
+    let _ = encode::write_array_len(&mut out, changes.len() as u32);
     for change in changes {
         event(&mut out, change, block_size);
     }
-    uint(&mut out, 0);
+    let _ = encode::write_uint(&mut out, 0);
     out
 }
 
 fn event(out: &mut Vec<u8>, change: &Change, block_size: usize) {
+    let nil = |o: &mut Vec<u8>| {
+        let _ = encode::write_nil(o);
+    };
     match change {
         Change::Stored {
             hashes,
@@ -276,28 +281,28 @@ fn event(out: &mut Vec<u8>, change: &Change, block_size: usize) {
             token_ids,
             ..
         } => {
-            map(out, 8);
+            let _ = encode::write_map_len(out, 8);
             pair(out, "type", |o| string(o, "BlockStored"));
             pair(out, "block_hashes", |o| uints(o, hashes.iter().copied()));
             pair(out, "parent_block_hash", |o| match parent {
                 Some(p) => uint(o, *p),
-                None => o.push(0xc0),
+                None => nil(o),
             });
             let ids = token_ids.iter().map(|&t| u64::from(t));
             pair(out, "token_ids", |o| uints(o, ids));
             pair(out, "block_size", |o| uint(o, block_size as u64));
-            pair(out, "lora_id", |o| o.push(0xc0));
+            pair(out, "lora_id", nil);
             pair(out, "medium", |o| string(o, "GPU"));
-            pair(out, "lora_name", |o| o.push(0xc0));
+            pair(out, "lora_name", nil);
         }
         Change::Removed(hashes) => {
-            map(out, 3);
+            let _ = encode::write_map_len(out, 3);
             pair(out, "type", |o| string(o, "BlockRemoved"));
             pair(out, "block_hashes", |o| uints(o, hashes.iter().copied()));
             pair(out, "medium", |o| string(o, "GPU"));
         }
         Change::Cleared => {
-            map(out, 1);
+            let _ = encode::write_map_len(out, 1);
             pair(out, "type", |o| string(o, "AllBlocksCleared"));
         }
     }
@@ -309,62 +314,16 @@ fn pair(out: &mut Vec<u8>, key: &str, value: impl FnOnce(&mut Vec<u8>)) {
 }
 
 fn uints(out: &mut Vec<u8>, values: impl ExactSizeIterator<Item = u64>) {
-    array(out, values.len());
+    let _ = encode::write_array_len(out, values.len() as u32);
     values.for_each(|v| uint(out, v));
 }
 
 fn uint(out: &mut Vec<u8>, v: u64) {
-    match v {
-        0..=0x7f => out.push(v as u8),
-        0x80..=0xff => out.extend_from_slice(&[0xcc, v as u8]),
-        0x100..=0xffff => {
-            out.push(0xcd);
-            out.extend_from_slice(&(v as u16).to_be_bytes());
-        }
-        0x1_0000..=0xffff_ffff => {
-            out.push(0xce);
-            out.extend_from_slice(&(v as u32).to_be_bytes());
-        }
-        _ => {
-            out.push(0xcf);
-            out.extend_from_slice(&v.to_be_bytes());
-        }
-    }
+    let _ = encode::write_uint(out, v);
 }
 
 fn string(out: &mut Vec<u8>, s: &str) {
-    let n = s.len();
-    match n {
-        0..=31 => out.push(0xa0 | n as u8),
-        32..=0xff => out.extend_from_slice(&[0xd9, n as u8]),
-        _ => {
-            out.push(0xda);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-    }
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn array(out: &mut Vec<u8>, n: usize) {
-    header(out, n, 0x90, 0xdc);
-}
-
-fn map(out: &mut Vec<u8>, n: usize) {
-    header(out, n, 0x80, 0xde);
-}
-
-/// A container's length: fix form under 16, else the 16- or 32-bit form (`wide` and
-/// `wide + 1`).
-fn header(out: &mut Vec<u8>, n: usize, fix: u8, wide: u8) {
-    if n < 16 {
-        out.push(fix | n as u8);
-    } else if let Ok(n) = u16::try_from(n) {
-        out.push(wide);
-        out.extend_from_slice(&n.to_be_bytes());
-    } else {
-        out.push(wide + 1);
-        out.extend_from_slice(&(n as u32).to_be_bytes());
-    }
+    let _ = encode::write_str(out, s);
 }
 
 #[cfg(test)]
