@@ -3,6 +3,12 @@
 //! used to reserve memory beyond the bytes that remain, nesting is capped, and so is the
 //! number of values one payload may hold. Truncated or malformed input is an error, never a
 //! panic. Only what the events use is kept: extension types are skipped as opaque bytes.
+//!
+//! Why not `rmpv`, the `rmp` family's reader of whole values: it caps nesting and never
+//! reserves for a declared length either, but it has no bound on how many values one
+//! payload yields, and a value of one byte of input (a nil) costs at least 32 bytes of
+//! memory (a test below shows both). A flood of events would be read whole before anything could refuse
+//! it; here the caller's `max_values` refuses it while reading.
 
 /// Deepest nesting of arrays and maps accepted.
 pub const MAX_DEPTH: usize = 16;
@@ -291,5 +297,17 @@ mod tests {
                 b[i] = old;
             }
         }
+    }
+
+    #[test]
+    fn rmpv_reads_a_flood_of_values_that_this_reader_refuses() {
+        // An array of 200,000 nils: 200,005 bytes in, a value each out.
+        let mut payload = vec![0xdd];
+        payload.extend_from_slice(&200_000u32.to_be_bytes());
+        payload.resize(5 + 200_000, 0xc0);
+        let whole = rmpv::decode::read_value(&mut payload.as_slice()).unwrap();
+        assert_eq!(whole.as_array().map(Vec::len), Some(200_000));
+        assert!(std::mem::size_of::<rmpv::Value>() >= 32);
+        assert_eq!(read(&payload, 100_000), Err(MsgpackError::TooMany(100_000)));
     }
 }
