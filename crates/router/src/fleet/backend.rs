@@ -150,3 +150,57 @@ impl Backend {
         self.healthy.store(healthy, Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend() -> Backend {
+        let worker = Worker::parse("http://127.0.0.1:9").unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], 9));
+        let peer = HttpPeer::new(addr, false, String::new());
+        let backend = Backend::new(BackendId(0), worker, addr, peer, || {});
+        backend.mark_checked();
+        backend
+    }
+
+    #[test]
+    fn failed_exchanges_in_a_row_take_it_out_once_until_a_passed_check() {
+        let b = backend();
+        assert!(b.is_ready());
+        assert!(!b.record_exchange(false, 3));
+        assert!(!b.record_exchange(false, 3));
+        // A success in between starts the count again.
+        assert!(!b.record_exchange(true, 3));
+        assert!(!b.record_exchange(false, 3) && !b.record_exchange(false, 3));
+        assert!(b.record_exchange(false, 3), "the third failure in a row");
+        assert!(!b.is_ready());
+        assert!(!b.record_exchange(false, 3), "reported once");
+        assert!(b.restore());
+        assert!(b.is_ready());
+        assert!(!b.restore(), "nothing to restore");
+    }
+
+    #[test]
+    fn a_threshold_of_zero_never_takes_it_out() {
+        let b = backend();
+        for _ in 0..100 {
+            assert!(!b.record_exchange(false, 0));
+        }
+        assert!(b.is_ready());
+    }
+
+    #[test]
+    fn it_is_not_ready_before_its_first_check_nor_while_failing() {
+        let worker = Worker::parse("http://example.com").unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], 80));
+        let peer = HttpPeer::new(addr, false, String::new());
+        let b = Backend::new(BackendId(1), worker, addr, peer, || {});
+        assert_eq!(b.authority, "example.com", "port 80 is not written");
+        assert!(b.awaiting_first_check() && !b.is_ready());
+        b.set_healthy(false);
+        assert!(!b.awaiting_first_check() && b.is_failing());
+        b.mark_checked();
+        assert!(!b.is_ready());
+    }
+}

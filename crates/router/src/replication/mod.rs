@@ -236,3 +236,80 @@ impl BackgroundService for Replication {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use prefix_router_core::clock::Manual;
+
+    use super::*;
+    use crate::fleet::Worker;
+
+    /// A replica of id `origin` over a fleet of two backends, with a table of its own.
+    fn replica(fleet: &Arc<Fleet>, origin: u64) -> Replication {
+        let settings = SharedTable {
+            address: "127.0.0.1:9".into(),
+            channel: "test".into(),
+        };
+        let table = Arc::new(Conversations::new(Arc::new(Manual::default())));
+        let stats = Arc::new(Stats::new());
+        Replication::new(settings, table, Arc::clone(fleet), stats, origin)
+    }
+
+    fn fleet() -> Arc<Fleet> {
+        let fleet = Arc::new(Fleet::new());
+        let member = |port: u16| {
+            let worker = Worker::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+            (worker, SocketAddr::from(([127, 0, 0, 1], port)))
+        };
+        fleet.replace(&[member(1), member(2)], Duration::from_secs(1));
+        fleet
+    }
+
+    fn note(conversation: u128, backend: u32, bytes: usize, origin: u64) -> Note {
+        Note {
+            conversation,
+            backend: BackendId(backend),
+            bytes: TextBytes(bytes),
+            origin,
+        }
+    }
+
+    #[test]
+    fn notes_travel_by_backend_hash_and_a_replica_skips_its_own() {
+        let fleet = fleet();
+        let (a, b) = (replica(&fleet, 1), replica(&fleet, 2));
+        let payload = a.encode(&[note(7, 1, 300, 1), note(8, 0, 0, 1), note(9, 0, 50, 2)]);
+        assert_eq!(payload.len(), 1 + 3 * NOTE_BYTES);
+        b.merge(&payload);
+        assert_eq!(b.conversations.home_of(7), Some((BackendId(1), 1)));
+        // A release (0 bytes) of a conversation b never saw changes nothing; b's own note
+        // coming back is skipped.
+        assert_eq!(b.conversations.home_of(8), None);
+        assert_eq!(b.conversations.home_of(9), None);
+        let live = b
+            .conversations
+            .held([BackendId(0), BackendId(1)].into_iter());
+        assert_eq!((live[0].conversations, live[1].bytes), (0, TextBytes(300)));
+    }
+
+    #[test]
+    fn payloads_of_another_version_or_cut_short_merge_nothing_whole() {
+        let fleet = fleet();
+        let (a, b) = (replica(&fleet, 1), replica(&fleet, 2));
+        let mut payload = a.encode(&[note(7, 1, 300, 1)]);
+        payload[0] = VERSION + 1;
+        b.merge(&payload);
+        assert_eq!(b.conversations.home_of(7), None);
+        let mut payload = a.encode(&[note(7, 1, 300, 1), note(8, 1, 300, 1)]);
+        payload.truncate(1 + NOTE_BYTES + 10);
+        b.merge(&payload);
+        assert_eq!(b.conversations.home_of(7), Some((BackendId(1), 1)));
+        assert_eq!(
+            b.conversations.home_of(8),
+            None,
+            "a partial record is dropped"
+        );
+    }
+}
