@@ -227,3 +227,41 @@ fn tokenizers_come_by_model_from_the_file_and_for_every_model_from_the_flag() {
     assert_eq!(defaults.tokens, crate::tokens::TokenSettings::default());
     assert_eq!(config.restart_only_changes(&defaults), vec!["tokenizer*"]);
 }
+
+#[test]
+fn every_default_the_flags_help_states_is_the_default() {
+    use clap::{CommandFactory, Parser};
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: Settings,
+    }
+    let defaults = format!("{:?}", Config::from_settings(Settings::default()).unwrap());
+    let mut checked = 0;
+    for arg in Flags::command().get_arguments() {
+        let (Some(long), Some(help)) = (arg.get_long(), arg.get_help()) else {
+            continue;
+        };
+        let help = help.to_string();
+        let Some(stated) = help
+            .rsplit_once("[default: ")
+            .and_then(|(_, rest)| rest.strip_suffix(']'))
+        else {
+            continue;
+        };
+        // Absent values and defaults read from the environment are not values to set.
+        if stated.contains(' ') || stated.contains(',') || ["none", "empty"].contains(&stated) {
+            continue;
+        }
+        let flags = Flags::try_parse_from(["prefix-router", &format!("--{long}"), stated])
+            .unwrap_or_else(|e| panic!("--{long} {stated}: {e}"));
+        let config = Config::from_settings(flags.settings).unwrap();
+        assert_eq!(
+            format!("{config:?}"),
+            defaults,
+            "--{long}'s help says {stated}"
+        );
+        checked += 1;
+    }
+    assert!(checked >= 35, "only {checked} stated defaults checked");
+}
