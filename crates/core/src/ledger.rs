@@ -19,6 +19,10 @@ use crate::BackendId;
 use crate::policy::{Candidate, Decision, Published, Selector};
 use crate::units::{KeyBytes, TextBytes, Tokens};
 
+/// Time between two full upkeeps of the index and the tables, by default
+/// (`eviction_interval`).
+pub const EVICTION_INTERVAL: Duration = Duration::from_secs(120);
+
 /// One backend's account. Shared by every fleet snapshot that holds the backend, so that
 /// its counts survive reloads.
 pub struct Account {

@@ -267,8 +267,8 @@ impl Setting {
                 budget: (self.max_tree_size.map(|t| Tokens(t).keys())).unwrap_or(defaults.budget),
                 ..defaults
             },
-            session_ttl: 1800.0,
-            eviction_interval: 120.0,
+            session_ttl: prefix_router_core::policy::SESSION_TTL.as_secs_f64(),
+            eviction_interval: prefix_router_core::ledger::EVICTION_INTERVAL.as_secs_f64(),
             seed: self.seed,
             kv_tokens: (!self.unknown_capacity).then_some(Tokens(sim.kv_blocks * sim.block_tokens)),
             calibrate: self.calibrate,

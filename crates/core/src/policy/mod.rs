@@ -26,7 +26,7 @@ use std::time::Duration;
 
 pub use conversations::{Conversations, Live, Note};
 pub use selector::{Selector, TableSize};
-pub use sessions::Sessions;
+pub use sessions::{SESSION_TTL, Sessions};
 pub use sticky::Sticky;
 pub use ties::Ties;
 

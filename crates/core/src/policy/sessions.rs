@@ -18,6 +18,9 @@ const SHARDS: usize = 64;
 /// Default bound on remembered sessions.
 pub const MAX_SESSIONS: usize = 1 << 20;
 
+/// Idle time after which a session forgets its backend, by default (`session_ttl`).
+pub const SESSION_TTL: Duration = Duration::from_secs(1800);
+
 #[derive(Clone, Copy)]
 struct Entry {
     backend: BackendId,
