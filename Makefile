@@ -1,7 +1,7 @@
 # The commands a new user needs. Each one first installs what a fresh machine lacks:
 # Pingora's zlib-ng build needs cmake (from Debian, else from PyPI).
 #   make demo   - simulated vLLM backends + the router, every policy compared (a few minutes)
-#   make test   - the whole test suite, and the benchmarks built
+#   make test   - the whole test suite, with fmt and clippy over every target (benchmarks included)
 #   make overhead - the router's cost per request next to nginx's (installs wrk and nginx; ~3 min)
 #   make real-engine - the router in front of 4 llama.cpp servers (builds llama.cpp once)
 #   make run    - the router on the defaults of conf/prefix-router.toml (add ARGS="--worker-urls ...")
@@ -43,7 +43,6 @@ demo: deps
 test: test-deps core-is-pure lint
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) test --workspace
 	PATH="$$PATH:$$HOME/.local/bin" PROPTEST_CASES=4096 $(CARGO) test -p prefix-router-core --lib request::
-	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) bench --workspace --no-run
 	tests/sdk/run.sh target/debug/prefix-router
 	tests/prometheus/run.sh target/debug/prefix-router
 	tests/tokens/run.sh target/debug/prefix-router
