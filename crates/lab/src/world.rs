@@ -99,7 +99,6 @@ pub fn run(
             .collect(),
         routers,
         notes,
-        note_delay: seconds(router.note_delay),
         next_replica: 0,
         scrapes: (0..router.replicas.max(1))
             .map(|r| r as f64 * router.scrape_interval / router.replicas.max(1) as f64)
@@ -148,7 +147,10 @@ pub fn run(
 /// `note_delay` later ([`Notes`]).
 fn routers(setup: &RouterSetup, backends: &[String]) -> (Vec<LabRouter>, Notes) {
     let clock = Manual::default();
-    let mut notes = Notes::default();
+    let mut notes = Notes {
+        delay: seconds(setup.note_delay),
+        ..Notes::default()
+    };
     let routers = (0..setup.replicas.max(1))
         .map(|r| {
             let table = setup.shared_table.then(|| {
@@ -172,11 +174,14 @@ struct Notes {
     sent: Arc<Mutex<Vec<(Duration, usize, Note)>>>,
     tables: Vec<Option<Arc<Conversations>>>,
     merged: Vec<usize>,
+    /// How long a note takes to reach the other replicas.
+    delay: Duration,
 }
 
 impl Notes {
     /// Replica `replica` merges the other replicas' notes made at least `delay` before `now`.
-    fn deliver(&mut self, replica: usize, now: Duration, delay: Duration) {
+    fn deliver(&mut self, replica: usize, now: Duration) {
+        let delay = self.delay;
         let Some(Some(table)) = self.tables.get(replica) else {
             return;
         };
@@ -252,7 +257,6 @@ struct World<'w> {
     routers: Vec<LabRouter>,
     /// Their notes to one another, delivered `note_delay` after they were made.
     notes: Notes,
-    note_delay: Duration,
     next_replica: usize,
     /// When each replica next reads the engines' published load.
     scrapes: Vec<f64>,
@@ -439,7 +443,7 @@ impl World<'_> {
             self.engines[0].forget_cache();
         }
         let shape = self.prepared.shape(want.session, want.turn);
-        (self.notes).deliver(replica, seconds(now), self.note_delay);
+        self.notes.deliver(replica, seconds(now));
         let placed = if self.bypasses(want) {
             Ok(None)
         } else {

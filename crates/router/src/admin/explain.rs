@@ -40,8 +40,8 @@ pub async fn explain(
     let ready = state.fleet.ready(&[]);
     let accounts = ready.accounts();
     let limit = limits.max_inflight_per_backend;
-    let (chosen, decision) = prepare::decide(state, &state.ledger, &accounts, limit, &request)
-        .ok_or(RouterError::NoBackend)?;
+    let (chosen, decision) =
+        prepare::decide(state, &accounts, limit, &request).ok_or(RouterError::NoBackend)?;
     let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
     let size = prepared.size();
     let matches = (state.selector.index())

@@ -129,33 +129,9 @@ fn load(page: &str) -> Option<(Published, LoadNames)> {
     })
 }
 
-/// Reads `GET /metrics` from `addr` (named `host`) with `client` within `timeout`; `None`
-/// when it could not be read.
-pub async fn probe(
-    client: &reqwest::Client,
-    addr: SocketAddr,
-    host: &str,
-    timeout: Duration,
-) -> Option<Page> {
-    get(client, addr, host, "/metrics", timeout)
-        .await
-        .map(|body| parse(&body))
-}
-
-/// Reads llama.cpp's `GET /props` from `addr` within `timeout`.
-pub async fn probe_props(
-    client: &reqwest::Client,
-    addr: SocketAddr,
-    host: &str,
-    timeout: Duration,
-) -> Option<Props> {
-    get(client, addr, host, "/props", timeout)
-        .await
-        .and_then(|body| props(&body))
-}
-
-/// The body of a 200 answer to `GET path`, its first [`MAX_PAGE`] bytes.
-async fn get(
+/// The body of a 200 answer to `GET path` from `addr` (named `host`) with `client`, its
+/// first [`MAX_PAGE`] bytes, within `timeout`; `None` when it could not be read.
+pub async fn get(
     client: &reqwest::Client,
     addr: SocketAddr,
     host: &str,

@@ -58,8 +58,8 @@ impl MetricsReader {
 
     async fn read(&self, backend: &Backend) {
         let (addr, host) = (backend.addr, &backend.authority);
-        let (client, timeout) = (&self.client, self.settings.timeout);
-        let page = metrics::probe(client, addr, host, timeout).await;
+        let get = |path| metrics::get(&self.client, addr, host, path, self.settings.timeout);
+        let page = get("/metrics").await.map(|body| metrics::parse(&body));
         let account = &backend.account;
         let Some(page) = page else {
             account.set_published(None);
@@ -71,7 +71,7 @@ impl MetricsReader {
             Some(tokens) => (Some(tokens), None),
             None if page.llama_cpp => match account.sequences() {
                 Some(n) => (account.capacity(), Some(n)),
-                None => (metrics::probe_props(client, addr, host, timeout).await)
+                None => (get("/props").await.and_then(|body| metrics::props(&body)))
                     .map_or((None, None), |p| (Some(p.capacity), Some(p.sequences))),
             },
             None => (None, None),

@@ -5,10 +5,11 @@
 //! ([`Ledger::place`]); explaining only asks for it ([`Ledger::decide`]).
 
 use std::cell::Cell;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use prefix_router_core::ledger::{Account, Ledger};
+use prefix_router_core::ledger::Account;
 use prefix_router_core::policy::{Candidate, Decision, Request};
 use prefix_router_core::request::{self, Endpoint, Parsed, SessionKey};
 use prefix_router_core::units::PromptSize;
@@ -86,11 +87,10 @@ pub fn choose(
 /// limit.
 pub fn decide(
     state: &State,
-    ledger: &Ledger,
-    accounts: &[&std::sync::Arc<Account>],
+    accounts: &[&Arc<Account>],
     limit: usize,
     request: &Request,
 ) -> Option<(usize, Decision)> {
     let recorded = Cell::new(false);
-    ledger.decide(accounts, limit, |c| choose(state, request, c, &recorded))
+    (state.ledger).decide(accounts, limit, |c| choose(state, request, c, &recorded))
 }
