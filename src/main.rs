@@ -155,8 +155,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .context("invalid configuration")?;
     log::info!(
         "listening on {} with policy {} over {} workers",
-        config.listen,
-        config.policy.name,
+        config.boot.listen,
+        config.boot.policy.name,
         config.workers.len()
     );
     let opt = Opt {

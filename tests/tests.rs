@@ -12,6 +12,7 @@ mod health;
 mod kv_events;
 mod lab;
 mod ops;
+mod outliers;
 mod overload;
 mod replay;
 mod replicas;

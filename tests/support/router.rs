@@ -64,7 +64,7 @@ impl TestRouter {
         );
         TestRouter {
             url: running.url.clone(),
-            admin_url: format!("http://{}", config.admin_listen),
+            admin_url: format!("http://{}", config.boot.admin_listen),
             running,
         }
     }

@@ -1,5 +1,5 @@
 //! Changes while serving: reloading the config file (SIGHUP, a change of the file, or admin
-//! `POST /reload`), adding and removing workers, and resolving worker names again. Each
+//! `POST /reload`), adding and removing workers. Each
 //! change is checked first and applied as new immutable snapshots swapped in; a change that
 //! fails leaves everything as it was. Changes are serialized by one lock.
 
@@ -14,12 +14,11 @@ use pingora_core::services::background::BackgroundService;
 use tokio::sync::Mutex;
 
 use crate::config::{Config, ConfigError, Settings, Source};
-use crate::fleet::{Discovery, HealthChecks, Worker, WorkerError};
+use crate::fleet::{Discovery, Worker, WorkerError};
 use crate::state::State;
 use crate::stats::Stats;
 
-/// How often worker host names are resolved again, and the config file checked for change.
-const REFRESH_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the config file is checked for change.
 const FILE_POLL: Duration = Duration::from_secs(2);
 
 /// Why a runtime change was refused.
@@ -45,7 +44,6 @@ pub struct Control {
     flags: Settings,
     current: Mutex<Config>,
     discovery: Arc<Discovery>,
-    health: Arc<HealthChecks>,
     state: Arc<State>,
     stats: Arc<Stats>,
     loaded: std::sync::Mutex<Option<SystemTime>>,
@@ -57,7 +55,6 @@ impl Control {
         config: Config,
         source: Source,
         discovery: Arc<Discovery>,
-        health: Arc<HealthChecks>,
         state: Arc<State>,
     ) -> Self {
         let stats = Arc::clone(&state.stats);
@@ -66,7 +63,6 @@ impl Control {
             flags: source.flags,
             current: Mutex::new(config),
             discovery,
-            health,
             state,
             stats,
             loaded: std::sync::Mutex::new(None),
@@ -144,22 +140,11 @@ impl Control {
             .collect()
     }
 
-    /// Resolves worker names again.
-    pub async fn refresh(&self) {
-        let current = self.current.lock().await;
-        self.apply_workers(&current).await;
-    }
-
-    /// Publishes `config`'s workers as the fleet before returning, then has new backends'
-    /// health checked at once (they get traffic when their first check passes).
+    /// Publishes `config`'s workers as the fleet before returning.
     async fn apply_workers(&self, config: &Config) {
         self.discovery.set_workers(config.workers.clone());
-        if (self.discovery)
-            .refresh(config.live.limits.exchange.connect)
-            .await
-        {
-            self.health.check_soon();
-        }
+        let connect = config.live.limits.exchange.connect;
+        self.discovery.refresh(connect).await;
     }
 
     fn file_mtime(&self) -> Option<SystemTime> {
@@ -181,8 +166,7 @@ impl Control {
     }
 }
 
-/// Runs reloads on SIGHUP and on a change of the config file, and resolves worker names
-/// again every 30 s.
+/// Runs reloads on SIGHUP and on a change of the config file.
 pub struct Triggers(pub Arc<Control>);
 
 #[async_trait]
@@ -198,7 +182,6 @@ impl BackgroundService for Triggers {
             }
         };
         let mut poll = tokio::time::interval(FILE_POLL);
-        let mut refresh = tokio::time::interval(REFRESH_INTERVAL);
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -210,7 +193,6 @@ impl BackgroundService for Triggers {
                         let _ = control.reload().await;
                     }
                 }
-                _ = refresh.tick() => control.refresh().await,
             }
         }
     }

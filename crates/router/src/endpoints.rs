@@ -1,5 +1,6 @@
 //! The paths each listener owns, below both: the admin listener serves the admin
 //! endpoints, and the data plane answers 404 to their paths instead of forwarding them.
+//! The data plane answers its own probes ([`Probe`]) itself, forwarding nothing.
 
 use http::Method;
 
@@ -22,6 +23,29 @@ pub enum Endpoint {
     Reload,
     /// `POST /route`.
     Route,
+}
+
+/// What the data plane answers itself: the router's own health, for load balancers and
+/// orchestrators pointed at the data port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// `/health`, `/healthz`, `/readiness`, `/readyz`: 200 while the router can route (a
+    /// backend is ready and it is not draining), else 503.
+    Ready,
+    /// `/liveness`, `/livez`: 200 while the process answers.
+    Live,
+}
+
+/// The probe a `GET` or `HEAD` of `path` asks for, if any.
+pub fn probe(method: &Method, path: &str) -> Option<Probe> {
+    if method != Method::GET && method != Method::HEAD {
+        return None;
+    }
+    match path {
+        "/health" | "/healthz" | "/readiness" | "/readyz" => Some(Probe::Ready),
+        "/liveness" | "/livez" => Some(Probe::Live),
+        _ => None,
+    }
 }
 
 /// Every admin endpoint, declared once: the admin listener serves these and the data plane

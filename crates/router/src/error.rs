@@ -6,35 +6,7 @@ use bytes::Bytes;
 
 use prefix_router_core::request::ParseError;
 
-/// Why a request was shed before reaching a backend (metrics label: [`Shed::label`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shed {
-    /// Its body did not get buffer budget within `admission_timeout`.
-    Budget,
-    /// Every backend was at its limit and the router's queue was full.
-    QueueFull,
-    /// It waited in the router's queue for `queue_timeout`.
-    QueueTimeout,
-}
-
-impl Shed {
-    /// A short label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Shed::Budget => "budget",
-            Shed::QueueFull => "queue_full",
-            Shed::QueueTimeout => "queue_timeout",
-        }
-    }
-
-    fn explain(self) -> &'static str {
-        match self {
-            Shed::Budget => "the router holds as many request bodies as it may",
-            Shed::QueueFull => "every backend is at its limit and the queue is full",
-            Shed::QueueTimeout => "every backend stayed at its limit while the request waited",
-        }
-    }
-}
+pub use crate::admission::Shed;
 
 /// Why a request was not (fully) served.
 #[derive(Debug, thiserror::Error)]

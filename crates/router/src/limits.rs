@@ -9,6 +9,8 @@ use arc_swap::ArcSwap;
 use prefix_router_core::policy::{SharedTunables, Tunables};
 use prefix_router_core::request::SessionHeaders;
 
+use crate::fleet::OutlierSettings;
+
 /// The current [`Live`] snapshot, shared by whoever reads it.
 #[derive(Clone, Default)]
 pub struct Current(Arc<ArcSwap<Live>>);
@@ -62,11 +64,10 @@ pub struct Limits {
     pub client_read: Duration,
     /// Whole time a client may take to send its body (32 MiB at about 110 KB/s). Default 300 s.
     pub client_body: Duration,
-    /// Other backends tried after a failed connection. Default 2.
-    pub retries: usize,
-    /// Failed exchanges in a row that take a backend out until its next passed health
-    /// check; 0 disables. Default 3.
-    pub passive_failures: usize,
+    /// When a request is tried on another backend, how often, under which budget.
+    pub retry: RetrySettings,
+    /// When backends are ejected for their answers or failures.
+    pub outlier: OutlierSettings,
     /// Session id headers, in order of preference. Default `x-session-id`.
     pub session_headers: SessionHeaders,
     /// Timeouts of each exchange with a backend.
@@ -88,8 +89,8 @@ impl Default for Limits {
             max_buffered_bytes: 1 << 30,
             client_read: Duration::from_secs(60),
             client_body: Duration::from_secs(300),
-            retries: 2,
-            passive_failures: 3,
+            retry: RetrySettings::default(),
+            outlier: OutlierSettings::default(),
             session_headers: SessionHeaders::default(),
             exchange: ExchangeTimeouts::default(),
             admission_timeout: Duration::from_secs(10),
@@ -125,5 +126,78 @@ impl Default for ExchangeTimeouts {
             write: Duration::from_secs(60),
             pool_idle: Duration::from_secs(60),
         }
+    }
+}
+
+/// Retries before the first byte: a request that got no answer, or a 5xx answer of which
+/// nothing reached the client yet, is tried on another ready backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetrySettings {
+    /// Other backends tried at most per request. Default 2.
+    pub max: usize,
+    /// What is retried. Default every condition.
+    pub on: RetryOn,
+    /// Retries in progress at most, as a percentage of the requests being served (Envoy's
+    /// retry budget), so that retries cannot multiply the load of an outage. Default 20.
+    pub budget_percent: usize,
+    /// Retries in progress always allowed, whatever the budget. Default 3.
+    pub min_concurrency: usize,
+}
+
+impl Default for RetrySettings {
+    fn default() -> Self {
+        RetrySettings {
+            max: 2,
+            on: RetryOn::default(),
+            budget_percent: 20,
+            min_concurrency: 3,
+        }
+    }
+}
+
+/// The conditions that are retried (`retry_on`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryOn {
+    /// `connect-failure`: the request never reached the backend (no connection, or a
+    /// pooled connection the backend had closed).
+    pub connect_failure: bool,
+    /// `reset`: the request was sent, and the connection closed or timed out before any
+    /// answer (routed inference endpoints, GET and HEAD only).
+    pub reset: bool,
+    /// `5xx`: a 500, 502, 504, or 503 without `retry-after`, before any byte of it reached
+    /// the client (routed inference endpoints, GET and HEAD only).
+    pub status: bool,
+}
+
+impl Default for RetryOn {
+    fn default() -> Self {
+        RetryOn {
+            connect_failure: true,
+            reset: true,
+            status: true,
+        }
+    }
+}
+
+impl RetryOn {
+    /// The names `retry_on` takes.
+    pub const NAMES: [&'static str; 3] = ["connect-failure", "reset", "5xx"];
+
+    /// The conditions `names` list; the unknown name, if one is.
+    pub fn parse<'n>(names: impl IntoIterator<Item = &'n str>) -> Result<RetryOn, &'n str> {
+        let mut on = RetryOn {
+            connect_failure: false,
+            reset: false,
+            status: false,
+        };
+        for name in names {
+            match name.trim() {
+                "connect-failure" => on.connect_failure = true,
+                "reset" => on.reset = true,
+                "5xx" => on.status = true,
+                _ => return Err(name),
+            }
+        }
+        Ok(on)
     }
 }

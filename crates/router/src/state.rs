@@ -10,7 +10,7 @@ use pingora_core::connectors::TransportConnector;
 use prefix_router_core::ledger::Ledger;
 use prefix_router_core::policy::{Selector, Ties};
 
-use crate::admission::{Budget, Queue};
+use crate::admission::{AdmissionMetrics, Budget, Queue, RetryBudget};
 use crate::fleet::Fleet;
 use crate::kv_events::Records;
 use crate::limits::{Current, Live};
@@ -26,9 +26,9 @@ pub struct State {
     pub selector: Selector,
     /// Placement bookkeeping and the upkeep schedule.
     pub ledger: Ledger,
-    /// Metrics.
+    /// The router's metrics.
     pub stats: Arc<Stats>,
-    /// The policy's name, for metrics.
+    /// The policy's name.
     pub policy_name: &'static str,
     /// Pooled upstream connections.
     pub connector: TransportConnector,
@@ -38,6 +38,10 @@ pub struct State {
     pub budget: Arc<Budget>,
     /// Requests waiting for a backend below its in-flight limit.
     pub queue: Queue,
+    /// What the budget and the queue count.
+    pub admission: AdmissionMetrics,
+    /// Retries in progress, bounded.
+    pub retry_budget: RetryBudget,
     /// The models' tokenizers (token mode) and their token cache.
     pub tokenizers: Tokenizers,
     /// What backends that publish KV events hold, by their own record.
@@ -61,10 +65,14 @@ pub struct Parts {
     pub ledger: Ledger,
     /// The settings a reload swaps (the selector and the budget read them too).
     pub live: Current,
-    /// Metrics.
+    /// The router's metrics.
     pub stats: Arc<Stats>,
+    /// Admission's metrics.
+    pub admission: AdmissionMetrics,
     /// The models' tokenizers.
     pub tokenizers: Tokenizers,
+    /// The KV event records (empty until subscribers fill them).
+    pub records: Arc<Records>,
     /// Trace export.
     pub tracing: Tracing,
 }
@@ -91,8 +99,10 @@ impl State {
             ties: Ties::new(0),
             budget: Budget::reading(parts.live.buffered_bytes()),
             queue: Queue::default(),
+            admission: parts.admission,
+            retry_budget: RetryBudget::default(),
             tokenizers: parts.tokenizers,
-            records: Arc::default(),
+            records: parts.records,
             tracing: parts.tracing,
             live: parts.live,
             active: AtomicUsize::new(0),

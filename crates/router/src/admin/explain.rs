@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 use crate::error::RouterError;
 use crate::proxy::prepare::{self, Prepared};
 use crate::state::State;
+use crate::stats::Label;
 use crate::tokens::Tokenizing;
 
 /// Explains the routing of `body` sent to `path` with `headers`: prepared and chosen as
@@ -77,7 +78,15 @@ pub async fn explain(
         "matched_tokens": tokens(decision.matched),
         "session": request.session.is_some(),
         "backends": backends,
+        "ejected": ejected(state),
     }))
+}
+
+/// The backends outlier detection keeps out (not among the candidates).
+fn ejected(state: &State) -> Vec<String> {
+    let snapshot = state.fleet.snapshot();
+    let out = snapshot.backends.iter().filter(|b| b.is_ejected());
+    out.map(|b| b.worker.url.clone()).collect()
 }
 
 /// What `backend`'s KV events say of the request: its mode (`exact`, `degraded` or
@@ -87,7 +96,7 @@ fn record(state: &State, backend: prefix_router_core::BackendId, request: &Reque
     let Some(record) = state.records.get(backend) else {
         return Value::Null;
     };
-    let mode = record.mode();
+    let mode = record.mode().label();
     let held = request.tokens.map(|t| record.matched(t.chain));
     json!({
         "mode": mode,

@@ -19,6 +19,7 @@ use bytes::Bytes;
 
 use crate::endpoints::{ENDPOINTS, Endpoint};
 use crate::error::{RouterError, error_body};
+use crate::fleet::FleetGauges;
 use crate::state::State;
 
 fn endpoint(method: &Method, path: &str) -> Option<Endpoint> {
@@ -31,15 +32,23 @@ pub struct Admin {
     state: Arc<State>,
     control: Arc<Control>,
     token: Option<String>,
+    gauges: FleetGauges,
 }
 
 impl Admin {
     /// Admin over `state` and `control`; `token`, when given, is required as a bearer token.
-    pub fn new(state: Arc<State>, control: Arc<Control>, token: Option<String>) -> Self {
+    /// The fleet's `gauges` are set before each scrape.
+    pub fn new(
+        state: Arc<State>,
+        control: Arc<Control>,
+        token: Option<String>,
+        gauges: FleetGauges,
+    ) -> Self {
         Admin {
             state,
             control,
             token,
+            gauges,
         }
     }
 
@@ -100,7 +109,7 @@ impl Admin {
     }
 
     fn metrics(&self) -> Response<Vec<u8>> {
-        view::refresh_gauges(&self.state);
+        view::refresh_gauges(&self.state, &self.gauges);
         let body = self.state.stats.render();
         text(StatusCode::OK, "text/plain; version=0.0.4", body)
     }

@@ -5,54 +5,20 @@ use std::collections::HashMap;
 
 use serde_json::{Value, json};
 
+use crate::fleet::FleetGauges;
 use crate::state::State;
-use crate::stats::{BackendGauge, KvEventGauge, TreeGauge};
 
-/// Sets the state gauges (in-flight, health, index size, tables) from current snapshots.
-pub fn refresh_gauges(state: &State) {
+/// Sets the gauges of every part (fleet, index and tables, admission, token cache, KV
+/// events) from current snapshots.
+pub fn refresh_gauges(state: &State, fleet: &FleetGauges) {
     let snapshot = state.fleet.snapshot();
     let live = (state.selector).live(snapshot.backends.iter().map(|b| b.id));
-    let backends: Vec<BackendGauge> = (snapshot.backends.iter().enumerate())
-        .map(|(i, b)| BackendGauge {
-            url: &b.worker.url,
-            inflight: b.load(),
-            ready: b.is_ready(),
-            live: (live.as_ref()).map(|l| (l[i].conversations, l[i].bytes.tokens().0)),
-            capacity: b.account.capacity().map(|t| t.0),
-        })
-        .collect();
+    fleet.set(&snapshot, live.as_deref());
     let tree = (state.selector.index()).map_or_else(Default::default, |i| i.stats());
-    let trees: Vec<TreeGauge> = (tree.models.iter())
-        .map(|m| TreeGauge {
-            model: &m.model,
-            bytes: m.bytes,
-            nodes: m.nodes,
-            heap: m.heap,
-        })
-        .collect();
-    (state.stats).set_state(&backends, &trees, &state.selector.tables());
-    let budget = &state.budget;
-    (state.stats).set_load(budget.held(), budget.waiting(), state.queue.len());
-    let (bytes, entries) = state.tokenizers.cache_size();
-    state.stats.set_token_cache(bytes, entries);
-    for (id, record) in state.records.all() {
-        let Some(backend) = snapshot.backends.iter().find(|b| b.id == id) else {
-            continue;
-        };
-        let counts = &record.counts;
-        let load = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
-        state.stats.set_kv_events(&KvEventGauge {
-            url: &backend.worker.url,
-            events: counts.events.each_ref().map(load),
-            faults: [
-                load(&counts.decode_failures),
-                load(&counts.gaps),
-                load(&counts.replays),
-            ],
-            blocks: record.by_medium(),
-            mode: record.mode(),
-        });
-    }
+    (state.stats.index).set(&tree, &state.selector.tables());
+    (state.admission).set(&state.budget, &state.queue);
+    state.tokenizers.set_gauges();
+    state.records.set_gauges(&snapshot);
 }
 
 fn ratio(part: u64, whole: u64) -> Option<f64> {
@@ -74,7 +40,7 @@ pub fn workers(state: &State) -> Value {
         .map(|b| {
             json!({
                 "url": b.worker.url, "address": b.addr.to_string(), "ready": b.is_ready(),
-                "healthy": b.is_healthy(), "inflight": b.load(),
+                "healthy": b.is_healthy(), "ejected": b.is_ejected(), "inflight": b.load(),
                 "pending_prefill_bytes": b.account.pending().0,
                 "kv_tokens": b.account.capacity().map(|t| t.0),
                 "slots": b.account.sequences(),

@@ -2,22 +2,24 @@
 //! a typed [`Config`] with every default applied. Nothing downstream re-parses or falls back:
 //! an unknown policy, a bad URL or a negative threshold is an error naming its option.
 
+mod boot;
 mod settings;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use http::HeaderName;
-use prefix_router_core::policy::{self, Balance, PolicyChoice, Tunables};
+use prefix_router_core::policy::{self, Balance, Tunables};
 use prefix_router_core::request::SessionHeaders;
 use prefix_router_core::tree::TreeConfig;
 use prefix_router_core::units::Tokens;
 
+pub use boot::Boot;
 pub use settings::Settings;
 
-use crate::fleet::{HealthSettings, ReaderSettings, Worker};
+use crate::fleet::{DiscoverySettings, HealthSettings, OutlierSettings, ReaderSettings, Worker};
 use crate::kv_events::KvEventSettings;
-use crate::limits::{ExchangeTimeouts, Limits, Live};
+use crate::limits::{ExchangeTimeouts, Limits, Live, RetryOn, RetrySettings};
 use crate::replication::SharedTable;
 use crate::tokens::TokenSettings;
 use crate::traces::TraceSettings;
@@ -53,112 +55,21 @@ pub struct Source {
 
 /// The router's whole configuration, checked: each part's own settings type, built here
 /// from the part's own defaults.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Config {
-    /// `host:port` of the data plane. Default `0.0.0.0:8080`.
-    pub listen: String,
-    /// `host:port` of the admin listener. Default `127.0.0.1:8081`.
-    pub admin_listen: String,
-    /// Bearer token the admin listener requires, read from `admin_token_file`. Default none.
-    pub admin_token: Option<String>,
-    /// Socket for graceful upgrades. Default `/tmp/prefix-router-upgrade.sock`.
-    pub upgrade_socket: String,
-    /// Backends. May be empty (every request then gets 503).
+    /// What takes effect only at start.
+    pub boot: Boot,
+    /// Backends. May be empty (every request then gets 503). A reload applies them.
     pub workers: Vec<Worker>,
-    /// Health checks.
-    pub health: HealthSettings,
-    /// Reading backends' metrics (published load, KV capacity).
-    pub metrics: ReaderSettings,
-    /// Where router replicas share their conversation table. Default none.
-    pub shared_table: Option<SharedTable>,
-    /// The routing policy. Default `kv_aware` ([`policy::DEFAULT`]).
-    pub policy: PolicyChoice,
-    /// The prefix index's budget and sharding.
-    pub tree: TreeConfig,
-    /// Time between full upkeep runs of the index and the policy's tables. Default 120 s.
-    pub eviction_interval: Duration,
-    /// Idle time after which a session forgets its backend. Default 30 min.
-    pub session_ttl: Duration,
     /// What a reload may change while serving: the limits of each request and the
     /// policy's tunables.
     pub live: Live,
-    /// Data plane worker threads. Default: the number of CPUs.
-    pub threads: usize,
-    /// Longest drain of in-flight requests after SIGTERM or an upgrade; the process exits
-    /// as soon as none is left. Default 60 s.
-    pub grace_period: Duration,
-    /// Time runtimes get to stop after the drain. Default 5 s.
-    pub shutdown_timeout: Duration,
-    /// Token mode: which models' prompts are tokenized. Default none (text mode).
-    pub tokens: TokenSettings,
-    /// Where backends publish KV events. Default none.
-    pub kv_events: KvEventSettings,
-    /// Trace export. Default off.
-    pub traces: TraceSettings,
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            listen: "0.0.0.0:8080".into(),
-            admin_listen: "127.0.0.1:8081".into(),
-            admin_token: None,
-            upgrade_socket: "/tmp/prefix-router-upgrade.sock".into(),
-            workers: Vec::new(),
-            health: HealthSettings::default(),
-            metrics: ReaderSettings::default(),
-            shared_table: None,
-            policy: policy::choose(policy::DEFAULT).unwrap_or_else(|_| unreachable!()),
-            tree: TreeConfig::default(),
-            eviction_interval: prefix_router_core::ledger::EVICTION_INTERVAL,
-            session_ttl: policy::SESSION_TTL,
-            live: Live::default(),
-            threads: cpus(),
-            grace_period: Duration::from_secs(60),
-            shutdown_timeout: Duration::from_secs(5),
-            tokens: TokenSettings::default(),
-            kv_events: KvEventSettings::default(),
-            traces: TraceSettings::default(),
-        }
-    }
 }
 
 impl Config {
     /// Options that differ from `old` but only take effect after a restart.
     pub fn restart_only_changes(&self, old: &Config) -> Vec<&'static str> {
-        let checks = [
-            ("host/port", self.listen != old.listen),
-            (
-                "admin_host/admin_port",
-                self.admin_listen != old.admin_listen,
-            ),
-            ("admin_token_file", self.admin_token != old.admin_token),
-            ("upgrade_socket", self.upgrade_socket != old.upgrade_socket),
-            ("policy", self.policy != old.policy),
-            ("max_tree_size", self.tree != old.tree),
-            (
-                "eviction_interval",
-                self.eviction_interval != old.eviction_interval,
-            ),
-            ("session_ttl", self.session_ttl != old.session_ttl),
-            ("health_check_*", self.health != old.health),
-            ("metrics_interval", self.metrics != old.metrics),
-            ("shared_table*", self.shared_table != old.shared_table),
-            ("threads", self.threads != old.threads),
-            ("tokenizer*", self.tokens != old.tokens),
-            ("kv_events*", self.kv_events != old.kv_events),
-            ("otlp_endpoint/trace_*", self.traces != old.traces),
-            ("grace_period", self.grace_period != old.grace_period),
-            (
-                "shutdown_timeout",
-                self.shutdown_timeout != old.shutdown_timeout,
-            ),
-        ];
-        checks
-            .iter()
-            .filter(|(_, changed)| *changed)
-            .map(|(name, _)| *name)
-            .collect()
+        self.boot.changes(&old.boot)
     }
 
     /// Reads `file` (if any), lays `flags` over it, and checks the result.
@@ -173,52 +84,61 @@ impl Config {
     /// The defaults, with every option `s` sets checked and laid over them.
     pub fn from_settings(s: Settings) -> Result<Config, ConfigError> {
         let d = Config::default();
-        let (host, port) = (s.host.as_deref(), s.port);
-        let (admin_host, admin_port) = (s.admin_host.as_deref(), s.admin_port);
-        let policy = s.policy.as_deref().map(policy::choose).transpose();
         Ok(Config {
-            listen: address(&d.listen, host, port),
-            admin_listen: address(&d.admin_listen, admin_host, admin_port),
-            admin_token: token(s.admin_token_file.as_deref())?,
-            upgrade_socket: s.upgrade_socket.clone().unwrap_or(d.upgrade_socket),
+            boot: boot(&s, d.boot)?,
             workers: Worker::parse_all(s.worker_urls.as_deref().unwrap_or_default())
                 .map_err(|e| invalid("worker_urls", e.to_string()))?,
-            health: health(&s, d.health)?,
-            metrics: ReaderSettings {
-                interval: seconds("metrics_interval", s.metrics_interval)?
-                    .unwrap_or(d.metrics.interval),
-                ..d.metrics
-            },
-            shared_table: shared_table(&s)?,
-            policy: policy
-                .map_err(|e| invalid("policy", e.to_string()))?
-                .unwrap_or(d.policy),
-            tree: tree(&s, d.tree)?,
-            eviction_interval: seconds("eviction_interval", s.eviction_interval)?
-                .unwrap_or(d.eviction_interval),
-            session_ttl: seconds("session_ttl", s.session_ttl)?.unwrap_or(d.session_ttl),
             live: Live {
                 limits: limits(&s, d.live.limits)?,
                 tunables: tunables(&s, d.live.tunables)?,
             },
-            threads: positive("threads", s.threads)?.unwrap_or(d.threads),
-            grace_period: seconds_or_zero("grace_period", s.grace_period)?
-                .unwrap_or(d.grace_period),
-            shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout)?
-                .unwrap_or(d.shutdown_timeout),
-            tokens: TokenSettings {
-                default: s.tokenizer.clone(),
-                models: s.tokenizers.clone().unwrap_or_default(),
-                cache_bytes: s.token_cache_bytes.unwrap_or(d.tokens.cache_bytes),
-            },
-            kv_events: KvEventSettings {
-                endpoint: s.kv_events.clone(),
-                replay: s.kv_events_replay.clone(),
-                topic: s.kv_events_topic.clone().unwrap_or_default(),
-            },
-            traces: traces(&s, d.traces)?,
         })
     }
+}
+
+fn boot(s: &Settings, d: Boot) -> Result<Boot, ConfigError> {
+    let (host, port) = (s.host.as_deref(), s.port);
+    let (admin_host, admin_port) = (s.admin_host.as_deref(), s.admin_port);
+    let policy = s.policy.as_deref().map(policy::choose).transpose();
+    Ok(Boot {
+        listen: address(&d.listen, host, port),
+        admin_listen: address(&d.admin_listen, admin_host, admin_port),
+        admin_token: token(s.admin_token_file.as_deref())?,
+        upgrade_socket: s.upgrade_socket.clone().unwrap_or(d.upgrade_socket),
+        health: health(s, d.health)?,
+        discovery: DiscoverySettings {
+            dns_interval: seconds("dns_refresh_interval", s.dns_refresh_interval)?
+                .unwrap_or(d.discovery.dns_interval),
+        },
+        metrics: ReaderSettings {
+            interval: seconds("metrics_interval", s.metrics_interval)?
+                .unwrap_or(d.metrics.interval),
+            ..d.metrics
+        },
+        shared_table: shared_table(s)?,
+        policy: policy
+            .map_err(|e| invalid("policy", e.to_string()))?
+            .unwrap_or(d.policy),
+        tree: tree(s, d.tree)?,
+        eviction_interval: seconds("eviction_interval", s.eviction_interval)?
+            .unwrap_or(d.eviction_interval),
+        session_ttl: seconds("session_ttl", s.session_ttl)?.unwrap_or(d.session_ttl),
+        threads: positive("threads", s.threads)?.unwrap_or(d.threads),
+        grace_period: seconds_or_zero("grace_period", s.grace_period)?.unwrap_or(d.grace_period),
+        shutdown_timeout: seconds("shutdown_timeout", s.shutdown_timeout)?
+            .unwrap_or(d.shutdown_timeout),
+        tokens: TokenSettings {
+            default: s.tokenizer.clone(),
+            models: s.tokenizers.clone().unwrap_or_default(),
+            cache_bytes: s.token_cache_bytes.unwrap_or(d.tokens.cache_bytes),
+        },
+        kv_events: KvEventSettings {
+            endpoint: s.kv_events.clone(),
+            replay: s.kv_events_replay.clone(),
+            topic: s.kv_events_topic.clone().unwrap_or_default(),
+        },
+        traces: traces(s, d.traces)?,
+    })
 }
 
 /// `default` (`host:port`) with the host and port given replaced.
@@ -301,8 +221,8 @@ fn limits(s: &Settings, d: Limits) -> Result<Limits, ConfigError> {
             .unwrap_or(d.max_buffered_bytes),
         client_read: seconds("client_read_timeout", s.client_read_timeout, d.client_read)?,
         client_body: seconds("client_body_timeout", s.client_body_timeout, d.client_body)?,
-        retries: s.retries.unwrap_or(d.retries),
-        passive_failures: s.passive_failures.unwrap_or(d.passive_failures),
+        retry: retry(s, d.retry)?,
+        outlier: outlier(s, d.outlier)?,
         session_headers: match s.session_headers.as_deref() {
             Some(names) => session_headers(names)?,
             None => d.session_headers,
@@ -328,6 +248,38 @@ fn limits(s: &Settings, d: Limits) -> Result<Limits, ConfigError> {
             .unwrap_or(d.max_inflight_per_backend),
         max_queued: s.max_queued.unwrap_or(d.max_queued),
         queue_timeout: seconds("queue_timeout", s.queue_timeout, d.queue_timeout)?,
+    })
+}
+
+fn retry(s: &Settings, d: RetrySettings) -> Result<RetrySettings, ConfigError> {
+    let on = match &s.retry_on {
+        Some(names) => RetryOn::parse(names.iter().map(String::as_str)).map_err(|name| {
+            let known = RetryOn::NAMES.join(", ");
+            invalid("retry_on", format!("`{name}` is not one of {known}"))
+        })?,
+        None => d.on,
+    };
+    Ok(RetrySettings {
+        max: s.retries.unwrap_or(d.max),
+        on,
+        budget_percent: s.retry_budget_percent.unwrap_or(d.budget_percent),
+        ..d
+    })
+}
+
+fn outlier(s: &Settings, d: OutlierSettings) -> Result<OutlierSettings, ConfigError> {
+    let percent = s.max_ejection_percent.unwrap_or(d.max_ejection_percent);
+    if percent > 100 {
+        let reason = format!("{percent} is more than 100");
+        return Err(invalid("max_ejection_percent", reason));
+    }
+    Ok(OutlierSettings {
+        consecutive_5xx: s.consecutive_5xx.unwrap_or(d.consecutive_5xx),
+        consecutive_failures: s.passive_failures.unwrap_or(d.consecutive_failures),
+        base_ejection: seconds("base_ejection_time", s.base_ejection_time)?
+            .unwrap_or(d.base_ejection),
+        max_ejection: seconds("max_ejection_time", s.max_ejection_time)?.unwrap_or(d.max_ejection),
+        max_ejection_percent: percent,
     })
 }
 
@@ -415,10 +367,6 @@ fn session_headers(names: &[String]) -> Result<SessionHeaders, ConfigError> {
         })
         .collect();
     Ok(SessionHeaders::new(parsed?))
-}
-
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 fn invalid(option: &'static str, reason: String) -> ConfigError {

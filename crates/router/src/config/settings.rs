@@ -6,6 +6,25 @@
 use prefix_router_core::policy;
 use serde::Deserialize;
 
+/// Defines [`Settings`] from its one list of fields, with `overlay` over every field.
+macro_rules! settings {
+    (
+        $(#[$outer:meta])*
+        pub struct Settings { $($(#[$attr:meta])* pub $field:ident: $ty:ty,)* }
+    ) => {
+        $(#[$outer])*
+        pub struct Settings { $($(#[$attr])* pub $field: $ty,)* }
+
+        impl Settings {
+            /// These settings with every option that `over` sets replaced by `over`'s value.
+            pub fn overlay(self, over: Settings) -> Settings {
+                Settings { $($field: over.$field.or(self.$field)),* }
+            }
+        }
+    };
+}
+
+settings! {
 /// Every option of the router, unvalidated. See `conf/prefix-router.toml` for the defaults.
 #[derive(clap::Args, Deserialize, Debug, Clone, Default, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -70,6 +89,9 @@ pub struct Settings {
     /// Consecutive failed checks that make a healthy backend unhealthy [default: 2]
     #[arg(long)]
     pub health_check_failures: Option<usize>,
+    /// Seconds between two resolutions of the workers' host names (each address a backend) [default: 30]
+    #[arg(long)]
+    pub dns_refresh_interval: Option<f64>,
     /// Seconds between two reads of each backend's /metrics (its load and KV capacity) [default: 1]
     #[arg(long)]
     pub metrics_interval: Option<f64>,
@@ -97,9 +119,15 @@ pub struct Settings {
     /// Seconds a request may wait in the router's queue before 503 overloaded [default: 30]
     #[arg(long)]
     pub queue_timeout: Option<f64>,
-    /// Other backends tried after a failed connection [default: 2]
+    /// Other backends tried at most per request, before any byte of an answer reached the client [default: 2]
     #[arg(long)]
     pub retries: Option<usize>,
+    /// What is retried on another backend: connect-failure, reset (closed or timed out before any answer), 5xx (500, 502, 504, 503 without retry-after) [default: connect-failure,reset,5xx]
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    pub retry_on: Option<Vec<String>>,
+    /// Retries in progress at most, percent of the requests being served (at least 3) [default: 20]
+    #[arg(long)]
+    pub retry_budget_percent: Option<usize>,
     /// Seconds to establish an upstream connection [default: 5]
     #[arg(long)]
     pub connect_timeout: Option<f64>,
@@ -121,9 +149,21 @@ pub struct Settings {
     /// Seconds a client may take to send its whole request body [default: 300]
     #[arg(long)]
     pub client_body_timeout: Option<f64>,
-    /// Failed exchanges in a row that take a backend out until its next passed check; 0 disables [default: 3]
+    /// Failed exchanges in a row (no connection, reset, timed out) that eject a backend; 0 disables [default: 3]
     #[arg(long)]
     pub passive_failures: Option<usize>,
+    /// 5xx answers in a row (500, 502, 504, 503 without retry-after; failed exchanges count too) that eject a backend; 0 disables [default: 5]
+    #[arg(long = "consecutive-5xx")]
+    pub consecutive_5xx: Option<usize>,
+    /// Seconds of a backend's first ejection; each further one is longer by as much [default: 30]
+    #[arg(long)]
+    pub base_ejection_time: Option<f64>,
+    /// Longest ejection, seconds [default: 300]
+    #[arg(long)]
+    pub max_ejection_time: Option<f64>,
+    /// Most of the fleet ejected at once, percent (at least one backend may be, never the last open one) [default: 10]
+    #[arg(long)]
+    pub max_ejection_percent: Option<usize>,
     /// Worker threads of the data plane [default: number of CPUs]
     #[arg(long)]
     pub threads: Option<usize>,
@@ -167,70 +207,4 @@ pub struct Settings {
     #[arg(long)]
     pub trace_queue_size: Option<usize>,
 }
-
-/// Lists each field once: `overlay` takes the value from `over` where it is set.
-macro_rules! overlay_fields {
-    ($($field:ident),* $(,)?) => {
-        impl Settings {
-            /// These settings with every option that `over` sets replaced by `over`'s value.
-            pub fn overlay(self, over: Settings) -> Settings {
-                Settings { $($field: over.$field.or(self.$field)),* }
-            }
-        }
-    };
 }
-
-overlay_fields!(
-    host,
-    port,
-    admin_host,
-    admin_port,
-    admin_token_file,
-    upgrade_socket,
-    worker_urls,
-    policy,
-    cache_threshold,
-    balance_abs_threshold,
-    balance_rel_threshold,
-    eviction_interval,
-    max_tree_size,
-    session_headers,
-    session_ttl,
-    health_check_interval,
-    health_check_path,
-    health_check_timeout,
-    health_check_successes,
-    health_check_failures,
-    metrics_interval,
-    shared_table,
-    shared_table_channel,
-    max_body_bytes,
-    max_buffered_bytes,
-    admission_timeout,
-    max_inflight_per_backend,
-    max_queued,
-    queue_timeout,
-    retries,
-    connect_timeout,
-    upstream_first_byte_timeout,
-    upstream_idle_timeout,
-    upstream_write_timeout,
-    pool_idle_timeout,
-    client_read_timeout,
-    client_body_timeout,
-    passive_failures,
-    threads,
-    grace_period,
-    shutdown_timeout,
-    tokenizer,
-    tokenizers,
-    token_cache_bytes,
-    kv_events,
-    kv_events_replay,
-    kv_events_topic,
-    otlp_endpoint,
-    trace_sample_ratio,
-    trace_service_name,
-    trace_resource_attributes,
-    trace_queue_size,
-);

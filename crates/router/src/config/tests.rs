@@ -23,10 +23,10 @@ fn example_file_documents_the_defaults() {
     let from_file = Config::load(Some(example()), Settings::default()).unwrap();
     let defaults = Config::from_settings(Settings::default()).unwrap();
     assert_eq!(format!("{from_file:?}"), format!("{defaults:?}"));
-    assert_eq!(defaults.policy.name, "kv_aware");
+    assert_eq!(defaults.boot.policy.name, "kv_aware");
     assert_eq!(defaults.live.limits.max_body_bytes, 32 << 20);
-    assert_eq!(defaults.session_ttl, Duration::from_secs(1800));
-    assert_eq!(defaults.listen, "0.0.0.0:8080");
+    assert_eq!(defaults.boot.session_ttl, Duration::from_secs(1800));
+    assert_eq!(defaults.boot.listen, "0.0.0.0:8080");
 }
 
 #[test]
@@ -40,7 +40,7 @@ fn flags_override_the_file() {
         ..Settings::default()
     };
     let config = Config::load(Some(example()), flags).unwrap();
-    assert_eq!(config.policy.name, "round_robin");
+    assert_eq!(config.boot.policy.name, "round_robin");
     assert_eq!(config.workers[1].url, "http://backend");
     assert_eq!(
         (config.workers[1].host.as_str(), config.workers[1].port),
@@ -201,6 +201,7 @@ fn help_names_every_policy_and_the_default_the_config_uses() {
     }
     let default = Config::from_settings(Settings::default())
         .unwrap()
+        .boot
         .policy
         .name;
     assert!(help.contains(&format!("[default: {default}]")), "{help}");
@@ -219,12 +220,15 @@ fn tokenizers_come_by_model_from_the_file_and_for_every_model_from_the_flag() {
     };
     let config = Config::load(Some(&path), flags).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-    let tokens = &config.tokens;
+    let tokens = &config.boot.tokens;
     assert_eq!(tokens.default.as_deref(), Some(Path::new("/models/any")));
     assert_eq!(tokens.models["Qwen/Qwen3-8B"], Path::new("/models/qwen3"));
     assert_eq!(tokens.cache_bytes, 1024);
     let defaults = Config::from_settings(Settings::default()).unwrap();
-    assert_eq!(defaults.tokens, crate::tokens::TokenSettings::default());
+    assert_eq!(
+        defaults.boot.tokens,
+        crate::tokens::TokenSettings::default()
+    );
     assert_eq!(config.restart_only_changes(&defaults), vec!["tokenizer*"]);
 }
 

@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 use pingora_core::protocols::l4::socket::SocketAddr as PingoraAddr;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -14,6 +14,8 @@ use prefix_router_core::ledger::Account;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::Worker;
+use super::outlier::{Ejection, Ended, Outlier, OutlierSettings, Reason, now_ms};
+use crate::stats::Label;
 
 /// A backend of the fleet. Shared by every snapshot that contains it, so its counters
 /// survive reloads.
@@ -37,8 +39,9 @@ pub struct Backend {
     healthy: AtomicBool,
     /// Active checks in a row whose result disagrees with `healthy`.
     streak: AtomicUsize,
-    failures: AtomicUsize,
-    passive_out: AtomicBool,
+    outlier: Outlier,
+    /// Ejections so far, by [`Reason`].
+    ejections: [AtomicU64; 2],
 }
 
 impl Backend {
@@ -72,8 +75,8 @@ impl Backend {
             checked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             streak: AtomicUsize::new(0),
-            failures: AtomicUsize::new(0),
-            passive_out: AtomicBool::new(false),
+            outlier: Outlier::default(),
+            ejections: Default::default(),
         }
     }
 
@@ -87,26 +90,39 @@ impl Backend {
         !self.healthy.load(Relaxed)
     }
 
-    /// Whether it may get requests: its first check passed and it is healthy.
+    /// Whether it may get requests: its first check passed, it is healthy, and it is not
+    /// ejected.
     pub fn is_ready(&self) -> bool {
-        self.checked.load(Relaxed) && self.healthy.load(Relaxed) && !self.passive_out.load(Relaxed)
+        self.checked.load(Relaxed) && self.healthy.load(Relaxed) && !self.is_ejected()
     }
 
-    /// Records how an exchange ended. `threshold` failures in a row (0: never) take the
-    /// backend out until its next passed health check; returns true when this one did.
-    pub fn record_exchange(&self, ok: bool, threshold: usize) -> bool {
-        if ok {
-            self.failures.store(0, Relaxed);
-            return false;
-        }
-        let failures = self.failures.fetch_add(1, Relaxed) + 1;
-        threshold > 0 && failures >= threshold && !self.passive_out.swap(true, Relaxed)
+    /// Whether outlier detection keeps it out now.
+    pub fn is_ejected(&self) -> bool {
+        self.outlier.ejected(now_ms())
     }
 
-    /// A passed health check brings a backend taken out by failed exchanges back.
+    /// Records how an exchange ended; `may_eject` says whether the fleet can spare it.
+    /// Returns the ejection when this exchange caused one.
+    pub fn record_exchange(
+        &self,
+        ended: Ended,
+        settings: &OutlierSettings,
+        may_eject: impl FnOnce() -> bool,
+    ) -> Option<Ejection> {
+        let ejection = self.outlier.record(ended, now_ms(), settings, may_eject)?;
+        let index = Reason::ALL.iter().position(|r| *r == ejection.reason);
+        self.ejections[index.unwrap_or(0)].fetch_add(1, Relaxed);
+        Some(ejection)
+    }
+
+    /// Ejections so far, by reason.
+    pub fn ejections(&self) -> impl Iterator<Item = (Reason, u64)> + '_ {
+        (Reason::ALL.iter().zip(&self.ejections)).map(|(r, n)| (*r, n.load(Relaxed)))
+    }
+
+    /// A passed health check brings a backend ejected for failed exchanges back.
     pub fn restore(&self) -> bool {
-        self.failures.store(0, Relaxed);
-        self.passive_out.swap(false, Relaxed)
+        self.outlier.restore(now_ms())
     }
 
     /// Records an active check's result: `successes` passes in a row make an unhealthy
@@ -165,27 +181,33 @@ mod tests {
     }
 
     #[test]
-    fn failed_exchanges_in_a_row_take_it_out_once_until_a_passed_check() {
+    fn failed_exchanges_in_a_row_eject_it_until_a_passed_check() {
         let b = backend();
+        let settings = OutlierSettings::default();
         assert!(b.is_ready());
-        assert!(!b.record_exchange(false, 3));
-        assert!(!b.record_exchange(false, 3));
-        // A success in between starts the count again.
-        assert!(!b.record_exchange(true, 3));
-        assert!(!b.record_exchange(false, 3) && !b.record_exchange(false, 3));
-        assert!(b.record_exchange(false, 3), "the third failure in a row");
-        assert!(!b.is_ready());
-        assert!(!b.record_exchange(false, 3), "reported once");
+        for _ in 0..2 {
+            assert_eq!(b.record_exchange(Ended::Failed, &settings, || true), None);
+        }
+        let ejection = b.record_exchange(Ended::Failed, &settings, || true);
+        assert_eq!(ejection.map(|e| e.reason), Some(Reason::Failures));
+        assert!(!b.is_ready() && b.is_ejected());
+        let counted: Vec<_> = b.ejections().collect();
+        assert_eq!(counted, vec![(Reason::Answers, 0), (Reason::Failures, 1)]);
         assert!(b.restore());
         assert!(b.is_ready());
         assert!(!b.restore(), "nothing to restore");
     }
 
     #[test]
-    fn a_threshold_of_zero_never_takes_it_out() {
+    fn thresholds_of_zero_never_eject() {
         let b = backend();
-        for _ in 0..100 {
-            assert!(!b.record_exchange(false, 0));
+        let settings = OutlierSettings {
+            consecutive_5xx: 0,
+            consecutive_failures: 0,
+            ..OutlierSettings::default()
+        };
+        for ended in [Ended::Failed, Ended::Sick].repeat(50) {
+            assert_eq!(b.record_exchange(ended, &settings, || true), None);
         }
         assert!(b.is_ready());
     }

@@ -1,7 +1,8 @@
 //! Discovery: turns the configured workers into backends, resolving host names (each
 //! address a backend, as a Kubernetes headless service exposes pods), and publishes the
-//! result to the [`Fleet`]. Runtime changes (reloads, worker endpoints, the periodic
-//! re-resolution) call [`Discovery::refresh`]; nothing else changes the fleet.
+//! result to the [`Fleet`]. Runtime changes (reloads, worker endpoints) and the periodic
+//! re-resolution ([`Resolving`], every `dns_refresh_interval`) call
+//! [`Discovery::refresh`]; nothing else changes the fleet.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -9,22 +10,42 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use async_trait::async_trait;
 use log::warn;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
 
-use super::{Fleet, Worker};
+use super::{Fleet, HealthChecks, Worker};
+
+/// How discovery runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiscoverySettings {
+    /// Time between two resolutions of the workers' host names. Default 30 s.
+    pub dns_interval: Duration,
+}
+
+impl Default for DiscoverySettings {
+    fn default() -> Self {
+        DiscoverySettings {
+            dns_interval: Duration::from_secs(30),
+        }
+    }
+}
 
 /// The worker list and the fleet it feeds.
 pub struct Discovery {
     fleet: Arc<Fleet>,
     workers: ArcSwap<Vec<Worker>>,
+    health: Arc<HealthChecks>,
 }
 
 impl Discovery {
-    /// Discovery of `workers` into `fleet`.
-    pub fn new(fleet: Arc<Fleet>, workers: Vec<Worker>) -> Self {
+    /// Discovery of `workers` into `fleet`; `health` checks new backends at once.
+    pub fn new(fleet: Arc<Fleet>, workers: Vec<Worker>, health: Arc<HealthChecks>) -> Self {
         Discovery {
             fleet,
             workers: ArcSwap::from_pointee(workers),
+            health,
         }
     }
 
@@ -39,9 +60,10 @@ impl Discovery {
     }
 
     /// Resolves every worker and publishes the fleet (new backends connect within
-    /// `connect`); returns whether it changed. A name that fails to resolve keeps the
-    /// addresses it had, so a DNS hiccup does not empty the fleet.
-    pub async fn refresh(&self, connect: Duration) -> bool {
+    /// `connect`, and are checked at once: they get traffic when their first check
+    /// passes). A name that fails to resolve keeps the addresses it had, so a DNS hiccup
+    /// does not empty the fleet.
+    pub async fn refresh(&self, connect: Duration) {
         let workers = self.workers.load_full();
         let previous = self.previous_addresses();
         let mut members = Vec::with_capacity(workers.len());
@@ -55,7 +77,9 @@ impl Discovery {
                 }
             }
         }
-        self.fleet.replace(&members, connect)
+        if self.fleet.replace(&members, connect) {
+            self.health.check_soon();
+        }
     }
 
     /// Resolves every worker with the system's blocking resolver and publishes the fleet:
@@ -87,6 +111,31 @@ impl Discovery {
                 .push(backend.addr);
         }
         map
+    }
+}
+
+/// Resolves the workers' names again every `dns_interval` (a background service).
+pub struct Resolving {
+    /// What is resolved.
+    pub discovery: Arc<Discovery>,
+    /// How often.
+    pub settings: DiscoverySettings,
+    /// The connect timeout of new backends now (a reload may change it).
+    pub connect: Box<dyn Fn() -> Duration + Send + Sync>,
+}
+
+#[async_trait]
+impl BackgroundService for Resolving {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(self.settings.dns_interval);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            self.discovery.refresh((self.connect)()).await;
+        }
     }
 }
 

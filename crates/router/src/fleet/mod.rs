@@ -4,8 +4,10 @@
 
 mod backend;
 mod discovery;
+mod gauges;
 mod health;
 mod metrics;
+mod outlier;
 mod reader;
 mod worker;
 
@@ -23,8 +25,10 @@ use smallvec::SmallVec;
 use tokio::sync::watch;
 
 pub use backend::Backend;
-pub use discovery::Discovery;
+pub use discovery::{Discovery, DiscoverySettings, Resolving};
+pub use gauges::FleetGauges;
 pub use health::{HealthChecks, HealthSettings};
+pub use outlier::{Ejection, Ended, OutlierSettings, Reason};
 pub use reader::{MetricsReader, ReaderSettings};
 pub use worker::{Worker, WorkerError};
 
@@ -54,6 +58,11 @@ impl Ready {
     /// Whether no backend is ready.
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
+    }
+
+    /// How many are.
+    pub fn len(&self) -> usize {
+        self.members.len()
     }
 
     /// Their accounts, in order.
@@ -93,6 +102,13 @@ impl Fleet {
             readiness: watch::Sender::new(0),
             freed: Arc::new(tokio::sync::Notify::new()),
         }
+    }
+
+    /// Whether one more backend may be ejected: fewer than `settings` allow are now.
+    pub fn may_eject(&self, settings: &OutlierSettings) -> bool {
+        let snapshot = self.snapshot();
+        let ejected = snapshot.backends.iter().filter(|b| b.is_ejected()).count();
+        ejected < settings.max_ejected(snapshot.backends.len())
     }
 
     /// Resolves when a request in flight ends (the longest waiter first): a slot freed.

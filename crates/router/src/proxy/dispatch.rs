@@ -18,10 +18,12 @@ use smallvec::SmallVec;
 
 use super::exchange::{Exchange, Failure};
 use super::prepare;
+use crate::admission::Retrying;
 use crate::error::{RouterError, Shed};
-use crate::fleet::{Backend, Fleet, Ready};
+use crate::fleet::{Backend, Ended, Fleet, Ready};
 use crate::limits::Limits;
 use crate::state::State;
+use crate::stats::{Label, RetryReason};
 use crate::traces::RequestTrace;
 
 /// Longest wait for backends' first health checks before answering 503.
@@ -92,6 +94,12 @@ pub async fn run<E: Exchange>(
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
     let mut placed = None;
     let mut last_error = RouterError::NoBackend;
+    let mut retry = Retry {
+        state,
+        limits,
+        replayable: exchange.replayable(),
+        budget: None,
+    };
     let result = loop {
         let ready = match admitted(state, limits, exchange, &tried, trace).await {
             Ok(ready) if ready.is_empty() => break Err(last_error),
@@ -107,7 +115,18 @@ pub async fn run<E: Exchange>(
             backend: Arc::clone(&backend),
             decision,
         });
-        let failure = match exchange.send(&backend).await {
+        let sent = exchange.send(&backend).await;
+        let (retried, error) = match sent {
+            Ok(answer)
+                if E::ended(&answer) == Ended::Sick
+                    && retry.allows(RetryReason::Status, &tried, &backend) =>
+            {
+                note_exchange(state, limits, &backend, Ended::Sick);
+                (
+                    true,
+                    RouterError::Upstream("the backend answered 5xx".into()),
+                )
+            }
             Ok(answer) => {
                 break Ok(Answered {
                     answer,
@@ -115,24 +134,85 @@ pub async fn run<E: Exchange>(
                     backend,
                 });
             }
-            Err(failure) => failure,
-        };
-        note_health(limits, &backend, Err(failure.error()));
-        route.released(state, backend.id);
-        match failure {
-            Failure::Retryable(e) if tried.len() < limits.retries => {
-                warn!("{}: {e}; trying another backend", backend.worker.url);
-                state.stats.retry();
-                tried.push(backend.id);
-                last_error = e;
+            Err(failure) => {
+                let failed = failure.error().is_upstream_fault();
+                note_exchange(state, limits, &backend, ended(failed));
+                let reason = match &failure {
+                    Failure::Unsent(_) => Some(RetryReason::ConnectFailure),
+                    Failure::Unanswered(_) => Some(RetryReason::Reset),
+                    Failure::Final(_) => None,
+                };
+                let retried = reason.is_some_and(|r| retry.allows(r, &tried, &backend));
+                (retried, failure.into_error())
             }
-            Failure::Retryable(e) | Failure::Final(e) => break Err(e),
+        };
+        route.released(state, backend.id);
+        if !retried {
+            break Err(error);
         }
+        warn!("{}: {error}; trying another backend", backend.worker.url);
+        tried.push(backend.id);
+        last_error = error;
     };
     Dispatched {
         placed,
         retries: tried.len(),
         result,
+    }
+}
+
+/// Whether a failed attempt may be tried on another backend.
+struct Retry<'s> {
+    state: &'s State,
+    limits: &'s Limits,
+    replayable: bool,
+    /// The request's place in the retry budget, once it retried.
+    budget: Option<Retrying<'s>>,
+}
+
+impl Retry<'_> {
+    /// Whether an attempt on `backend` that failed for `reason`, after `tried`, may be
+    /// tried again: `retry_on` names it, the request can be replayed where that matters,
+    /// retries are left and another backend is ready. A 5xx that may not is relayed as it
+    /// is.
+    fn may(&self, reason: RetryReason, tried: &[BackendId], backend: &Backend) -> bool {
+        let settings = &self.limits.retry;
+        let on = match reason {
+            RetryReason::ConnectFailure => settings.on.connect_failure,
+            RetryReason::Reset => settings.on.reset && self.replayable,
+            RetryReason::Status => settings.on.status && self.replayable,
+        };
+        if !on || tried.len() >= settings.max {
+            return false;
+        }
+        let mut excluded: SmallVec<[BackendId; 4]> = SmallVec::from_slice(tried);
+        excluded.push(backend.id);
+        !self.state.fleet.ready(&excluded).is_empty()
+    }
+
+    /// Whether the attempt is retried: it [may](Retry::may) be, and the retry budget
+    /// allows (a request takes its place in it once, at its first retry).
+    fn allows(&mut self, reason: RetryReason, tried: &[BackendId], backend: &Backend) -> bool {
+        if !self.may(reason, tried, backend) {
+            return false;
+        }
+        let state = self.state;
+        if self.budget.is_none() {
+            self.budget = state.retry_budget.take(&self.limits.retry, state.active());
+        }
+        match self.budget {
+            Some(_) => state.stats.retry(reason),
+            None => state.stats.retry_budget_exhausted(),
+        }
+        self.budget.is_some()
+    }
+}
+
+fn ended(failed: bool) -> Ended {
+    if failed {
+        Ended::Failed
+    } else {
+        Ended::Answered
     }
 }
 
@@ -158,12 +238,7 @@ fn place(
         return None;
     };
     let decision = seat.decision();
-    (state.stats).decision(
-        state.policy_name,
-        decision.outcome.label(),
-        decision.matched,
-        text,
-    );
+    (state.stats).decision(decision.outcome, decision.matched, text);
     let backend = Arc::clone(ready.backend(index)?);
     trace.placed(|| placement(state, route, &decision, &backend, recorded.get()));
     Some((seat, backend))
@@ -237,19 +312,19 @@ async fn admitted<E: Exchange>(
         ready = wait => Ok(ready),
         gone = exchange.client_gone() => Err(gone),
     };
-    state.stats.queued(started.elapsed());
+    state.admission.waited(started.elapsed());
     trace.waited(since);
     waited?.ok_or_else(|| overloaded(Shed::QueueTimeout))
 }
 
-/// Passive health counts transport failures (not the client's, not statuses).
-pub fn note_health(limits: &Limits, backend: &Backend, result: Result<(), &RouterError>) {
-    let failed = result.is_err_and(|e| e.is_upstream_fault());
-    if backend.record_exchange(!failed, limits.passive_failures) {
-        warn!(
-            "{} failed {} exchanges in a row; out until its next passed health check",
-            backend.worker.url, limits.passive_failures
-        );
+/// Outlier detection counts how an exchange with `backend` ended; the fleet keeps its
+/// share open.
+pub fn note_exchange(state: &State, limits: &Limits, backend: &Backend, ended: Ended) {
+    let settings = &limits.outlier;
+    let may_eject = || state.fleet.may_eject(settings);
+    if let Some(e) = backend.record_exchange(ended, settings, may_eject) {
+        let (url, why, secs) = (&backend.worker.url, e.reason.label(), e.time.as_secs());
+        warn!("{url} ejected for {secs} s ({why} in a row)");
     }
 }
 

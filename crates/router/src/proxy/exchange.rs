@@ -6,15 +6,19 @@
 use async_trait::async_trait;
 
 use crate::error::RouterError;
-use crate::fleet::Backend;
+use crate::fleet::{Backend, Ended};
 
 /// Where an attempt failed, which decides whether another backend may be tried.
 #[derive(Debug)]
 pub enum Failure {
     /// Nothing reached the backend, or a reused connection failed before any answer (the
-    /// backend had closed it): safe to try another backend.
-    Retryable(RouterError),
-    /// The backend may have the request, or the client has part of the response.
+    /// backend had closed it): always safe to try another backend (`connect-failure`).
+    Unsent(RouterError),
+    /// The request was sent and the backend answered nothing: the connection closed or
+    /// timed out before a response head. Another backend may be tried when the request
+    /// can be replayed (`reset`).
+    Unanswered(RouterError),
+    /// The client has part of the response, or left.
     Final(RouterError),
 }
 
@@ -22,14 +26,14 @@ impl Failure {
     /// The error, whichever kind.
     pub fn error(&self) -> &RouterError {
         match self {
-            Failure::Retryable(e) | Failure::Final(e) => e,
+            Failure::Unsent(e) | Failure::Unanswered(e) | Failure::Final(e) => e,
         }
     }
 
     /// The error, whichever kind.
     pub fn into_error(self) -> RouterError {
         match self {
-            Failure::Retryable(e) | Failure::Final(e) => e,
+            Failure::Unsent(e) | Failure::Unanswered(e) | Failure::Final(e) => e,
         }
     }
 }
@@ -40,10 +44,17 @@ pub trait Exchange: Send {
     /// A backend's answer: its response head, ready to be relayed.
     type Answer: Send;
 
-    /// Sends the request to `backend` and waits for its final response head. Once a head
-    /// arrived no retry can need the request's body: the exchange drops it then.
+    /// Sends the request to `backend` and waits for its final response head.
     async fn send(&mut self, backend: &Backend) -> Result<Self::Answer, Failure>;
 
     /// Resolves when the client has gone away (never, while it stays).
     async fn client_gone(&mut self) -> RouterError;
+
+    /// Whether the request has no effect a second attempt could repeat (the routed
+    /// inference endpoints, GET and HEAD): only then is an answered-nothing or a 5xx
+    /// attempt tried again.
+    fn replayable(&self) -> bool;
+
+    /// What an answer says of its backend's health, from its status.
+    fn ended(answer: &Self::Answer) -> Ended;
 }

@@ -26,9 +26,9 @@ use prefix_router_core::ledger::Seat;
 use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::{PromptSize, TextBytes, Tokens};
 
-use crate::endpoints;
+use crate::endpoints::{self, Probe};
 use crate::error::RouterError;
-use crate::fleet::Backend;
+use crate::fleet::{Backend, Ended};
 use crate::limits::Limits;
 use crate::state::{Active, State};
 use crate::tokens::Tokenizing;
@@ -58,7 +58,8 @@ pub struct Ctx {
     trace: RequestTrace,
     /// Attempts retried on another backend.
     retries: usize,
-    route: &'static str,
+    /// The routed endpoint asked for, if any.
+    endpoint: Option<Endpoint>,
     /// The prompt's size (0 bytes for paths not routed on a prompt).
     prompt: PromptSize,
     placed: Option<Placed>,
@@ -76,7 +77,7 @@ impl ProxyHttp for Router {
             started: Instant::now(),
             trace: RequestTrace::default(),
             retries: 0,
-            route: "other",
+            endpoint: None,
             prompt: PromptSize::default(),
             placed: None,
             failure: None,
@@ -93,7 +94,7 @@ impl ProxyHttp for Router {
             return Ok(true);
         };
         if let RouterError::Overloaded { shed, .. } = &e {
-            self.state.stats.shed(shed.label());
+            self.state.admission.shed(*shed);
         }
         let answered = respond_error(session, &e).await > 0;
         ctx.failure = Some(e);
@@ -129,7 +130,7 @@ impl ProxyHttp for Router {
     async fn logging(&self, session: &mut Session, _: Option<&Error>, ctx: &mut Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let backend = ctx.placed.as_ref().map(|p| p.backend.worker.url.as_str());
-        self.state.stats.request(ctx.route, status, backend);
+        self.state.stats.request(ctx.endpoint, status, backend);
         log_request(session, ctx, status);
         let authority = ctx.placed.as_ref().map(|p| p.backend.authority.as_str());
         ctx.trace.end(Ending {
@@ -158,10 +159,13 @@ impl Router {
             .flatten();
         let route = endpoint.map(|_| path);
         (ctx.trace).request_line(head.method.as_str(), route, path, &ctx.request_id);
+        if let Some(probe) = endpoints::probe(&head.method, path) {
+            return answer_probe(session, state, probe).await;
+        }
         if endpoints::is_admin(path) {
             return Err(RouterError::NotFound(path.to_string()));
         }
-        ctx.route = endpoint.map_or("other", Endpoint::label);
+        ctx.endpoint = endpoint;
         let reading = SystemTime::now();
         let body = body::read(session, &body::Reading::new(limits, &state.budget)).await;
         ctx.trace
@@ -181,7 +185,10 @@ impl Router {
         }
         let request = prepared.as_ref().map(|p| p.request(false));
         let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
+        let method = &session.req_header().method;
+        let replayable = endpoint.is_some() || method == Method::GET || method == Method::HEAD;
         let mut upstream = Upstream {
+            replayable,
             head: headers::upstream_request(session.req_header()),
             session: &mut *session,
             connector: &state.connector,
@@ -203,19 +210,12 @@ impl Router {
     }
 }
 
-/// Stats count what token mode made of a routed prompt.
+/// Counts what token mode made of a routed prompt.
 fn note_tokenizing(state: &State, tokenizing: &Tokenizing) {
-    match tokenizing {
-        Tokenizing::Untokenized => {}
-        Tokenizing::Tokenized(t) => {
-            state.stats.prompt("tokens", "rendered");
-            state.stats.tokenized(t.tokens, t.reused);
-        }
-        Tokenizing::Unrendered(why) => {
-            debug!("routed on its text: {why}");
-            state.stats.prompt("text", why.label());
-        }
+    if let Tokenizing::Unrendered(why) = tokenizing {
+        debug!("routed on its text: {why}");
     }
+    state.tokenizers.count(tokenizing);
 }
 
 /// Relays the answered response to the client and notes how it went.
@@ -232,11 +232,16 @@ async fn relay(
         seat,
         backend,
     } = answered;
+    let answered = answer.ended();
     let exchanged = (answer)
         .relay(&state.connector, session, &seat, reply, &limits.exchange)
         .await;
     let result = exchanged.result.as_ref().map_err(|f| f.error()).copied();
-    dispatch::note_health(limits, &backend, result);
+    let ended = match result {
+        Err(e) if e.is_upstream_fault() => Ended::Failed,
+        _ => answered,
+    };
+    dispatch::note_exchange(state, limits, &backend, ended);
     let status = exchanged.trace.as_ref().map_or(0, |t| t.status);
     if result.is_err() || !(200..300).contains(&status) {
         route.released(state, backend.id);
@@ -276,6 +281,30 @@ async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
         debug!("could not send error response: {e}");
     }
     status
+}
+
+/// Answers a probe of the router's own health on the data plane.
+async fn answer_probe(
+    session: &mut Session,
+    state: &State,
+    probe: Probe,
+) -> Result<(), RouterError> {
+    let ready = state.fleet.ready(&[]).len();
+    let draining = state.draining();
+    let (status, word) = match probe {
+        Probe::Live => (200, "alive"),
+        Probe::Ready if ready > 0 && !draining => (200, "ready"),
+        Probe::Ready => (503, "unavailable"),
+    };
+    let body = serde_json::json!({"status": word, "ready_backends": ready, "draining": draining});
+    let body = Bytes::from(body.to_string());
+    let gone = |e: Box<Error>| RouterError::ClientGone(crate::error::reason(&e));
+    let head = error_header(status, &body, None).map_err(gone)?;
+    let downstream = session.as_downstream_mut();
+    downstream
+        .write_error_response(head, body)
+        .await
+        .map_err(gone)
 }
 
 fn error_header(status: u16, body: &Bytes, retry_after: Option<u64>) -> Result<ResponseHeader> {

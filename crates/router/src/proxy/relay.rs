@@ -25,7 +25,7 @@ use super::body::Body;
 use super::exchange::{Exchange, Failure};
 use super::headers;
 use crate::error::RouterError;
-use crate::fleet::Backend;
+use crate::fleet::{Backend, Ended};
 use crate::limits::ExchangeTimeouts;
 use crate::stats::{Usage, UsageScanner};
 use crate::traces::{ExchangeEnd, ExchangeSpan, RequestTrace};
@@ -39,7 +39,8 @@ pub struct Upstream<'s> {
     pub connector: &'s TransportConnector,
     /// The head, without Host (set per backend).
     pub head: RequestHeader,
-    /// The body, forwarded byte for byte; dropped once a backend answers.
+    /// The body, forwarded byte for byte; held until dispatching ends (a 5xx answer may be
+    /// retried on another backend).
     pub body: Option<Body>,
     /// The request's id, sent to the backend.
     pub request_id: &'s str,
@@ -47,6 +48,8 @@ pub struct Upstream<'s> {
     pub timeouts: &'s ExchangeTimeouts,
     /// The request's trace: each attempt is a span of it.
     pub trace: &'s RequestTrace,
+    /// Whether a second attempt can repeat no effect ([`Exchange::replayable`]).
+    pub replayable: bool,
 }
 
 #[async_trait]
@@ -62,7 +65,6 @@ impl Exchange for Upstream<'_> {
         match self.attempt(backend, &body, &span).await {
             Ok(mut answering) => {
                 answering.span = span;
-                self.body = None;
                 Ok(answering)
             }
             Err(failure) => {
@@ -81,6 +83,14 @@ impl Exchange for Upstream<'_> {
             Ok(_) => std::future::pending().await,
         }
     }
+
+    fn replayable(&self) -> bool {
+        self.replayable
+    }
+
+    fn ended(answer: &Answering) -> Ended {
+        answer.ended()
+    }
 }
 
 impl Upstream<'_> {
@@ -96,7 +106,7 @@ impl Upstream<'_> {
         let (mut stream, reused) = (self.connector)
             .get_stream(&backend.peer)
             .await
-            .map_err(|e| Failure::Retryable(upstream_error(&e)))?;
+            .map_err(|e| Failure::Unsent(upstream_error(&e)))?;
         let mut req = self.head.clone();
         headers::set_host(&mut req, &backend.authority);
         // The id is a printable token (checked or made by `headers::request_id`).
@@ -107,7 +117,7 @@ impl Upstream<'_> {
         if let Some(wire) = &one {
             write_all(&mut stream, wire, timeouts.write)
                 .await
-                .map_err(Failure::Retryable)?;
+                .map_err(Failure::Unsent)?;
         }
         let mut upstream = HttpSession::H1(Http1::new_with_options(stream, &backend.peer));
         upstream.set_read_timeout(Some(timeouts.first_byte));
@@ -115,7 +125,7 @@ impl Upstream<'_> {
         if one.is_none() {
             send_request(&mut upstream, req, body)
                 .await
-                .map_err(Failure::Retryable)?;
+                .map_err(Failure::Unsent)?;
         }
         let head = until_client_gone(self.session, read_final_header(&mut upstream)).await;
         match head.map_err(Failure::Final)? {
@@ -125,8 +135,8 @@ impl Upstream<'_> {
                 reuse: backend.peer.reuse_hash(),
                 span: ExchangeSpan::default(),
             }),
-            Err(e) if reused => Err(Failure::Retryable(upstream_error(&e))),
-            Err(e) => Err(Failure::Final(upstream_error(&e))),
+            Err(e) if reused => Err(Failure::Unsent(upstream_error(&e))),
+            Err(e) => Err(Failure::Unanswered(upstream_error(&e))),
         }
     }
 }
@@ -164,6 +174,15 @@ pub struct Answering {
 }
 
 impl Answering {
+    /// What its status says of the backend's health.
+    pub fn ended(&self) -> Ended {
+        let Some(head) = self.upstream.response_header() else {
+            return Ended::Answered;
+        };
+        let retry_after = head.headers.contains_key(http::header::RETRY_AFTER);
+        Ended::of_status(head.status.as_u16(), retry_after)
+    }
+
     /// Streams the response to the client (closing its connection when `closing`); the
     /// first body byte marks `seat` answered. The connection goes back to the pool when
     /// the response ended cleanly.

@@ -25,9 +25,13 @@ use prefix_router_core::units::TextBytes;
 use tokio::sync::mpsc;
 
 use crate::fleet::Fleet;
-use crate::stats::Stats;
 use futures_util::StreamExt;
 use redis::RedisError;
+
+use metrics::Direction;
+pub use metrics::ReplicationMetrics;
+
+mod metrics;
 
 /// Notes waiting to be published at most; beyond, new ones are dropped.
 const OUTBOX: usize = 1 << 16;
@@ -52,7 +56,7 @@ pub struct Replication {
     settings: SharedTable,
     conversations: Arc<Conversations>,
     fleet: Arc<Fleet>,
-    stats: Arc<Stats>,
+    metrics: ReplicationMetrics,
     /// This router's id in the table: its own notes come back from the server and are
     /// skipped.
     origin: u64,
@@ -66,21 +70,21 @@ impl Replication {
         settings: SharedTable,
         conversations: Arc<Conversations>,
         fleet: Arc<Fleet>,
-        stats: Arc<Stats>,
+        metrics: ReplicationMetrics,
         origin: u64,
     ) -> Self {
         let (tx, rx) = mpsc::channel(OUTBOX);
-        let dropped = Arc::clone(&stats);
+        let dropped = metrics.notes.of(Direction::Dropped);
         conversations.on_note(move |note| {
             if tx.try_send(note).is_err() {
-                dropped.shared_notes("dropped", 1);
+                dropped.inc();
             }
         });
         Replication {
             settings,
             conversations,
             fleet,
-            stats,
+            metrics,
             origin,
             outbox: Mutex::new(Some(rx)),
         }
@@ -108,7 +112,7 @@ impl Replication {
                 .query_async::<i64>(&mut connection)
                 .await;
             match publish {
-                Ok(_) => self.stats.shared_notes("sent", sent),
+                Ok(_) => self.metrics.notes.inc_by(Direction::Sent, sent),
                 Err(e) if e.is_io_error() || e.is_connection_dropped() => return Err(e),
                 Err(e) => warn!("shared table: the server refused a publish: {e}"),
             }
@@ -119,7 +123,7 @@ impl Replication {
     async fn subscribe(&self) -> Result<(), RedisError> {
         let mut pubsub = self.client()?.get_async_pubsub().await?;
         pubsub.subscribe(&self.settings.channel).await?;
-        self.stats.shared_connected(true);
+        self.metrics.connected.set(1);
         info!("shared table: subscribed on {}", self.settings.address);
         let mut messages = pubsub.on_message();
         while let Some(message) = messages.next().await {
@@ -182,7 +186,7 @@ impl Replication {
             });
             merged += 1;
         }
-        self.stats.shared_notes("received", merged);
+        self.metrics.notes.inc_by(Direction::Received, merged);
     }
 }
 
@@ -218,7 +222,7 @@ impl BackgroundService for Replication {
                 e = self.subscribe() => e.err(),
                 _ = shutdown.changed() => return,
             };
-            self.stats.shared_connected(false);
+            self.metrics.connected.set(0);
             if started.elapsed() > Duration::from_secs(10) {
                 backoff = Duration::from_millis(100);
             }
@@ -245,6 +249,7 @@ mod tests {
 
     use super::*;
     use crate::fleet::Worker;
+    use crate::stats::Registry;
 
     /// A replica of id `origin` over a fleet of two backends, with a table of its own.
     fn replica(fleet: &Arc<Fleet>, origin: u64) -> Replication {
@@ -253,8 +258,8 @@ mod tests {
             channel: "test".into(),
         };
         let table = Arc::new(Conversations::new(Arc::new(Manual::default())));
-        let stats = Arc::new(Stats::new());
-        Replication::new(settings, table, Arc::clone(fleet), stats, origin)
+        let metrics = ReplicationMetrics::new(&Registry::new());
+        Replication::new(settings, table, Arc::clone(fleet), metrics, origin)
     }
 
     fn fleet() -> Arc<Fleet> {

@@ -39,7 +39,7 @@ impl ShutdownSignalWatch for StopSignal {
 }
 
 impl Embedded {
-    /// Starts the router for `config` (listening on `config.listen`) on a thread of its own.
+    /// Starts the router for `config` (listening on `config.boot.listen`) on a thread of its own.
     pub fn start(config: &Config) -> Result<Embedded, BuildError> {
         Embedded::start_from(config, Source::default())
     }
@@ -56,7 +56,7 @@ impl Embedded {
             })
         });
         Ok(Embedded {
-            url: format!("http://{}", config.listen),
+            url: format!("http://{}", config.boot.listen),
             handles,
             stop: Some(stop),
             thread: Some(thread),

@@ -20,17 +20,18 @@ use prefix_router_core::ledger::Ledger;
 use prefix_router_core::policy::{Conversations, PolicyParams, Selector};
 
 use crate::admin::Admin;
+use crate::admission::AdmissionMetrics;
 use crate::config::{Config, Source};
 use crate::control::{Control, Triggers};
-use crate::fleet::{Discovery, Fleet, HealthChecks, MetricsReader};
-use crate::kv_events::Subscribers;
+use crate::fleet::{Discovery, Fleet, FleetGauges, HealthChecks, MetricsReader, Resolving};
+use crate::kv_events::{KvEventMetrics, Records, Subscribers};
 use crate::limits::Current;
 use crate::proxy::Router;
-use crate::replication::Replication;
+use crate::replication::{Replication, ReplicationMetrics};
 use crate::state::{Parts, State};
-use crate::stats::Stats;
-use crate::tokens::Tokenizers;
-use crate::traces::{TraceError, Tracing};
+use crate::stats::{Registry, Stats};
+use crate::tokens::{TokenMetrics, Tokenizers};
+use crate::traces::{Counts, TraceError, Tracing};
 use notify::Readiness;
 use prefix_router_tokens::ModelError;
 use upkeep::Upkeep;
@@ -62,37 +63,48 @@ pub fn build(
     source: Source,
     opt: Option<Opt>,
 ) -> Result<(Server, Handles), BuildError> {
-    let tokenizers = Tokenizers::load(&config.tokens)?;
-    let stats = Arc::new(Stats::new());
-    let tracing = Tracing::start(&config.traces, stats.trace_counts())?;
+    let metrics = PartMetrics::new(&Registry::new(), config.boot.policy.name);
+    let tokenizers = Tokenizers::load(&config.boot.tokens, metrics.tokens)?;
+    let tracing = Tracing::start(&config.boot.traces, metrics.traces)?;
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
     server.bootstrap();
     let fleet = Arc::new(Fleet::new());
-    let discovery = Arc::new(Discovery::new(Arc::clone(&fleet), config.workers.clone()));
+    let health = HealthChecks::new(config.boot.health.clone(), Arc::clone(&fleet));
+    let health = background_service("health", health);
+    let discovery = Discovery::new(Arc::clone(&fleet), config.workers.clone(), health.task());
+    let discovery = Arc::new(discovery);
     discovery.publish_blocking(config.live.limits.exchange.connect);
     let upkeep = Upkeep::default();
     let live = Current::new(config.live.clone());
     let params = params(config, &live);
+    let resolving = Resolving {
+        discovery: Arc::clone(&discovery),
+        settings: config.boot.discovery.clone(),
+        connect: Box::new({
+            let live = live.clone();
+            move || live.get().limits.exchange.connect
+        }),
+    };
     let state = Arc::new(State::new(Parts {
         fleet: Arc::clone(&fleet),
         selector: selector(config, &params, &upkeep),
-        policy_name: config.policy.name,
-        ledger: Ledger::new(config.eviction_interval),
+        policy_name: config.boot.policy.name,
+        ledger: Ledger::new(config.boot.eviction_interval),
         live,
-        stats,
+        stats: Arc::new(metrics.stats),
+        admission: metrics.admission,
         tokenizers,
+        records: Arc::new(Records::new(metrics.kv_events)),
         tracing,
     }));
     let mut proxy =
         pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
-    proxy.add_tcp(&config.listen);
-    let reader = MetricsReader::new(config.metrics.clone(), Arc::clone(&fleet));
-    let health = background_service("health", HealthChecks::new(config.health.clone(), fleet));
+    proxy.add_tcp(&config.boot.listen);
+    let reader = MetricsReader::new(config.boot.metrics.clone(), Arc::clone(&fleet));
     let control = Arc::new(Control::new(
         config.clone(),
         source,
-        discovery,
-        health.task(),
+        Arc::clone(&discovery),
         Arc::clone(&state),
     ));
     let mut admin = Service::new(
@@ -100,27 +112,30 @@ pub fn build(
         Admin::new(
             Arc::clone(&state),
             Arc::clone(&control),
-            config.admin_token.clone(),
+            config.boot.admin_token.clone(),
+            metrics.fleet,
         ),
     );
-    admin.add_tcp(&config.admin_listen);
+    admin.add_tcp(&config.boot.admin_listen);
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(health);
+    server.add_service(background_service("dns", resolving));
     server.add_service(background_service("metrics", reader));
-    if let (Some(shared), Some(conversations)) = (&config.shared_table, &params.conversations) {
+    if let (Some(shared), Some(conversations)) = (&config.boot.shared_table, &params.conversations)
+    {
         let replication = Replication::new(
             shared.clone(),
             Arc::clone(conversations),
             Arc::clone(&state.fleet),
-            Arc::clone(&state.stats),
+            metrics.replication,
             params.seed,
         );
         server.add_service(background_service("shared table", replication));
     }
-    if config.kv_events.endpoint.is_some() {
+    if config.boot.kv_events.endpoint.is_some() {
         let subscribers = Subscribers::new(
-            config.kv_events.clone(),
+            config.boot.kv_events.clone(),
             Arc::clone(&state.fleet),
             Arc::clone(&state.records),
         );
@@ -128,17 +143,42 @@ pub fn build(
     }
     server.add_service(background_service("upkeep", upkeep.run(Arc::clone(&state))));
     server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
-    let listeners = vec![config.listen.clone(), config.admin_listen.clone()];
+    let listeners = vec![config.boot.listen.clone(), config.boot.admin_listen.clone()];
     server.add_service(background_service("notify", Readiness { listeners }));
     Ok((server, Handles { state, control }))
 }
 
+/// Every part's metrics, registered in one registry.
+struct PartMetrics {
+    stats: Stats,
+    admission: AdmissionMetrics,
+    fleet: FleetGauges,
+    kv_events: KvEventMetrics,
+    replication: ReplicationMetrics,
+    tokens: TokenMetrics,
+    traces: Counts,
+}
+
+impl PartMetrics {
+    fn new(registry: &Registry, policy: &'static str) -> Self {
+        PartMetrics {
+            stats: Stats::new(registry, policy),
+            admission: AdmissionMetrics::new(registry),
+            fleet: FleetGauges::new(registry),
+            kv_events: KvEventMetrics::new(registry),
+            replication: ReplicationMetrics::new(registry),
+            tokens: TokenMetrics::new(registry),
+            traces: Counts::new(registry),
+        }
+    }
+}
+
 fn server_conf(config: &Config) -> ServerConf {
     let mut conf = ServerConf {
-        threads: config.threads,
-        grace_period_seconds: Some(config.grace_period.as_secs()),
-        graceful_shutdown_timeout_seconds: Some(config.shutdown_timeout.as_secs()),
-        upgrade_sock: config.upgrade_socket.clone(),
+        threads: config.boot.threads,
+        grace_period_seconds: Some(config.boot.grace_period.as_secs()),
+        graceful_shutdown_timeout_seconds: Some(config.boot.shutdown_timeout.as_secs()),
+        upgrade_sock: config.boot.upgrade_socket.clone(),
         ..ServerConf::default()
     };
     conf.upstream_keepalive_pool_size = 1024;
@@ -149,21 +189,21 @@ fn server_conf(config: &Config) -> ServerConf {
 /// replication keeps in step with the other replicas.
 fn params(config: &Config, live: &Current) -> PolicyParams {
     let clock: Arc<dyn Clock> = Arc::new(Monotonic::default());
-    let shared = config.shared_table.is_some();
+    let shared = config.boot.shared_table.is_some();
     PolicyParams {
         tunables: live.tunables(),
-        tree: config.tree.clone(),
+        tree: config.boot.tree.clone(),
         seed: seed(),
         conversations: shared.then(|| Arc::new(Conversations::new(Arc::clone(&clock)))),
         clock,
         calibrate: true,
-        session_ttl: config.session_ttl,
+        session_ttl: config.boot.session_ttl,
     }
 }
 
 fn selector(config: &Config, params: &PolicyParams, upkeep: &Upkeep) -> Selector {
     let wake = upkeep.waker();
-    (config.policy.build(params)).on_upkeep_due(move || wake.notify_one())
+    (config.boot.policy.build(params)).on_upkeep_due(move || wake.notify_one())
 }
 
 /// A seed that differs between router processes, so replicas do not break ties in step.
@@ -173,3 +213,6 @@ fn seed() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64);
     nanos ^ u64::from(std::process::id()).rotate_left(32)
 }
+
+#[cfg(test)]
+mod tests;

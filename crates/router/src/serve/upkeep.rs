@@ -57,7 +57,7 @@ impl BackgroundService for Running {
             let now = started.elapsed();
             let evicted =
                 (state.ledger).upkeep(now, snapshot.generation, &state.selector, &accounts);
-            state.stats.evicted(evicted);
+            state.stats.index.evicted(evicted);
         }
     }
 }

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use prometheus::IntCounter;
 
 use super::TraceSettings;
+use crate::stats::{Label, Registry};
 
 /// How often the exporting thread looks at the queue. It polls rather than waits on the
 /// queue, so that a finished span never has to wake it (a futex wake per span cost a request
@@ -30,6 +31,42 @@ pub struct Counts {
     pub queue_full: IntCounter,
     /// Dropped because the collector failed or did not answer in time.
     pub export_failed: IntCounter,
+}
+
+/// What became of a finished span.
+#[derive(Clone, Copy)]
+enum Outcome {
+    Exported,
+    QueueFull,
+    ExportFailed,
+}
+
+impl Label for Outcome {
+    const ALL: &'static [Self] = &[Outcome::Exported, Outcome::QueueFull, Outcome::ExportFailed];
+    fn label(self) -> &'static str {
+        match self {
+            Outcome::Exported => "exported",
+            Outcome::QueueFull => "queue_full",
+            Outcome::ExportFailed => "export_failed",
+        }
+    }
+}
+
+impl Counts {
+    /// Registers the counts in `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let spans = registry.counters::<Outcome>(
+            "trace_spans_total",
+            "Finished sampled spans: exported, dropped from a full queue, or failed to \
+             export (collector error or timeout)",
+            "outcome",
+        );
+        Counts {
+            exported: spans.of(Outcome::Exported),
+            queue_full: spans.of(Outcome::QueueFull),
+            export_failed: spans.of(Outcome::ExportFailed),
+        }
+    }
 }
 
 /// The processor, holding the queue's sending end (`None` asks the thread to stop).

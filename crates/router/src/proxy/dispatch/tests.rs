@@ -13,17 +13,22 @@ use prefix_router_core::policy::{self, PolicyParams};
 use prefix_router_core::tree::TreeConfig;
 
 use super::*;
+use crate::admission::AdmissionMetrics;
 use crate::fleet::Worker;
+use crate::kv_events::{KvEventMetrics, Records};
 use crate::limits::{Current, Live};
 use crate::state::Parts;
-use crate::stats::Stats;
+use crate::stats::{Registry, Stats};
+use crate::tokens::{TokenMetrics, Tokenizers};
 
 /// What the fake's next attempt does.
 enum Step {
     Answer,
+    /// Answered with this status.
+    Status(u16),
     /// Refused before anything reached the backend.
     Refused,
-    /// Failed after the request may have reached the backend.
+    /// Closed after the request was sent, before any answer.
     Cut,
 }
 
@@ -32,6 +37,7 @@ struct Fake {
     steps: VecDeque<Step>,
     sent: Vec<BackendId>,
     gone_after: Option<Duration>,
+    replayable: bool,
 }
 
 impl Fake {
@@ -40,22 +46,42 @@ impl Fake {
             steps: steps.into_iter().collect(),
             sent: Vec::new(),
             gone_after: None,
+            replayable: false,
+        }
+    }
+
+    fn replayable(steps: impl IntoIterator<Item = Step>) -> Self {
+        Fake {
+            replayable: true,
+            ..Fake::new(steps)
         }
     }
 }
 
 #[async_trait]
 impl Exchange for Fake {
-    type Answer = BackendId;
+    /// The backend that answered, and its status.
+    type Answer = (BackendId, u16);
 
-    async fn send(&mut self, backend: &Backend) -> Result<BackendId, Failure> {
+    async fn send(&mut self, backend: &Backend) -> Result<(BackendId, u16), Failure> {
         self.sent.push(backend.id);
         let error = |what: &str| RouterError::Upstream(what.into());
         match self.steps.pop_front().unwrap_or(Step::Answer) {
-            Step::Answer => Ok(backend.id),
-            Step::Refused => Err(Failure::Retryable(error("connection refused"))),
-            Step::Cut => Err(Failure::Final(error("reset after the request was sent"))),
+            Step::Answer => Ok((backend.id, 200)),
+            Step::Status(status) => Ok((backend.id, status)),
+            Step::Refused => Err(Failure::Unsent(error("connection refused"))),
+            Step::Cut => Err(Failure::Unanswered(error(
+                "reset after the request was sent",
+            ))),
         }
+    }
+
+    fn replayable(&self) -> bool {
+        self.replayable
+    }
+
+    fn ended(answer: &(BackendId, u16)) -> Ended {
+        Ended::of_status(answer.1, false)
     }
 
     async fn client_gone(&mut self) -> RouterError {
@@ -86,6 +112,7 @@ fn state(n: u16, checked: bool) -> State {
         b.mark_checked();
     }
     let live = Current::new(Live::default());
+    let registry = Registry::new();
     let params = PolicyParams {
         tunables: live.tunables(),
         tree: TreeConfig::default(),
@@ -101,8 +128,10 @@ fn state(n: u16, checked: bool) -> State {
         policy_name: "round_robin",
         ledger: Ledger::new(Duration::from_secs(60)),
         live,
-        stats: Arc::new(Stats::new()),
-        tokenizers: crate::tokens::Tokenizers::none(),
+        stats: Arc::new(Stats::new(&registry, "round_robin")),
+        admission: AdmissionMetrics::new(&registry),
+        tokenizers: Tokenizers::none(TokenMetrics::new(&registry)),
+        records: Arc::new(Records::new(KvEventMetrics::new(&registry))),
         tracing: crate::traces::Tracing::off(),
     })
 }
@@ -130,7 +159,7 @@ fn occupy(state: &State) -> Seat {
 }
 
 /// Dispatches a request placed on any backend, without a trace.
-async fn dispatch(state: &State, limits: &Limits, fake: &mut Fake) -> Dispatched<BackendId> {
+async fn dispatch(state: &State, limits: &Limits, fake: &mut Fake) -> Dispatched<(BackendId, u16)> {
     run(
         state,
         limits,
@@ -150,7 +179,7 @@ async fn a_refused_connection_is_retried_on_another_backend() {
     let answered = dispatched.result.unwrap();
     assert_eq!(fake.sent.len(), 2);
     assert_ne!(fake.sent[0], fake.sent[1]);
-    assert_eq!(answered.answer, fake.sent[1]);
+    assert_eq!(answered.answer, (fake.sent[1], 200));
     assert_eq!(dispatched.placed.unwrap().backend.id, fake.sent[1]);
     assert_eq!(state.stats.totals().retries, 1);
     assert_eq!(
@@ -161,7 +190,7 @@ async fn a_refused_connection_is_retried_on_another_backend() {
 }
 
 #[tokio::test]
-async fn nothing_is_retried_once_the_request_may_have_reached_a_backend() {
+async fn a_request_that_cannot_be_replayed_is_not_retried_once_it_may_have_reached_a_backend() {
     let state = state(2, true);
     let mut fake = Fake::new([Step::Cut]);
     let dispatched = dispatch(&state, &Limits::default(), &mut fake).await;
@@ -245,4 +274,72 @@ async fn the_first_request_waits_for_the_first_health_check() {
     let (dispatched, ()) = tokio::join!(dispatch(&state, &limits, &mut fake), checking);
     assert!(dispatched.result.is_ok());
     assert_eq!(fake.sent.len(), 1);
+}
+
+#[tokio::test]
+async fn a_replayable_request_answered_nothing_or_5xx_is_retried_elsewhere() {
+    let state = state(3, true);
+    let mut fake = Fake::replayable([Step::Cut, Step::Status(500), Step::Answer]);
+    let dispatched = dispatch(&state, &Limits::default(), &mut fake).await;
+    let answered = dispatched.result.unwrap();
+    assert_eq!(answered.answer.1, 200);
+    assert_eq!(fake.sent.len(), 3);
+    assert_eq!(dispatched.retries, 2);
+    assert_eq!(state.stats.totals().retries, 2);
+}
+
+#[tokio::test]
+async fn a_5xx_is_relayed_as_it_is_when_no_other_backend_is_left() {
+    let state = state(2, true);
+    let mut fake = Fake::replayable([Step::Status(503), Step::Status(502)]);
+    let dispatched = dispatch(&state, &Limits::default(), &mut fake).await;
+    assert_eq!(
+        dispatched.result.unwrap().answer.1,
+        502,
+        "the last backend's answer"
+    );
+    assert_eq!(fake.sent.len(), 2);
+    let client_faults = Fake::replayable([Step::Status(429), Step::Status(400)]);
+    let mut fake = client_faults;
+    let dispatched = dispatch(&state, &Limits::default(), &mut fake).await;
+    assert_eq!(
+        dispatched.result.unwrap().answer.1,
+        429,
+        "429 is not retried"
+    );
+}
+
+#[tokio::test]
+async fn retries_stop_when_the_budget_is_spent() {
+    let state = state(3, true);
+    let limits = Limits {
+        retry: crate::limits::RetrySettings {
+            min_concurrency: 1,
+            budget_percent: 0,
+            ..Default::default()
+        },
+        ..Limits::default()
+    };
+    let _other = state.retry_budget.take(&limits.retry, 0).unwrap();
+    let mut fake = Fake::replayable([Step::Refused, Step::Answer]);
+    let dispatched = dispatch(&state, &limits, &mut fake).await;
+    assert!(matches!(dispatched.result, Err(RouterError::Upstream(_))));
+    assert_eq!(fake.sent.len(), 1, "no retry beyond the budget");
+}
+
+#[tokio::test]
+async fn sick_answers_in_a_row_eject_a_backend_and_the_fleet_keeps_one_open() {
+    let state = state(2, true);
+    let limits = Limits::default();
+    for _ in 0..20 {
+        let mut fake = Fake::new([Step::Status(500)]);
+        let answered = dispatch(&state, &limits, &mut fake).await.result.unwrap();
+        let backend = Arc::clone(&answered.backend);
+        drop(answered);
+        note_exchange(&state, &limits, &backend, Ended::Sick);
+    }
+    let backends = state.fleet.snapshot();
+    let ejected = backends.backends.iter().filter(|b| b.is_ejected()).count();
+    assert_eq!(ejected, 1, "one of two may be ejected, never both");
+    assert_eq!(state.fleet.ready(&[]).len(), 1);
 }

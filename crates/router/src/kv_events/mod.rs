@@ -23,6 +23,10 @@ use prefix_router_core::events::decode::{self, Event};
 use prefix_router_core::events::held::{Held, Whole};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
+pub use metrics::{KvEventMetrics, RecordMode};
+
+mod metrics;
+
 /// Longest wait for one replayed batch.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -112,12 +116,12 @@ impl Record {
         self.held.lock().by_medium()
     }
 
-    /// The record's mode: `exact`, `degraded` or `connecting`.
-    pub fn mode(&self) -> &'static str {
+    /// The record's mode.
+    pub fn mode(&self) -> RecordMode {
         match (self.exact(), self.degraded()) {
-            (true, _) => "exact",
-            (false, true) => "degraded",
-            (false, false) => "connecting",
+            (true, _) => RecordMode::Exact,
+            (false, true) => RecordMode::Degraded,
+            (false, false) => RecordMode::Connecting,
         }
     }
 
@@ -333,19 +337,28 @@ pub fn expand(template: &str, host: &str, port: u16) -> Option<String> {
 }
 
 /// The records of the backends that publish, by backend.
-#[derive(Default)]
 pub struct Records {
     map: parking_lot::RwLock<std::collections::HashMap<prefix_router_core::BackendId, Arc<Record>>>,
+    metrics: KvEventMetrics,
 }
 
 impl Records {
-    /// Every backend's record.
-    pub fn all(&self) -> Vec<(prefix_router_core::BackendId, Arc<Record>)> {
-        self.map
-            .read()
-            .iter()
-            .map(|(id, r)| (*id, Arc::clone(r)))
-            .collect()
+    /// No record yet; `metrics` show them.
+    pub fn new(metrics: KvEventMetrics) -> Self {
+        Records {
+            map: Default::default(),
+            metrics,
+        }
+    }
+
+    /// Sets the metrics of every backend of `snapshot` that has a record.
+    pub fn set_gauges(&self, snapshot: &crate::fleet::Snapshot) {
+        let map = self.map.read();
+        for backend in &snapshot.backends {
+            if let Some(record) = map.get(&backend.id) {
+                self.metrics.set(&backend.worker.url, record);
+            }
+        }
     }
 
     /// `backend`'s record, if it has one.

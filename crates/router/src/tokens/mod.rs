@@ -12,6 +12,10 @@ use bytes::Bytes;
 use prefix_router_core::request::Endpoint;
 use prefix_router_tokens::{Model, ModelError, TokenCache, Tokenized, Unrendered};
 
+pub use metrics::TokenMetrics;
+
+mod metrics;
+
 /// Bodies up to this size are tokenized on the request's own thread; larger ones on the
 /// blocking pool, so that a long prompt never seen (about 0.13 ms per KB) does not hold up
 /// the other requests of its thread.
@@ -46,6 +50,7 @@ pub struct Tokenizers {
     models: HashMap<Vec<u8>, Arc<Model>>,
     default: Option<Arc<Model>>,
     cache: Arc<TokenCache>,
+    metrics: TokenMetrics,
 }
 
 /// What became of one prompt.
@@ -59,8 +64,9 @@ pub enum Tokenizing {
 }
 
 impl Tokenizers {
-    /// Loads every configured tokenizer (a directory used twice is loaded once).
-    pub fn load(settings: &TokenSettings) -> Result<Tokenizers, ModelError> {
+    /// Loads every configured tokenizer (a directory used twice is loaded once); `metrics`
+    /// count what becomes of the prompts.
+    pub fn load(settings: &TokenSettings, metrics: TokenMetrics) -> Result<Tokenizers, ModelError> {
         let mut loaded: HashMap<PathBuf, Arc<Model>> = HashMap::new();
         let mut load = |dir: &PathBuf| -> Result<Arc<Model>, ModelError> {
             if let Some(model) = loaded.get(dir) {
@@ -78,15 +84,17 @@ impl Tokenizers {
             models,
             default,
             cache: Arc::new(TokenCache::new(settings.cache_bytes)),
+            metrics,
         })
     }
 
     /// No tokenizer at all: every prompt in text mode.
-    pub fn none() -> Tokenizers {
+    pub fn none(metrics: TokenMetrics) -> Tokenizers {
         Tokenizers {
             models: HashMap::new(),
             default: None,
             cache: Arc::new(TokenCache::new(0)),
+            metrics,
         }
     }
 
@@ -100,9 +108,14 @@ impl Tokenizers {
         self.models.get(model).or(self.default.as_ref())
     }
 
-    /// The token cache: (bytes, segments).
-    pub fn cache_size(&self) -> (usize, usize) {
-        (self.cache.bytes(), self.cache.len())
+    /// Counts what became of a prompt that was routed (not one only explained).
+    pub fn count(&self, tokenizing: &Tokenizing) {
+        self.metrics.prompt(tokenizing);
+    }
+
+    /// Sets the gauges of the token cache.
+    pub fn set_gauges(&self) {
+        (self.metrics).set_cache(self.cache.bytes(), self.cache.len());
     }
 
     /// Renders and tokenizes `body` of `endpoint` for `model`, taking from the cache the

@@ -1,0 +1,92 @@
+//! What admission counts: requests shed and why, time waited in the queue, and (set before
+//! each scrape) the body bytes held and the requests waiting.
+
+use std::time::Duration;
+
+use prometheus::{Histogram, IntGauge};
+
+use super::{Budget, Queue};
+use crate::stats::{Counters, Label, Registry};
+
+/// Why a request was shed before reaching a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shed {
+    /// Its body did not get buffer budget within `admission_timeout`.
+    Budget,
+    /// Every backend was at its limit and the router's queue was full.
+    QueueFull,
+    /// It waited in the router's queue for `queue_timeout`.
+    QueueTimeout,
+}
+
+impl Shed {
+    /// What was full, for the error message.
+    pub fn explain(self) -> &'static str {
+        match self {
+            Shed::Budget => "the router holds as many request bodies as it may",
+            Shed::QueueFull => "every backend is at its limit and the queue is full",
+            Shed::QueueTimeout => "every backend stayed at its limit while the request waited",
+        }
+    }
+}
+
+impl Label for Shed {
+    const ALL: &'static [Self] = &[Shed::Budget, Shed::QueueFull, Shed::QueueTimeout];
+    fn label(self) -> &'static str {
+        match self {
+            Shed::Budget => "budget",
+            Shed::QueueFull => "queue_full",
+            Shed::QueueTimeout => "queue_timeout",
+        }
+    }
+}
+
+/// Admission's metrics.
+pub struct AdmissionMetrics {
+    shed: Counters<Shed>,
+    queue_wait: Histogram,
+    buffered_bytes: IntGauge,
+    budget_waiting: IntGauge,
+    queued: IntGauge,
+}
+
+impl AdmissionMetrics {
+    /// Registers them in `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        let r = registry;
+        AdmissionMetrics {
+            shed: r.counters(
+                "shed_total",
+                "Requests refused with 503 overloaded, by reason",
+                "reason",
+            ),
+            queue_wait: r.seconds(
+                "queue_wait_seconds",
+                "Time requests waited in the router's queue",
+            ),
+            buffered_bytes: r.gauge("buffered_bytes", "Request body bytes held"),
+            budget_waiting: r.gauge(
+                "budget_waiting_requests",
+                "Requests waiting for body budget",
+            ),
+            queued: r.gauge("queued_requests", "Requests waiting in the router's queue"),
+        }
+    }
+
+    /// A request was refused with 503 overloaded.
+    pub fn shed(&self, why: Shed) {
+        self.shed.inc(why);
+    }
+
+    /// A request left the queue after waiting `waited`.
+    pub fn waited(&self, waited: Duration) {
+        self.queue_wait.observe(waited.as_secs_f64());
+    }
+
+    /// Sets the gauges from the budget and the queue now.
+    pub fn set(&self, budget: &Budget, queue: &Queue) {
+        self.buffered_bytes.set(budget.held() as i64);
+        self.budget_waiting.set(budget.waiting() as i64);
+        self.queued.set(queue.len() as i64);
+    }
+}
