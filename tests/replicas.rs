@@ -231,3 +231,53 @@ async fn replicas_keep_serving_while_redis_is_down_and_share_again_once_it_is_ba
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_start_and_serve_without_redis_and_share_once_it_comes() {
+    let addr = free_loopback_addr().unwrap();
+    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let mut s = settings(&ups.iter().collect::<Vec<_>>());
+    s.shared_table = Some(format!("redis://{addr}"));
+    let replicas = [TestRouter::start(s.clone(), 2), TestRouter::start(s, 2)];
+    for r in &replicas {
+        let (status, _) = post(
+            &r.url,
+            "/v1/chat/completions",
+            &chat(&[("user", "hi".into())]),
+        )
+        .await;
+        assert_eq!(status, 200, "a replica did not serve without its Redis");
+        assert_eq!(
+            metric(r, "prefix_router_shared_table_connected", &[]).await,
+            0.0
+        );
+    }
+    let _redis = Redis::start_on(addr);
+    for r in &replicas {
+        wait_connected(r, true).await;
+    }
+    let text = format!("once Redis came: {}", "a question ".repeat(100));
+    let (status, _) = post(
+        &replicas[0].url,
+        "/v1/chat/completions",
+        &chat(&[("user", text)]),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let received = [("direction", "received")];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(
+        &replicas[1],
+        "prefix_router_shared_table_notes_total",
+        &received,
+    )
+    .await
+        < 1.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no note reached the other replica"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -6,6 +6,7 @@
 //! a compile error.
 
 mod index;
+mod labels;
 mod registry;
 mod totals;
 mod usage;
@@ -18,6 +19,8 @@ use prefix_router_core::units::TextBytes;
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts};
 
 pub use index::IndexMetrics;
+use labels::Reload;
+pub use labels::RetryReason;
 pub use registry::{Counters, Label, Registry};
 pub use totals::{BackendTotals, Totals};
 pub use usage::{Usage, UsageScanner};
@@ -43,49 +46,6 @@ pub struct Stats {
     generation: IntGauge,
     /// The prefix index and the policy's tables.
     pub index: IndexMetrics,
-}
-
-/// Why an attempt was retried.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RetryReason {
-    /// The request never reached the backend.
-    ConnectFailure,
-    /// The backend answered nothing: closed or timed out before a response head.
-    Reset,
-    /// The backend answered 5xx.
-    Status,
-}
-
-impl Label for RetryReason {
-    const ALL: &'static [Self] = &[
-        RetryReason::ConnectFailure,
-        RetryReason::Reset,
-        RetryReason::Status,
-    ];
-    fn label(self) -> &'static str {
-        match self {
-            RetryReason::ConnectFailure => "connect_failure",
-            RetryReason::Reset => "reset",
-            RetryReason::Status => "5xx",
-        }
-    }
-}
-
-/// How a config reload went.
-#[derive(Clone, Copy)]
-enum Reload {
-    Ok,
-    Failed,
-}
-
-impl Label for Reload {
-    const ALL: &'static [Self] = &[Reload::Ok, Reload::Failed];
-    fn label(self) -> &'static str {
-        match self {
-            Reload::Ok => "ok",
-            Reload::Failed => "failed",
-        }
-    }
 }
 
 impl Stats {
