@@ -2,7 +2,7 @@
 # Router replicas under faults, in real time: 2 replicas of the router (kv_aware) sharing
 # their conversation table through a redis-server, in front of 4 `prefix-router sim`
 # backends, under the agent workload (24 coding-agent sessions, each turn sent to the
-# replicas in turn).
+# replicas in turn, or through nginx).
 #
 #   redis:   Redis is killed at T1 seconds into the run and started again (same port) at T2.
 #            Prints the hit rate of the requests answered before T1, between T1 and T2, and
@@ -12,7 +12,8 @@
 #            Prints its requests in flight just before, and the requests that failed.
 #
 # Usage: benches/replicas/faults.sh [redis|replica]... (default both)
-# Env: SPEEDUP (5), T1 (20 s), T2 (40 s), RUNS (1), OUT (a directory for logs and reports).
+# Env: SESSIONS (24), SESSION_RATE (2 a second, before the speedup), SPEEDUP (10), T1 (15 s),
+# T2 (30 s), RUNS (1), OUT (a directory for logs and reports).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
@@ -22,7 +23,7 @@ out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 source benches/common.sh
 trap stop EXIT
-speedup="${SPEEDUP:-5}" t1="${T1:-20}" t2="${T2:-40}"
+speedup="${SPEEDUP:-10}" t1="${T1:-15}" t2="${T2:-30}"
 
 start_sims() { # 4 fresh simulated vLLM backends; sets urls
   urls=()
@@ -63,7 +64,8 @@ print(p, c)'
 }
 
 replay() { # URL REPORT: the agent workload through URL (a comma list is used in turn)
-  "$bin" replay --url "$1" --synthetic agent --speedup "$speedup" --stream --quiet \
+  "$bin" replay --url "$1" --synthetic agent --sessions "${SESSIONS:-24}" \
+    --session-rate "${SESSION_RATE:-2}" --speedup "$speedup" --stream --quiet \
     --backends 4 --concurrency 1024 --timeout 600 --model meta-llama/Llama-3.1-8B-Instruct \
     --out "$2" >/dev/null
 }
