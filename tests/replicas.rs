@@ -200,36 +200,8 @@ async fn replicas_keep_serving_while_redis_is_down_and_share_again_once_it_is_ba
     for r in &replicas {
         wait_connected(r, true).await;
     }
-    let received = [("direction", "received")];
-    let before = metric(
-        &replicas[1],
-        "prefix_router_shared_table_notes_total",
-        &received,
-    )
-    .await;
     let text = format!("after the restart: {}", "a question ".repeat(100));
-    let (status, _) = post(
-        &replicas[0].url,
-        "/v1/chat/completions",
-        &chat(&[("user", text)]),
-    )
-    .await;
-    assert_eq!(status, 200);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(
-        &replicas[1],
-        "prefix_router_shared_table_notes_total",
-        &received,
-    )
-    .await
-        <= before
-    {
-        assert!(
-            Instant::now() < deadline,
-            "no note reached the other replica after the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    a_note_reaches(&replicas[0], &replicas[1], text).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,23 +229,18 @@ async fn replicas_start_and_serve_without_redis_and_share_once_it_comes() {
         wait_connected(r, true).await;
     }
     let text = format!("once Redis came: {}", "a question ".repeat(100));
-    let (status, _) = post(
-        &replicas[0].url,
-        "/v1/chat/completions",
-        &chat(&[("user", text)]),
-    )
-    .await;
-    assert_eq!(status, 200);
+    a_note_reaches(&replicas[0], &replicas[1], text).await;
+}
+
+/// A new conversation of `text` sent to `from` reaches `to` as a note (bounded: 10 s).
+async fn a_note_reaches(from: &TestRouter, to: &TestRouter, text: String) {
     let received = [("direction", "received")];
+    let notes = "prefix_router_shared_table_notes_total";
+    let before = metric(to, notes, &received).await;
+    let (status, _) = post(&from.url, "/v1/chat/completions", &chat(&[("user", text)])).await;
+    assert_eq!(status, 200);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(
-        &replicas[1],
-        "prefix_router_shared_table_notes_total",
-        &received,
-    )
-    .await
-        < 1.0
-    {
+    while metric(to, notes, &received).await <= before {
         assert!(
             Instant::now() < deadline,
             "no note reached the other replica"

@@ -6,17 +6,18 @@ use std::time::Duration;
 use prometheus::{Histogram, IntGauge};
 
 use super::{Budget, Queue};
-use crate::stats::{Counters, Label, Registry};
+use crate::stats::{Counters, Registry, label_set};
 
-/// Why a request was shed before reaching a backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shed {
-    /// Its body did not get buffer budget within `admission_timeout`.
-    Budget,
-    /// Every backend was at its limit and the router's queue was full.
-    QueueFull,
-    /// It waited in the router's queue for `queue_timeout`.
-    QueueTimeout,
+label_set! {
+    /// Why a request was shed before reaching a backend.
+    pub enum Shed {
+        /// Its body did not get buffer budget within `admission_timeout`.
+        Budget => "budget",
+        /// Every backend was at its limit and the router's queue was full.
+        QueueFull => "queue_full",
+        /// It waited in the router's queue for `queue_timeout`.
+        QueueTimeout => "queue_timeout",
+    }
 }
 
 impl Shed {
@@ -26,17 +27,6 @@ impl Shed {
             Shed::Budget => "the router holds as many request bodies as it may",
             Shed::QueueFull => "every backend is at its limit and the queue is full",
             Shed::QueueTimeout => "every backend stayed at its limit while the request waited",
-        }
-    }
-}
-
-impl Label for Shed {
-    const ALL: &'static [Self] = &[Shed::Budget, Shed::QueueFull, Shed::QueueTimeout];
-    fn label(self) -> &'static str {
-        match self {
-            Shed::Budget => "budget",
-            Shed::QueueFull => "queue_full",
-            Shed::QueueTimeout => "queue_timeout",
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::stats::Label;
+use crate::stats::label_set;
 
 /// When backends are ejected, and for how long.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,22 +78,13 @@ impl Ended {
     }
 }
 
-/// Why a backend was ejected (metrics label).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reason {
-    /// 5xx answers in a row (failed exchanges among them), or a 5xx while half-open.
-    Answers,
-    /// Failed exchanges in a row, or a failure while half-open.
-    Failures,
-}
-
-impl Label for Reason {
-    const ALL: &'static [Self] = &[Reason::Answers, Reason::Failures];
-    fn label(self) -> &'static str {
-        match self {
-            Reason::Answers => "5xx",
-            Reason::Failures => "failures",
-        }
+label_set! {
+    /// Why a backend was ejected (metrics label).
+    pub enum Reason {
+        /// 5xx answers in a row (failed exchanges among them), or a 5xx while half-open.
+        Answers => "5xx",
+        /// Failed exchanges in a row, or a failure while half-open.
+        Failures => "failures",
     }
 }
 

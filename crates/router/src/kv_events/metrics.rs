@@ -7,31 +7,17 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec};
 
 use super::Record;
-use crate::stats::{Label, Registry};
+use crate::stats::{Label, Registry, label_set};
 
-/// How far a record is trusted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RecordMode {
-    /// Connected and whole: it says what the backend holds.
-    Exact,
-    /// It may miss blocks, or hold blocks the backend lost.
-    Degraded,
-    /// Not connected yet.
-    Connecting,
-}
-
-impl Label for RecordMode {
-    const ALL: &'static [Self] = &[
-        RecordMode::Exact,
-        RecordMode::Degraded,
-        RecordMode::Connecting,
-    ];
-    fn label(self) -> &'static str {
-        match self {
-            RecordMode::Exact => "exact",
-            RecordMode::Degraded => "degraded",
-            RecordMode::Connecting => "connecting",
-        }
+label_set! {
+    /// How far a record is trusted.
+    pub enum RecordMode {
+        /// Connected and whole: it says what the backend holds.
+        Exact => "exact",
+        /// It may miss blocks, or hold blocks the backend lost.
+        Degraded => "degraded",
+        /// Not connected yet.
+        Connecting => "connecting",
     }
 }
 

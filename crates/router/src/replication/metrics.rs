@@ -3,25 +3,15 @@
 
 use prometheus::IntGauge;
 
-use crate::stats::{Counters, Label, Registry};
+use crate::stats::{Counters, Registry, label_set};
 
-/// Which way notes went.
-#[derive(Clone, Copy)]
-pub(super) enum Direction {
-    Sent,
-    Received,
-    /// Not sent: the outbox was full.
-    Dropped,
-}
-
-impl Label for Direction {
-    const ALL: &'static [Self] = &[Direction::Sent, Direction::Received, Direction::Dropped];
-    fn label(self) -> &'static str {
-        match self {
-            Direction::Sent => "sent",
-            Direction::Received => "received",
-            Direction::Dropped => "dropped",
-        }
+label_set! {
+    /// Which way notes went.
+    pub(super) enum Direction {
+        Sent => "sent",
+        Received => "received",
+        /// Not sent: the outbox was full.
+        Dropped => "dropped",
     }
 }
 

@@ -21,6 +21,7 @@ use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, O
 pub use index::IndexMetrics;
 use labels::Reload;
 pub use labels::RetryReason;
+pub(crate) use registry::label_set;
 pub use registry::{Counters, Label, Registry};
 pub use totals::{BackendTotals, Totals};
 pub use usage::{Usage, UsageScanner};

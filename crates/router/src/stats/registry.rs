@@ -21,6 +21,26 @@ pub trait Label: Copy + 'static {
     fn label(self) -> &'static str;
 }
 
+/// Defines an enum whose variants are a closed label set, each with its exported value.
+macro_rules! label_set {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident { $($(#[$vmeta:meta])* $variant:ident => $label:literal,)* }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        $vis enum $name { $($(#[$vmeta])* $variant,)* }
+
+        impl $crate::stats::Label for $name {
+            const ALL: &'static [Self] = &[$($name::$variant),*];
+            fn label(self) -> &'static str {
+                match self { $($name::$variant => $label),* }
+            }
+        }
+    };
+}
+pub(crate) use label_set;
+
 /// Where metrics are registered and rendered from; each is named `prefix_router_<short>`.
 #[derive(Clone, Default)]
 pub struct Registry {

@@ -4,22 +4,13 @@
 use prometheus::{IntCounterVec, IntGauge};
 
 use super::Tokenizing;
-use crate::stats::{Counters, Label, Registry};
+use crate::stats::{Counters, Registry, label_set};
 
-/// Where a prompt's tokens came from.
-#[derive(Clone, Copy)]
-enum Source {
-    Reused,
-    Tokenized,
-}
-
-impl Label for Source {
-    const ALL: &'static [Self] = &[Source::Reused, Source::Tokenized];
-    fn label(self) -> &'static str {
-        match self {
-            Source::Reused => "reused",
-            Source::Tokenized => "tokenized",
-        }
+label_set! {
+    /// Where a prompt's tokens came from.
+    enum Source {
+        Reused => "reused",
+        Tokenized => "tokenized",
     }
 }
 

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use prometheus::IntCounter;
 
 use super::TraceSettings;
-use crate::stats::{Label, Registry};
+use crate::stats::{Registry, label_set};
 
 /// How often the exporting thread looks at the queue. It polls rather than waits on the
 /// queue, so that a finished span never has to wake it (a futex wake per span cost a request
@@ -33,22 +33,12 @@ pub struct Counts {
     pub export_failed: IntCounter,
 }
 
-/// What became of a finished span.
-#[derive(Clone, Copy)]
-enum Outcome {
-    Exported,
-    QueueFull,
-    ExportFailed,
-}
-
-impl Label for Outcome {
-    const ALL: &'static [Self] = &[Outcome::Exported, Outcome::QueueFull, Outcome::ExportFailed];
-    fn label(self) -> &'static str {
-        match self {
-            Outcome::Exported => "exported",
-            Outcome::QueueFull => "queue_full",
-            Outcome::ExportFailed => "export_failed",
-        }
+label_set! {
+    /// What became of a finished span.
+    enum Outcome {
+        Exported => "exported",
+        QueueFull => "queue_full",
+        ExportFailed => "export_failed",
     }
 }
 
