@@ -21,5 +21,6 @@ mod security;
 mod sim;
 mod soak;
 mod streaming;
+mod tenants;
 mod tokens;
 mod traces;

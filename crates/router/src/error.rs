@@ -7,6 +7,7 @@ use bytes::Bytes;
 use prefix_router_core::request::ParseError;
 
 pub use crate::admission::Shed;
+use crate::tenants::rate::{Headroom, Limit, Verdict};
 
 /// Why a request was not (fully) served.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,15 @@ pub enum RouterError {
     /// The client went away or broke the connection.
     #[error("client connection failed: {0}")]
     ClientGone(String),
+    /// The API key is in no tenant's list (or there is none and no default tenant).
+    #[error("the API key is not one of this router's tenants")]
+    UnknownApiKey,
+    /// `x-priority` is not `high`, `normal` or `low`.
+    #[error("x-priority must be high, normal or low")]
+    BadPriority,
+    /// The tenant is over its own rate.
+    #[error("rate limit of {} {} a minute reached; retry after {} s", limit_of(.0), unit(.0), .0.retry_after)]
+    RateLimited(Verdict),
     /// No backend is healthy.
     #[error("no healthy backend is available")]
     NoBackend,
@@ -59,7 +69,11 @@ impl RouterError {
     /// The HTTP status for this error; 0 when no response can be sent any more.
     pub fn status(&self) -> u16 {
         match self {
-            RouterError::BadRequest(_) | RouterError::Malformed(_) => 400,
+            RouterError::BadRequest(_) | RouterError::Malformed(_) | RouterError::BadPriority => {
+                400
+            }
+            RouterError::UnknownApiKey => 401,
+            RouterError::RateLimited(_) => 429,
             RouterError::NotFound(_) => 404,
             RouterError::BodyTooLarge { .. } => 413,
             RouterError::ClientTimeout => 408,
@@ -72,6 +86,9 @@ impl RouterError {
 
     /// The OpenAI error `type`.
     pub fn kind(&self) -> &'static str {
+        if let RouterError::RateLimited(v) = self {
+            return unit(v);
+        }
         match self.status() {
             400..=499 => "invalid_request_error",
             _ => "server_error",
@@ -87,6 +104,9 @@ impl RouterError {
             RouterError::BodyTooLarge { .. } => "body_too_large",
             RouterError::ClientTimeout => "client_timeout",
             RouterError::ClientGone(_) => "client_gone",
+            RouterError::UnknownApiKey => "invalid_api_key",
+            RouterError::BadPriority => "invalid_priority",
+            RouterError::RateLimited(_) => "rate_limit_exceeded",
             RouterError::NoBackend => "no_healthy_backend",
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Upstream(_) => "upstream_failed",
@@ -99,13 +119,57 @@ impl RouterError {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             RouterError::Overloaded { retry_after, .. } => Some(*retry_after),
+            RouterError::RateLimited(v) => Some(v.retry_after),
             _ => None,
         }
+    }
+
+    /// Headers the answer carries besides `Retry-After`: OpenAI's `x-ratelimit-*` on a 429.
+    pub fn headers(&self) -> Vec<(String, String)> {
+        let RouterError::RateLimited(v) = self else {
+            return Vec::new();
+        };
+        let mut headers = Vec::new();
+        for (unit, room) in [("requests", v.requests), ("tokens", v.tokens)] {
+            if room.limit > 0 {
+                headers.extend(ratelimit_headers(unit, room));
+            }
+        }
+        headers
     }
 
     /// The JSON error body.
     pub fn body(&self) -> Bytes {
         error_body(&self.to_string(), self.kind(), self.code())
+    }
+}
+
+fn ratelimit_headers(unit: &str, room: Headroom) -> [(String, String); 3] {
+    [
+        (format!("x-ratelimit-limit-{unit}"), room.limit.to_string()),
+        (
+            format!("x-ratelimit-remaining-{unit}"),
+            room.remaining.to_string(),
+        ),
+        (
+            format!("x-ratelimit-reset-{unit}"),
+            format!("{}s", room.reset),
+        ),
+    ]
+}
+
+/// The unit of the limit that refused, as OpenAI's error `type` names it.
+fn unit(v: &Verdict) -> &'static str {
+    match v.refused {
+        Some(Limit::Requests) => "requests",
+        _ => "tokens",
+    }
+}
+
+fn limit_of(v: &Verdict) -> u64 {
+    match v.refused {
+        Some(Limit::Requests) => v.requests.limit,
+        _ => v.tokens.limit,
     }
 }
 

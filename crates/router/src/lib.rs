@@ -20,5 +20,6 @@ pub mod replication;
 pub mod serve;
 pub mod state;
 pub mod stats;
+pub mod tenants;
 pub mod tokens;
 pub mod traces;

@@ -1,5 +1,5 @@
 //! What a reload may change while requests are served, as one snapshot ([`Live`]): the
-//! limits each request is held to and the policy's tunables. The state swaps it whole;
+//! limits each request is held to, the policy's tunables and the tenants. The state swaps it whole;
 //! each request reads it once. Each type here owns its defaults.
 
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use prefix_router_core::policy::{SharedTunables, Tunables};
 use prefix_router_core::request::SessionHeaders;
 
 use crate::fleet::OutlierSettings;
+use crate::tenants::Tenants;
 
 /// The current [`Live`] snapshot, shared by whoever reads it.
 #[derive(Clone, Default)]
@@ -51,6 +52,8 @@ pub struct Live {
     pub limits: Limits,
     /// The policy's reloadable parameters (match threshold, imbalance bounds).
     pub tunables: Tunables,
+    /// The tenants of `tenants_file` (none: every request is one tenant).
+    pub tenants: Arc<Tenants>,
 }
 
 /// What each request may take and do.

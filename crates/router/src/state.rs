@@ -15,6 +15,7 @@ use crate::fleet::Fleet;
 use crate::kv_events::Records;
 use crate::limits::{Current, Live};
 use crate::stats::Stats;
+use crate::tenants::Tenancy;
 use crate::tokens::Tokenizers;
 use crate::traces::Tracing;
 
@@ -42,6 +43,8 @@ pub struct State {
     pub admission: AdmissionMetrics,
     /// Retries in progress, bounded.
     pub retry_budget: RetryBudget,
+    /// The tenants' rate limits and metrics.
+    pub tenancy: Tenancy,
     /// The models' tokenizers (token mode) and their token cache.
     pub tokenizers: Tokenizers,
     /// What backends that publish KV events hold, by their own record.
@@ -73,6 +76,8 @@ pub struct Parts {
     pub tokenizers: Tokenizers,
     /// The KV event records (empty until subscribers fill them).
     pub records: Arc<Records>,
+    /// The tenants' rate limits and metrics.
+    pub tenancy: Tenancy,
     /// Trace export.
     pub tracing: Tracing,
 }
@@ -101,6 +106,7 @@ impl State {
             queue: Queue::default(),
             admission: parts.admission,
             retry_budget: RetryBudget::default(),
+            tenancy: parts.tenancy,
             tokenizers: parts.tokenizers,
             records: parts.records,
             tracing: parts.tracing,

@@ -1,18 +1,85 @@
 //! The router's queue for when every ready backend is at its in-flight limit: a request
-//! waits here, holding nothing but its place, until a backend frees a slot (every
-//! request's end wakes the longest waiter), and is then placed by the policy as the fleet
-//! is at that moment (late binding). Bounded in length (`max_queued`) and in wait
-//! (`queue_timeout`); a request that leaves (timeout, client gone) frees its place.
+//! waits here, holding nothing but its place, until a backend frees a slot, and is then
+//! placed by the policy as the fleet is at that moment (late binding). Bounded in length
+//! (`max_queued`) and in wait (`queue_timeout`); a request that leaves (timeout, client
+//! gone) frees its place.
+//!
+//! Order: priority first, then a weighted fair share among tenants in tokens (each
+//! tenant's requests start at its own virtual time, which advances by a request's
+//! estimated tokens over the tenant's weight, never behind the queue's), then first come
+//! first served. A freed slot wakes one waiter (the fleet wakes the longest); one that is
+//! not first in this order passes the wake to the first. A full queue makes room for a
+//! request by shedding the last waiter of a lower priority, if there is one.
 
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
-use crate::fleet::Fleet;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
 
-/// The queue's length.
+use crate::fleet::Fleet;
+use crate::tenants::Priority;
+
+/// Where a request stands in the queue's order.
+#[derive(Clone, Copy, Debug)]
+pub struct Ticket<'t> {
+    /// Its priority.
+    pub priority: Priority,
+    /// Its tenant's name ("" without a tenants file).
+    pub tenant: &'t str,
+    /// Its tenant's weight (at least 1).
+    pub weight: u32,
+    /// Its estimated prompt tokens (at least 1 is counted).
+    pub cost: u64,
+}
+
+impl Default for Ticket<'_> {
+    fn default() -> Self {
+        Ticket {
+            priority: Priority::Normal,
+            tenant: "",
+            weight: 1,
+            cost: 1,
+        }
+    }
+}
+
+/// The order: highest priority, lowest virtual time, earliest.
+type Key = (Reverse<Priority>, u64, u64);
+
+#[derive(Default)]
+struct Waiter {
+    wake: Notify,
+    shed: AtomicBool,
+}
+
+#[derive(Default)]
+struct Order {
+    waiters: BTreeMap<Key, Arc<Waiter>>,
+    /// Each tenant's virtual time (tokens over weight, scaled).
+    tenants: HashMap<String, u64>,
+    /// The virtual time of the last request that left first in order.
+    now: u64,
+    next: u64,
+}
+
+/// The queue.
 #[derive(Default)]
 pub struct Queue {
     waiting: AtomicUsize,
+    order: Mutex<Order>,
+}
+
+/// Why a wait ended without a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Left {
+    /// The deadline passed.
+    TimedOut,
+    /// A request of a higher priority took its place.
+    Shed,
 }
 
 impl Queue {
@@ -26,44 +93,166 @@ impl Queue {
         self.len() == 0
     }
 
-    /// A place in the queue, if fewer than `max` wait.
-    pub fn join(&self, max: usize) -> Option<Place<'_>> {
-        let joined = (self.waiting).fetch_update(Relaxed, Relaxed, |n| (n < max).then_some(n + 1));
-        joined.ok().map(|_| Place { queue: self })
+    /// A place for `ticket`, if fewer than `max` wait or a waiter of a lower priority can
+    /// be shed for it.
+    pub fn join(&self, max: usize, ticket: Ticket) -> Option<Place<'_>> {
+        let mut order = self.order.lock();
+        if order.waiters.len() >= max {
+            let (key, last) = order.waiters.last_key_value()?;
+            if key.0.0 >= ticket.priority {
+                return None;
+            }
+            last.shed.store(true, Relaxed);
+            last.wake.notify_one();
+            let key = *key;
+            order.waiters.remove(&key);
+            self.waiting.fetch_sub(1, Relaxed);
+        }
+        let floor = order.now;
+        let virtual_time = order.tenants.entry(ticket.tenant.to_string()).or_default();
+        let start = (*virtual_time).max(floor);
+        *virtual_time = start + ticket.cost.max(1) * 1024 / u64::from(ticket.weight.max(1));
+        order.next += 1;
+        let key = (Reverse(ticket.priority), start, order.next);
+        let waiter = Arc::new(Waiter::default());
+        order.waiters.insert(key, Arc::clone(&waiter));
+        self.waiting.fetch_add(1, Relaxed);
+        Some(Place {
+            queue: self,
+            key,
+            waiter,
+        })
     }
 }
 
 /// A request's place in the queue; leaving it (drop) frees it.
 pub struct Place<'q> {
     queue: &'q Queue,
+    key: Key,
+    waiter: Arc<Waiter>,
 }
 
 impl Place<'_> {
-    /// Waits until `take` finds a slot in `fleet` (looking again whenever a request ends),
-    /// or until `deadline` (then `None`).
+    /// Waits until this place is first in order and `take` finds a slot in `fleet`
+    /// (looking again whenever a request ends), or until `deadline`, or until it is shed.
     pub async fn wait<T>(
-        self,
+        &self,
         fleet: &Fleet,
         deadline: Instant,
         take: impl Fn(&Fleet) -> Option<T>,
-    ) -> Option<T> {
+    ) -> Result<T, Left> {
         loop {
             let freed = fleet.slot_freed();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(slot) = take(fleet) {
-                return Some(slot);
+            let woken = self.waiter.wake.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.waiter.shed.load(Relaxed) {
+                return Err(Left::Shed);
+            }
+            if let Some(slot) = self.first().then(|| take(fleet)).flatten() {
+                return Ok(slot);
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || tokio::time::timeout(left, freed).await.is_err() {
-                return None;
+            let wake = async {
+                tokio::select! {
+                    _ = freed => true,
+                    _ = woken => false,
+                }
+            };
+            match tokio::time::timeout(left, wake).await {
+                Err(_) => return Err(Left::TimedOut),
+                Ok(true) if !self.first() => self.queue.wake_first(),
+                Ok(_) => {}
             }
+        }
+    }
+
+    fn first(&self) -> bool {
+        let order = self.queue.order.lock();
+        order
+            .waiters
+            .first_key_value()
+            .is_some_and(|(k, _)| *k == self.key)
+    }
+}
+
+impl Queue {
+    /// Wakes the waiter first in order.
+    fn wake_first(&self) {
+        if let Some((_, first)) = self.order.lock().waiters.first_key_value() {
+            first.wake.notify_one();
         }
     }
 }
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        self.queue.waiting.fetch_sub(1, Relaxed);
+        let mut order = self.queue.order.lock();
+        let was_first = order
+            .waiters
+            .first_key_value()
+            .is_some_and(|(k, _)| *k == self.key);
+        if order.waiters.remove(&self.key).is_some() {
+            self.queue.waiting.fetch_sub(1, Relaxed);
+        }
+        if was_first {
+            order.now = order.now.max(self.key.1);
+            // The next one looks at once: more than one slot may be free.
+            if let Some((_, next)) = order.waiters.first_key_value() {
+                next.wake.notify_one();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ticket(priority: Priority, tenant: &str, cost: u64) -> Ticket<'_> {
+        Ticket {
+            priority,
+            tenant,
+            weight: 1,
+            cost,
+        }
+    }
+
+    fn order(queue: &Queue) -> Vec<Key> {
+        queue.order.lock().waiters.keys().copied().collect()
+    }
+
+    #[test]
+    fn priority_first_then_fair_share_then_arrival() {
+        let queue = Queue::default();
+        let a1 = queue.join(10, ticket(Priority::Normal, "a", 100)).unwrap();
+        let a2 = queue.join(10, ticket(Priority::Normal, "a", 100)).unwrap();
+        let b1 = queue.join(10, ticket(Priority::Normal, "b", 100)).unwrap();
+        let high = queue.join(10, ticket(Priority::High, "a", 100)).unwrap();
+        let keys = order(&queue);
+        assert_eq!(keys[0], high.key, "high first");
+        assert_eq!(keys[1], a1.key);
+        assert_eq!(keys[2], b1.key, "b's first request before a's second");
+        assert_eq!(keys[3], a2.key);
+        assert_eq!(queue.len(), 4);
+    }
+
+    #[test]
+    fn a_full_queue_sheds_its_last_lower_priority_waiter() {
+        let queue = Queue::default();
+        let normal = queue.join(2, ticket(Priority::Normal, "", 1)).unwrap();
+        let low = queue.join(2, ticket(Priority::Low, "", 1)).unwrap();
+        assert!(
+            queue.join(2, ticket(Priority::Low, "", 1)).is_none(),
+            "no lower one to shed"
+        );
+        let high = queue.join(2, ticket(Priority::High, "", 1)).unwrap();
+        assert!(low.waiter.shed.load(Relaxed));
+        assert!(!normal.waiter.shed.load(Relaxed));
+        assert_eq!(queue.len(), 2);
+        drop((low, normal, high));
+        assert!(queue.is_empty());
     }
 }

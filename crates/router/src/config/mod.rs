@@ -6,6 +6,7 @@ mod boot;
 mod settings;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
@@ -21,6 +22,7 @@ use crate::fleet::{DiscoverySettings, HealthSettings, OutlierSettings, ReaderSet
 use crate::kv_events::KvEventSettings;
 use crate::limits::{ExchangeTimeouts, Limits, Live, RetryOn, RetrySettings};
 use crate::replication::SharedTable;
+use crate::tenants::Tenants;
 use crate::tokens::TokenSettings;
 use crate::traces::TraceSettings;
 
@@ -91,6 +93,12 @@ impl Config {
             live: Live {
                 limits: limits(&s, d.live.limits)?,
                 tunables: tunables(&s, d.live.tunables)?,
+                tenants: Arc::new(match &s.tenants_file {
+                    Some(path) => {
+                        Tenants::load(path).map_err(|e| invalid("tenants_file", e.to_string()))?
+                    }
+                    None => Tenants::default(),
+                }),
             },
         })
     }

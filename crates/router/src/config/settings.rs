@@ -149,6 +149,9 @@ pub struct Settings {
     /// Seconds a client may take to send its whole request body [default: 300]
     #[arg(long)]
     pub client_body_timeout: Option<f64>,
+    /// TOML file of tenants: the SHA-256 of their API keys, weights, rate limits, priority caps; reloaded with the config [default: none, one tenant]
+    #[arg(long)]
+    pub tenants_file: Option<std::path::PathBuf>,
     /// Failed exchanges in a row (no connection, reset, timed out) that eject a backend; 0 disables [default: 3]
     #[arg(long)]
     pub passive_failures: Option<usize>,

@@ -18,7 +18,7 @@ use smallvec::SmallVec;
 
 use super::exchange::{Exchange, Failure};
 use super::prepare;
-use crate::admission::Retrying;
+use crate::admission::{Left, Retrying, Ticket};
 use crate::error::{RouterError, Shed};
 use crate::fleet::{Backend, Ended, Fleet, Ready};
 use crate::limits::Limits;
@@ -89,6 +89,7 @@ pub async fn run<E: Exchange>(
     limits: &Limits,
     exchange: &mut E,
     route: &Route<'_, '_>,
+    ticket: Ticket<'_>,
     trace: &RequestTrace,
 ) -> Dispatched<E::Answer> {
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
@@ -101,7 +102,7 @@ pub async fn run<E: Exchange>(
         budget: None,
     };
     let result = loop {
-        let ready = match admitted(state, limits, exchange, &tried, trace).await {
+        let ready = match admitted(state, limits, exchange, &tried, ticket, trace).await {
             Ok(ready) if ready.is_empty() => break Err(last_error),
             Ok(ready) => ready,
             Err(e) => break Err(e),
@@ -284,6 +285,7 @@ async fn admitted<E: Exchange>(
     limits: &Limits,
     exchange: &mut E,
     tried: &[BackendId],
+    ticket: Ticket<'_>,
     trace: &RequestTrace,
 ) -> Result<Ready, RouterError> {
     let fleet = &state.fleet;
@@ -301,7 +303,7 @@ async fn admitted<E: Exchange>(
         shed,
         retry_after: limits.queue_timeout.as_secs().max(1),
     };
-    let place = (state.queue).join(limits.max_queued);
+    let place = (state.queue).join(limits.max_queued, ticket);
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
@@ -314,7 +316,10 @@ async fn admitted<E: Exchange>(
     };
     state.admission.waited(started.elapsed());
     trace.waited(since);
-    waited?.ok_or_else(|| overloaded(Shed::QueueTimeout))
+    waited?.map_err(|left| match left {
+        Left::TimedOut => overloaded(Shed::QueueTimeout),
+        Left::Shed => overloaded(Shed::QueueFull),
+    })
 }
 
 /// Outlier detection counts how an exchange with `backend` ended; the fleet keeps its

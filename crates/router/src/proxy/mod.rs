@@ -26,11 +26,13 @@ use prefix_router_core::ledger::Seat;
 use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::{PromptSize, TextBytes, Tokens};
 
+use crate::admission::Ticket;
 use crate::endpoints::{self, Probe};
 use crate::error::RouterError;
 use crate::fleet::{Backend, Ended};
 use crate::limits::Limits;
 use crate::state::{Active, State};
+use crate::tenants::{Charge, Refused};
 use crate::tokens::Tokenizing;
 use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
@@ -165,6 +167,16 @@ impl Router {
         if endpoints::is_admin(path) {
             return Err(RouterError::NotFound(path.to_string()));
         }
+        let identity = live
+            .tenants
+            .identify(&head.headers)
+            .map_err(|refused| match refused {
+                Refused::UnknownKey => {
+                    state.tenancy.unknown_key();
+                    RouterError::UnknownApiKey
+                }
+                Refused::BadPriority => RouterError::BadPriority,
+            })?;
         ctx.endpoint = endpoint;
         let reading = SystemTime::now();
         let body = body::read(session, &body::Reading::new(limits, &state.budget)).await;
@@ -183,6 +195,9 @@ impl Router {
             note_tokenizing(state, &p.tokenizing);
             ctx.prompt = p.size();
         }
+        let estimate = ctx.prompt.tokens().0 as u64;
+        let charge =
+            (state.tenancy.admit(&identity, estimate)).map_err(RouterError::RateLimited)?;
         let request = prepared.as_ref().map(|p| p.request(false));
         let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
         let method = &session.req_header().method;
@@ -197,7 +212,14 @@ impl Router {
             timeouts: &limits.exchange,
             trace: &ctx.trace,
         };
-        let dispatched = dispatch::run(state, limits, &mut upstream, &route, &ctx.trace).await;
+        let ticket = Ticket {
+            priority: identity.priority,
+            tenant: identity.tenant.map_or("", |t| t.name.as_str()),
+            weight: identity.tenant.map_or(1, |t| t.weight),
+            cost: estimate,
+        };
+        let dispatched =
+            dispatch::run(state, limits, &mut upstream, &route, ticket, &ctx.trace).await;
         drop(upstream);
         ctx.placed = dispatched.placed;
         ctx.retries = dispatched.retries;
@@ -206,7 +228,16 @@ impl Router {
             request_id: &ctx.request_id,
             closing: state.draining(),
         };
-        relay(state, limits, session, answered, reply, &route).await
+        relay(
+            state,
+            limits,
+            session,
+            answered,
+            reply,
+            &route,
+            charge.as_ref(),
+        )
+        .await
     }
 }
 
@@ -226,6 +257,7 @@ async fn relay(
     answered: Answered<Answering>,
     reply: Reply<'_>,
     route: &Route<'_, '_>,
+    charge: Option<&Charge>,
 ) -> Result<(), RouterError> {
     let Answered {
         answer,
@@ -248,6 +280,12 @@ async fn relay(
     }
     if let Some(trace) = &exchanged.trace {
         note_response(state, &backend, &seat, trace);
+    }
+    let usage = exchanged.trace.as_ref().and_then(|t| t.usage);
+    if let (Some(charge), Some(usage)) = (charge, usage) {
+        state
+            .tenancy
+            .settle(charge, usage.prompt + usage.completion);
     }
     exchanged.result.map_err(|f| f.into_error())
 }
@@ -273,9 +311,13 @@ async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
         return 0;
     }
     let body = error.body();
-    let Ok(head) = error_header(status, &body, error.retry_after()) else {
+    let Ok(mut head) = error_header(status, &body, error.retry_after()) else {
         return 0;
     };
+    for (name, value) in error.headers() {
+        // Names and values are made here, of ASCII letters, digits and dashes.
+        let _ = head.insert_header(name, value);
+    }
     let downstream = session.as_downstream_mut();
     if let Err(e) = downstream.write_error_response(head, body).await {
         debug!("could not send error response: {e}");

@@ -30,6 +30,7 @@ use crate::proxy::Router;
 use crate::replication::{Replication, ReplicationMetrics};
 use crate::state::{Parts, State};
 use crate::stats::{Registry, Stats};
+use crate::tenants::Tenancy;
 use crate::tokens::{TokenMetrics, Tokenizers};
 use crate::traces::{Counts, TraceError, Tracing};
 use notify::Readiness;
@@ -95,6 +96,7 @@ pub fn build(
         admission: metrics.admission,
         tokenizers,
         records: Arc::new(Records::new(metrics.kv_events)),
+        tenancy: metrics.tenancy,
         tracing,
     }));
     let mut proxy =
@@ -157,6 +159,7 @@ struct PartMetrics {
     replication: ReplicationMetrics,
     tokens: TokenMetrics,
     traces: Counts,
+    tenancy: Tenancy,
 }
 
 impl PartMetrics {
@@ -169,6 +172,7 @@ impl PartMetrics {
             replication: ReplicationMetrics::new(registry),
             tokens: TokenMetrics::new(registry),
             traces: Counts::new(registry),
+            tenancy: Tenancy::new(registry),
         }
     }
 }

@@ -46,6 +46,7 @@ fn renders_every_part_with_every_closed_label_value() {
     let usage = Usage {
         prompt: 10,
         cached: 4,
+        completion: 2,
     };
     stats.exchange("http://b:1", None, Duration::from_millis(3), Some(usage));
     stats.decision(Outcome::PrefixHit, TextBytes(3), TextBytes(4));

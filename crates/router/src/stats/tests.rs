@@ -10,6 +10,7 @@ fn totals_add_up_what_was_recorded() {
     let usage = Usage {
         prompt: 10,
         cached: 4,
+        completion: 2,
     };
     stats.exchange("http://b:1", None, Duration::from_millis(3), Some(usage));
     stats.decision(Outcome::PrefixHit, TextBytes(3), TextBytes(4));

@@ -1,5 +1,6 @@
-//! Reads `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens` (in the
-//! Responses API `usage.input_tokens` and `usage.input_tokens_details.cached_tokens`) from a
+//! Reads `usage.prompt_tokens`, `usage.prompt_tokens_details.cached_tokens` and
+//! `usage.completion_tokens` (in the Responses API `usage.input_tokens`,
+//! `usage.input_tokens_details.cached_tokens` and `usage.output_tokens`) from a
 //! response as it streams through, without holding any of it back: a scanner fed chunk by
 //! chunk that remembers the last value of each key (the final SSE chunk carries the usage)
 //! and only a few bytes across chunk boundaries.
@@ -10,6 +11,8 @@ const SUFFIX: &[u8] = b"_tokens\":";
 /// The key names before [`SUFFIX`], with their opening quote.
 const PROMPT: [&[u8]; 2] = [b"\"prompt", b"\"input"];
 const CACHED: &[u8] = b"\"cached";
+/// The key names of completion tokens.
+const COMPLETION: [&[u8]; 2] = [b"\"completion", b"\"output"];
 /// Bytes kept from the end of a chunk: a key and its number can straddle two chunks.
 const CARRY: usize = 40;
 
@@ -20,6 +23,8 @@ pub struct Usage {
     pub prompt: u64,
     /// Of which found in the prefix cache.
     pub cached: u64,
+    /// Completion tokens (0 when not reported).
+    pub completion: u64,
 }
 
 /// Scans response chunks for usage figures.
@@ -28,6 +33,7 @@ pub struct UsageScanner {
     carry: Vec<u8>,
     prompt: Option<u64>,
     cached: Option<u64>,
+    completion: Option<u64>,
 }
 
 impl UsageScanner {
@@ -59,6 +65,8 @@ impl UsageScanner {
                 self.prompt = Some(n);
             } else if name.ends_with(CACHED) {
                 self.cached = Some(n);
+            } else if COMPLETION.iter().any(|c| name.ends_with(c)) {
+                self.completion = Some(n);
             }
         }
     }
@@ -68,6 +76,7 @@ impl UsageScanner {
         self.prompt.map(|prompt| Usage {
             prompt,
             cached: self.cached.unwrap_or(0),
+            completion: self.completion.unwrap_or(0),
         })
     }
 }
@@ -107,7 +116,8 @@ data: {"response":{"usage":{"input_tokens":640,"input_tokens_details":{"cached_t
             s.usage(),
             Some(Usage {
                 prompt: 640,
-                cached: 512
+                cached: 512,
+                completion: 9
             })
         );
     }
@@ -122,7 +132,8 @@ data: {"response":{"usage":{"input_tokens":640,"input_tokens_details":{"cached_t
             s.usage(),
             Some(Usage {
                 prompt: 1234,
-                cached: 1000
+                cached: 1000,
+                completion: 5
             })
         );
     }
@@ -137,7 +148,8 @@ data: {"response":{"usage":{"input_tokens":640,"input_tokens_details":{"cached_t
                 s.usage(),
                 Some(Usage {
                     prompt: 1234,
-                    cached: 1000
+                    cached: 1000,
+                    completion: 5
                 }),
                 "cut at {cut}"
             );
@@ -154,7 +166,8 @@ data: {"response":{"usage":{"input_tokens":640,"input_tokens_details":{"cached_t
             s.usage(),
             Some(Usage {
                 prompt: 50,
-                cached: 32
+                cached: 32,
+                completion: 0
             })
         );
     }

@@ -132,6 +132,7 @@ fn state(n: u16, checked: bool) -> State {
         admission: AdmissionMetrics::new(&registry),
         tokenizers: Tokenizers::none(TokenMetrics::new(&registry)),
         records: Arc::new(Records::new(KvEventMetrics::new(&registry))),
+        tenancy: crate::tenants::Tenancy::new(&registry),
         tracing: crate::traces::Tracing::off(),
     })
 }
@@ -165,6 +166,7 @@ async fn dispatch(state: &State, limits: &Limits, fake: &mut Fake) -> Dispatched
         limits,
         fake,
         &Route::AnyBackend,
+        Ticket::default(),
         &RequestTrace::default(),
     )
     .await

@@ -1,0 +1,108 @@
+//! What the data plane asks of tenants: admit a request under its tenant's rate limits
+//! (counting it), settle what it really cost, and the metrics, labelled by the tenants of
+//! the file only.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use prometheus::{IntCounter, IntCounterVec};
+
+use super::rate::{Limit, RateLimits, Verdict};
+use super::{Identity, Priority};
+use crate::stats::{Label, Registry};
+
+/// A request admitted under its tenant's limits: what to settle when it ends.
+#[derive(Debug)]
+pub struct Charge {
+    tenant: String,
+    estimate: u64,
+    /// Whether the tenant has rate limits.
+    limited: bool,
+}
+
+/// The rate limits' state and the tenants' metrics.
+pub struct Tenancy {
+    limits: RateLimits,
+    requests: IntCounterVec,
+    limited: IntCounterVec,
+    tokens: IntCounterVec,
+    unknown: IntCounter,
+}
+
+impl Tenancy {
+    /// Registers the metrics in `registry`.
+    pub fn new(registry: &Registry) -> Self {
+        Tenancy {
+            limits: RateLimits::default(),
+            requests: registry.counter_vec(
+                "tenant_requests_total",
+                "Requests admitted, by tenant and priority (tenants of the tenants file)",
+                &["tenant", "priority"],
+            ),
+            limited: registry.counter_vec(
+                "tenant_rate_limited_total",
+                "Requests refused with 429, by tenant and the limit reached",
+                &["tenant", "limit"],
+            ),
+            tokens: registry.counter_vec(
+                "tenant_tokens_total",
+                "Prompt and completion tokens served, by tenant (as the answers reported)",
+                &["tenant"],
+            ),
+            unknown: registry.counter(
+                "unknown_api_keys_total",
+                "Requests refused with 401: a key in no tenant's list",
+            ),
+        }
+    }
+
+    /// A request was refused for its key.
+    pub fn unknown_key(&self) {
+        self.unknown.inc();
+    }
+
+    /// Admits a request of `identity` estimated at `tokens` prompt tokens, or the verdict
+    /// that refuses it.
+    pub fn admit(&self, identity: &Identity, tokens: u64) -> Result<Option<Charge>, Verdict> {
+        let Some(tenant) = identity.tenant else {
+            return Ok(None);
+        };
+        let name = tenant.name.as_str();
+        let limited = tenant.requests_per_minute > 0 || tenant.tokens_per_minute > 0;
+        if limited {
+            let verdict = self.limits.admit(tenant, tokens, now());
+            if let Some(limit) = verdict.refused {
+                let limit = match limit {
+                    Limit::Requests => "requests",
+                    Limit::Tokens => "tokens",
+                };
+                self.limited.with_label_values(&[name, limit]).inc();
+                return Err(verdict);
+            }
+        }
+        let priority: Priority = identity.priority;
+        (self.requests.with_label_values(&[name, priority.label()])).inc();
+        Ok(Some(Charge {
+            tenant: tenant.name.clone(),
+            estimate: tokens,
+            limited,
+        }))
+    }
+
+    /// A request admitted as `charge` cost `tokens` (prompt and completion), as its answer
+    /// reported.
+    pub fn settle(&self, charge: &Charge, tokens: u64) {
+        self.tokens
+            .with_label_values(&[&charge.tenant])
+            .inc_by(tokens);
+        if charge.limited {
+            (self.limits).settle(&charge.tenant, charge.estimate, tokens, now());
+        }
+    }
+}
+
+/// Seconds since the first call: the clock of the rate windows.
+fn now() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_secs()
+}

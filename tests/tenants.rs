@@ -1,0 +1,249 @@
+//! Tenants: a request's tenant from the SHA-256 of its API key, 401 for keys the file does
+//! not list, priorities clamped, and the rate limits answered with OpenAI's 429 and its
+//! `x-ratelimit-*` headers; keys never in logs or metrics.
+
+use std::io::Write;
+
+use prefix_router::config::Settings;
+use serde_json::Value;
+
+use crate::support::*;
+
+/// `sha256:<hex>` of `key`, computed by `sha256sum`, another implementation than the
+/// router's.
+fn hash(key: &str) -> String {
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(key.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let hex = String::from_utf8(out.stdout).unwrap();
+    format!("sha256:{}", hex.split_whitespace().next().unwrap())
+}
+
+/// A tenants file of `text`, named after the test `name`.
+fn tenants_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("prefix-router-tenants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn send(
+    router: &TestRouter,
+    key: Option<&str>,
+    priority: Option<&str>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let mut request = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&chat(&[("user", "a question for the fleet".into())]));
+    if let Some(key) = key {
+        request = request.header("authorization", format!("Bearer {key}"));
+    }
+    if let Some(priority) = priority {
+        request = request.header("x-priority", priority);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, headers, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_name_tenants_and_unknown_keys_get_401_before_any_backend() {
+    let up = Upstream::start("a").await;
+    let file = format!("[tenants.acme]\nkeys = [\"{}\"]\n", hash("sk-acme-secret"));
+    let path = tenants_file("keys", &file);
+    let settings = Settings {
+        tenants_file: Some(path),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    let (status, _, _) = send(&router, Some("sk-acme-secret"), Some("high")).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        up.received()[0].headers["authorization"],
+        "Bearer sk-acme-secret",
+        "the key is forwarded as it came"
+    );
+    for key in [Some("sk-stranger"), None] {
+        let (status, _, body) = send(&router, key, None).await;
+        assert_eq!(status, 401, "{key:?}");
+        assert_error(&body, "invalid_api_key");
+    }
+    let (status, _, body) = send(&router, Some("sk-acme-secret"), Some("urgent")).await;
+    assert_eq!(status, 400);
+    assert_error(&body, "invalid_priority");
+    assert_eq!(up.count(), 1, "a refused request reached the backend");
+    let metrics = router.metrics().await;
+    assert_eq!(
+        sum(&metrics, "prefix_router_unknown_api_keys_total", &[]),
+        2.0
+    );
+    let admitted = [("tenant", "acme"), ("priority", "normal")];
+    assert_eq!(
+        sum(&metrics, "prefix_router_tenant_requests_total", &admitted),
+        1.0,
+        "high is clamped to acme's default cap, normal"
+    );
+    let text = reqwest::get(format!("{}/metrics", router.admin_url))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !text.contains("sk-acme") && !text.contains("sk-stranger"),
+        "a key reached the metrics"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_request_rate_gets_429_with_openai_headers() {
+    let up = Upstream::start("a").await;
+    let file = format!(
+        "[tenants.acme]\nkeys = [\"{}\"]\nrequests_per_minute = 3\n\n[tenants.default]\n",
+        hash("sk-acme")
+    );
+    let path = tenants_file("requests", &file);
+    let settings = Settings {
+        tenants_file: Some(path),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    for _ in 0..3 {
+        assert_eq!(send(&router, Some("sk-acme"), None).await.0, 200);
+    }
+    let (status, headers, body) = send(&router, Some("sk-acme"), None).await;
+    assert_eq!(status, 429);
+    assert_error(&body, "rate_limit_exceeded");
+    assert_eq!(body["error"]["type"], "requests");
+    let header = |name: &str| headers[name].to_str().unwrap().to_string();
+    assert_eq!(header("x-ratelimit-limit-requests"), "3");
+    assert_eq!(header("x-ratelimit-remaining-requests"), "0");
+    let retry: u64 = header("retry-after").parse().unwrap();
+    assert!((55..=60).contains(&retry), "retry-after {retry}");
+    assert!(header("x-ratelimit-reset-requests").ends_with('s'));
+    assert_eq!(up.count(), 3);
+    // The default tenant (no key) has no limit of its own.
+    assert_eq!(send(&router, None, None).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_counted_from_what_the_answers_report() {
+    let up = Upstream::start("a").await;
+    up.set_reply(Reply::Usage {
+        prompt: 400,
+        cached: 0,
+    });
+    let file = format!(
+        "[tenants.acme]\nkeys = [\"{}\"]\ntokens_per_minute = 1000\n",
+        hash("sk-acme")
+    );
+    let path = tenants_file("tokens", &file);
+    let settings = Settings {
+        tenants_file: Some(path),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    // Each answer reports 400 prompt and 1 completion tokens, where the router estimated 6
+    // from the text: after three (1,203 tokens) the minute's 1,000 are spent.
+    for _ in 0..3 {
+        assert_eq!(send(&router, Some("sk-acme"), None).await.0, 200);
+    }
+    let (status, headers, body) = send(&router, Some("sk-acme"), None).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["type"], "tokens");
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "1000");
+    assert_eq!(headers["x-ratelimit-remaining-tokens"], "0");
+    let metrics = router.metrics().await;
+    let served = sum(
+        &metrics,
+        "prefix_router_tenant_tokens_total",
+        &[("tenant", "acme")],
+    );
+    assert_eq!(served, 1203.0);
+    assert_eq!(
+        sum(
+            &metrics,
+            "prefix_router_tenant_rate_limited_total",
+            &[("limit", "tokens")]
+        ),
+        1.0
+    );
+}
+
+/// Posts a chat request whose message is `name`, with `priority`; its status.
+async fn post_named(url: String, name: &'static str, priority: &'static str) -> u16 {
+    client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-priority", priority)
+        .json(&chat(&[("user", name.into())]))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// The message each request the backend received carried, in order.
+fn arrivals(up: &Upstream) -> Vec<String> {
+    (up.received().iter())
+        .map(|r| {
+            let body: Value = serde_json::from_slice(&r.body).unwrap();
+            body["messages"][0]["content"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
+    let up = Upstream::start("a").await;
+    up.set_reply(Reply::Slow(std::time::Duration::from_millis(300)));
+    let settings = Settings {
+        max_inflight_per_backend: Some(1),
+        max_queued: Some(3),
+        queue_timeout: Some(10.0),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    let url = router.url.clone();
+    let mut sent = Vec::new();
+    for (name, priority) in [
+        ("busy", "normal"),
+        ("low", "low"),
+        ("first normal", "normal"),
+        ("second normal", "normal"),
+        ("high", "high"),
+    ] {
+        sent.push(tokio::spawn(post_named(url.clone(), name, priority)));
+        let queued = sent.len() - 1;
+        router
+            .wait_until("the request is placed or queued", |r| {
+                up.count() == 1 && r.state().queue.len() >= queued.min(3)
+            })
+            .await;
+    }
+    let mut statuses = Vec::new();
+    for s in sent {
+        statuses.push(s.await.unwrap());
+    }
+    assert_eq!(
+        statuses,
+        vec![200, 503, 200, 200, 200],
+        "low is shed for high"
+    );
+    assert_eq!(
+        arrivals(&up),
+        vec!["busy", "high", "first normal", "second normal"]
+    );
+}
