@@ -94,9 +94,16 @@ async fn request_ids_are_made_when_absent_and_kept_when_given() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn secrets_never_reach_the_logs() {
+async fn secrets_never_reach_the_logs_nor_the_metrics() {
     let up = Upstream::start("a").await;
-    let (mut command, url, _) = router_binary();
+    // A tenant whose key is the first secret, so that the tenant paths run too; the file
+    // holds its hash only.
+    let dir = std::env::temp_dir().join(format!("prefix-router-secrets-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tenants = dir.join("tenants.toml");
+    let hash = sha256_entry("sk-very-secret-1");
+    std::fs::write(&tenants, format!("[tenants.acme]\nkeys = [\"{hash}\"]\n")).unwrap();
+    let (mut command, url, admin) = router_binary();
     let mut child = command
         .args([
             "--worker-urls",
@@ -105,6 +112,8 @@ async fn secrets_never_reach_the_logs() {
             "0.2",
             "--threads",
             "1",
+            "--tenants-file",
+            tenants.to_str().unwrap(),
         ])
         .env("RUST_LOG", "trace")
         .stderr(std::process::Stdio::piped())
@@ -127,6 +136,31 @@ async fn secrets_never_reach_the_logs() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(ok, "the router never answered");
+    // An unknown key is refused, and not repeated either.
+    let refused = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-very-secret-3")
+        .json(&chat(&[("user", "hi".into())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let body = refused.text().await.unwrap();
+    assert!(!body.contains("sk-very-secret"), "the 401 repeats the key");
+    let metrics = reqwest::get(format!("{admin}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains("prefix_router_tenant_requests_total{priority=\"normal\",tenant=\"acme\"} 1")
+    );
+    assert!(
+        !metrics.contains("sk-very-secret"),
+        "a secret reached the metrics"
+    );
     // The access log line is written after the response is sent.
     let logged = log.wait_for("POST /v1/chat/completions", Duration::from_secs(10));
     let _ = child.kill();

@@ -2,31 +2,10 @@
 //! not list, priorities clamped, and the rate limits answered with OpenAI's 429 and its
 //! `x-ratelimit-*` headers; keys never in logs or metrics.
 
-use std::io::Write;
-
 use prefix_router::config::Settings;
 use serde_json::Value;
 
 use crate::support::*;
-
-/// `sha256:<hex>` of `key`, computed by `sha256sum`, another implementation than the
-/// router's.
-fn hash(key: &str) -> String {
-    let mut child = std::process::Command::new("sha256sum")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(key.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let hex = String::from_utf8(out.stdout).unwrap();
-    format!("sha256:{}", hex.split_whitespace().next().unwrap())
-}
 
 /// A tenants file of `text`, named after the test `name`.
 fn tenants_file(name: &str, text: &str) -> std::path::PathBuf {
@@ -61,7 +40,10 @@ async fn send(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_name_tenants_and_unknown_keys_get_401_before_any_backend() {
     let up = Upstream::start("a").await;
-    let file = format!("[tenants.acme]\nkeys = [\"{}\"]\n", hash("sk-acme-secret"));
+    let file = format!(
+        "[tenants.acme]\nkeys = [\"{}\"]\n",
+        sha256_entry("sk-acme-secret")
+    );
     let path = tenants_file("keys", &file);
     let settings = Settings {
         tenants_file: Some(path),
@@ -112,7 +94,7 @@ async fn a_tenant_over_its_request_rate_gets_429_with_openai_headers() {
     let up = Upstream::start("a").await;
     let file = format!(
         "[tenants.acme]\nkeys = [\"{}\"]\nrequests_per_minute = 3\n\n[tenants.default]\n",
-        hash("sk-acme")
+        sha256_entry("sk-acme")
     );
     let path = tenants_file("requests", &file);
     let settings = Settings {
@@ -147,7 +129,7 @@ async fn tokens_are_counted_from_what_the_answers_report() {
     });
     let file = format!(
         "[tenants.acme]\nkeys = [\"{}\"]\ntokens_per_minute = 1000\n",
-        hash("sk-acme")
+        sha256_entry("sk-acme")
     );
     let path = tenants_file("tokens", &file);
     let settings = Settings {

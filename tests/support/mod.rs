@@ -22,6 +22,23 @@ pub fn free_loopback_addr() -> std::io::Result<String> {
     Ok(listener.local_addr()?.to_string())
 }
 
+/// A tenants file's entry for `key`: `sha256:<hex>`, computed by `sha256sum` (another
+/// implementation than the router's).
+pub fn sha256_entry(key: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("sha256sum (coreutils)");
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(key.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let hex = String::from_utf8(out.stdout).unwrap();
+    format!("sha256:{}", hex.split_whitespace().next().unwrap())
+}
+
 /// Held by the tests that load the machine most (the soak, the held 32 MiB bodies) for
 /// their whole run, so that their timings and memory figures are not each other's noise.
 pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {

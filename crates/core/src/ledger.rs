@@ -43,6 +43,9 @@ pub struct Account {
     running: AtomicUsize,
     waiting: AtomicUsize,
     kv_usage: AtomicU64,
+    /// Requests in flight it takes before more are held in the router (0: no hold),
+    /// learned from its published queue ([`Account::learn_hold`]).
+    hold: AtomicUsize,
     on_free: Box<dyn Fn() + Send + Sync>,
 }
 
@@ -60,6 +63,7 @@ impl Account {
             running: AtomicUsize::new(usize::MAX),
             waiting: AtomicUsize::new(0),
             kv_usage: AtomicU64::new(0),
+            hold: AtomicUsize::new(0),
             on_free: Box::new(|| {}),
         }
     }
@@ -122,6 +126,39 @@ impl Account {
         self.running.store(p.running.min(usize::MAX - 1), Relaxed);
     }
 
+    /// Learns from what the backend just published where the router should hold work
+    /// back: while requests wait in the engine's own queue (where no priority or fairness
+    /// acts), the router sends it at most what it runs; while none wait, the hold grows by
+    /// a quarter, so that a backend with room is never held to an old measure. No hold
+    /// until the engine first queued.
+    pub fn learn_hold(&self, published: Published) {
+        let hold = self.hold.load(Relaxed);
+        let next = if published.waiting > 0 {
+            published.running.max(1)
+        } else if hold > 0 {
+            hold + (hold / 4).max(1)
+        } else {
+            0
+        };
+        self.hold.store(next, Relaxed);
+    }
+
+    /// Forgets the hold (flow control is off).
+    pub fn forget_hold(&self) {
+        self.hold.store(0, Relaxed);
+    }
+
+    /// Requests in flight it takes before more are held in the router, if it learned one.
+    pub fn hold(&self) -> Option<usize> {
+        Some(self.hold.load(Relaxed)).filter(|&h| h > 0)
+    }
+
+    /// Whether it takes one more request under the in-flight `limit` (0: none) and its
+    /// learned hold.
+    pub fn open(&self, limit: usize) -> bool {
+        below(self.load(), limit, self.hold.load(Relaxed))
+    }
+
     /// The backend as a policy sees it.
     pub fn candidate(&self) -> Candidate {
         Candidate {
@@ -153,8 +190,9 @@ impl Account {
         prefill: TextBytes,
         decision: Decision,
     ) -> Option<Seat> {
-        let below = |n: usize| (limit == 0 || n < limit).then_some(n + 1);
-        self.inflight.fetch_update(Relaxed, Relaxed, below).ok()?;
+        let hold = self.hold.load(Relaxed);
+        let next = |n: usize| below(n, limit, hold).then_some(n + 1);
+        self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
         Some(Seat {
             account: Arc::clone(self),
@@ -162,6 +200,11 @@ impl Account {
             decision,
         })
     }
+}
+
+/// Whether `load` is below `limit` (0: none) and `hold` (0: none).
+fn below(load: usize, limit: usize, hold: usize) -> bool {
+    (limit == 0 || load < limit) && (hold == 0 || load < hold)
 }
 
 impl std::fmt::Debug for Account {
@@ -281,9 +324,10 @@ impl Ledger {
         }
     }
 
-    /// Whether some of `accounts` is below the in-flight `limit` (0: no limit).
+    /// Whether some of `accounts` is below the in-flight `limit` (0: no limit) and its
+    /// learned hold.
     pub fn open(&self, accounts: &[&Arc<Account>], limit: usize) -> bool {
-        accounts.iter().any(|a| limit == 0 || a.load() < limit)
+        accounts.iter().any(|a| a.open(limit))
     }
 
     /// Places a request of `text` routing text on one of `accounts` below the in-flight
@@ -330,7 +374,7 @@ impl Ledger {
         choose: impl FnOnce(&[Candidate]) -> Decision,
     ) -> Option<Option<(usize, Decision)>> {
         let open: SmallVec<[usize; 16]> = (0..accounts.len())
-            .filter(|&i| limit == 0 || accounts[i].load() < limit)
+            .filter(|&i| accounts[i].open(limit))
             .collect();
         if open.is_empty() {
             return None;
@@ -383,6 +427,35 @@ mod tests {
             outcome: Outcome::Balanced,
             matched: TextBytes(30),
         }
+    }
+
+    #[test]
+    fn a_backend_that_queues_is_held_near_what_it_runs_and_released_as_it_drains() {
+        let all = accounts(1);
+        let refs: Vec<&Arc<Account>> = all.iter().collect();
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let load = |running, waiting| Published {
+            running,
+            waiting,
+            kv_usage: 0.5,
+        };
+        all[0].learn_hold(load(8, 0));
+        assert_eq!(all[0].hold(), None, "no hold before it ever queued");
+        all[0].learn_hold(load(8, 5));
+        assert_eq!(all[0].hold(), Some(8), "what it runs");
+        let seats: Vec<_> = (0..12)
+            .filter_map(|_| match ledger.place(&refs, 0, TextBytes(1), first) {
+                Placing::Placed { seat, .. } => Some(seat),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(seats.len(), 8);
+        assert!(!ledger.open(&refs, 0));
+        all[0].learn_hold(load(8, 0));
+        assert_eq!(all[0].hold(), Some(10), "no queue: the hold grows");
+        assert!(ledger.open(&refs, 0));
+        all[0].forget_hold();
+        assert_eq!(all[0].hold(), None);
     }
 
     #[test]

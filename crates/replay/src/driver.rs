@@ -44,6 +44,8 @@ pub(crate) struct Settings {
     pub(crate) duration: Option<Duration>,
     /// Send `x-session-id`.
     pub(crate) send_session: bool,
+    /// Headers sent with every request (API key, priority).
+    pub(crate) headers: Vec<(&'static str, String)>,
 }
 
 /// One request's result.
@@ -217,6 +219,9 @@ impl Ctx {
             .body(body);
         if let (true, Some(id)) = (self.settings.send_session, &session.id) {
             req = req.header(SESSION_HEADER, &**id);
+        }
+        for (name, value) in &self.settings.headers {
+            req = req.header(*name, value);
         }
         let sent = Instant::now();
         let exchange = client::exchange(req, self.settings.style.stream(), sent).await;

@@ -121,6 +121,12 @@ pub struct ReplayArgs {
     /// Send each request's session id as `x-session-id`.
     #[arg(long)]
     pub send_session_header: bool,
+    /// Send `Authorization: Bearer KEY` with each request (a tenant's API key).
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Send `x-priority: PRIORITY` with each request (high, normal or low).
+    #[arg(long)]
+    pub priority: Option<String>,
     /// Maximum requests in flight; later arrivals wait (FIFO).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
@@ -208,6 +214,8 @@ impl Default for ReplayArgs {
             bytes_per_token: 4,
             speedup: 1.0,
             send_session_header: false,
+            api_key: None,
+            priority: None,
             concurrency: 64,
             max_requests: None,
             duration: None,
@@ -295,6 +303,12 @@ impl ReplayArgs {
             max_requests: self.max_requests,
             duration: self.duration.map(Duration::from_secs_f64),
             send_session: self.send_session_header,
+            headers: (self
+                .api_key
+                .iter()
+                .map(|k| ("authorization", format!("Bearer {k}"))))
+            .chain(self.priority.iter().map(|p| ("x-priority", p.clone())))
+            .collect(),
         }
     }
 }

@@ -2,7 +2,11 @@
 //! default): its published load goes to its account for policies to see, its KV capacity
 //! sizes its index. llama.cpp's slots and their context are read from its `/props` once,
 //! and again after a round it could not be read in. A backend that cannot be read this
-//! round has no published load until the next one; its last known capacity stays.
+//! round has no published load until the next one; its last known capacity stays. With
+//! flow control on (a tenants file), each published queue teaches the backend's account
+//! where to hold work back in the router ([`Account::learn_hold`]).
+//!
+//! [`Account::learn_hold`]: prefix_router_core::ledger::Account::learn_hold
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,15 +41,23 @@ pub struct MetricsReader {
     settings: ReaderSettings,
     fleet: Arc<Fleet>,
     client: reqwest::Client,
+    /// Whether flow control is on now (a reload may change it).
+    flow_control: Box<dyn Fn() -> bool + Send + Sync>,
 }
 
 impl MetricsReader {
-    /// Reads `fleet`'s backends as `settings` say.
-    pub fn new(settings: ReaderSettings, fleet: Arc<Fleet>) -> Self {
+    /// Reads `fleet`'s backends as `settings` say; `flow_control` says whether holds are
+    /// learned.
+    pub fn new(
+        settings: ReaderSettings,
+        fleet: Arc<Fleet>,
+        flow_control: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> Self {
         MetricsReader {
             settings,
             fleet,
             client: reqwest::Client::new(),
+            flow_control: Box::new(flow_control),
         }
     }
 
@@ -87,6 +99,10 @@ impl MetricsReader {
             account.set_sequences(sequences);
         }
         account.set_published(page.load);
+        match page.load {
+            Some(load) if (self.flow_control)() => account.learn_hold(load),
+            _ => account.forget_hold(),
+        }
     }
 }
 

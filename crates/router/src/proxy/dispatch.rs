@@ -296,7 +296,8 @@ async fn admitted<E: Exchange>(
     let limit = limits.max_inflight_per_backend;
     let ready = fleet.ready(tried);
     let open = |ready: &Ready| state.ledger.open(&ready.accounts(), limit);
-    if limit == 0 || ready.is_empty() || (open(&ready) && state.queue.is_empty()) {
+    let held = || ready.accounts().iter().any(|a| a.hold().is_some());
+    if ready.is_empty() || (limit == 0 && !held()) || (open(&ready) && state.queue.is_empty()) {
         return Ok(ready);
     }
     let overloaded = |shed| RouterError::Overloaded {

@@ -102,7 +102,15 @@ pub fn build(
     let mut proxy =
         pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
     proxy.add_tcp(&config.boot.listen);
-    let reader = MetricsReader::new(config.boot.metrics.clone(), Arc::clone(&fleet));
+    let flow_control = {
+        let state = Arc::clone(&state);
+        move || state.live().tenants.configured()
+    };
+    let reader = MetricsReader::new(
+        config.boot.metrics.clone(),
+        Arc::clone(&fleet),
+        flow_control,
+    );
     let control = Arc::new(Control::new(
         config.clone(),
         source,

@@ -164,6 +164,11 @@ impl Tenants {
         Ok(tenants)
     }
 
+    /// Whether a tenants file is configured (flow control is on).
+    pub fn configured(&self) -> bool {
+        self.configured
+    }
+
     /// Every tenant, in the file's order of names.
     pub fn all(&self) -> &[Tenant] {
         &self.tenants

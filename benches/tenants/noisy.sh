@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# A noisy neighbour, in real time: tenant A floods the fleet with 16 times tenant B's
+# concurrency, in front of 4 `prefix-router sim` backends small enough to saturate
+# (--max-num-seqs MAX_NUM_SEQS). B's TTFT alone, then beside A without a tenants file (the
+# engines' own FCFS queues decide), then beside A with a tenants file of equal weights (the
+# router holds the excess in its queue and serves the tenants' fair shares). Prints B's
+# TTFT p50/p99 and the requests each tenant got answered per second.
+#
+# Env: SPEEDUP (5), MAX_NUM_SEQS (2), B_SESSIONS (8), A_SESSIONS (128), MAX_CONTEXT (60000
+# tokens a session grows to), RUNS (1), MODES (alone,no-tenants,tenants: which runs),
+# OUT (a directory for logs and reports).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+bin=target/release/prefix-router
+[ -x "$bin" ] || cargo build --release -p prefix-router-cli
+out="${OUT:-$(mktemp -d)}"
+mkdir -p "$out"
+source benches/common.sh
+trap stop EXIT
+speedup="${SPEEDUP:-5}"
+b_sessions="${B_SESSIONS:-8}" a_sessions="${A_SESSIONS:-128}"
+
+hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
+cat >"$out/tenants.toml" <<TOML
+[tenants.a]
+keys = ["sha256:$(hash sk-tenant-a)"]
+[tenants.b]
+keys = ["sha256:$(hash sk-tenant-b)"]
+TOML
+
+start_sims() {
+  urls=()
+  for i in 0 1 2 3; do
+    local p; p=$(free_port)
+    "$bin" sim --count 1 --base-port "$p" --time-scale "$speedup" \
+      --max-num-seqs "${MAX_NUM_SEQS:-2}" >"$out/sim-$i.log" 2>&1 &
+    pids+=($!)
+    urls+=("http://127.0.0.1:$p")
+  done
+  for u in "${urls[@]}"; do wait_ok "$u/health"; done
+}
+
+replay() { # KEY SESSIONS SEED REPORT [more flags]: the agent workload as tenant KEY
+  local key=$1 sessions=$2 seed=$3 report=$4; shift 4
+  "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent --sessions "$sessions" \
+    --session-rate 100 --concurrency "$sessions" --seed "$seed" --max-context-tokens "${MAX_CONTEXT:-60000}" \
+    --speedup "$speedup" --stream --quiet --backends 4 --timeout 600 --api-key "$key" \
+    --model meta-llama/Llama-3.1-8B-Instruct --out "$report" "$@" >/dev/null
+}
+
+summary() { # REPORT: TTFT p50, p99 and answered requests per second
+  python3 - "$1" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r["ttft_ms"] or {}
+q = r["requests"]
+print(f"ttft_p50={t.get('p50', 0) / 1000:.3f}s ttft_p99={t.get('p99', 0) / 1000:.3f}s "
+      f"ok={q['ok']} failed={q['failed']} req/s={q['ok'] / r['elapsed_s']:.2f}")
+PY
+}
+
+run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
+  start_sims
+  ROUTER_ARGS="$2" start_router kv_aware "${urls[@]}"
+  local a_pid=""
+  if [ "$3" = 1 ]; then
+    replay sk-tenant-a "$a_sessions" 7 "$out/a-$1-$4.json" &
+    a_pid=$!
+    sleep 2
+  fi
+  replay sk-tenant-b "$b_sessions" 1 "$out/b-$1-$4.json"
+  local a_line=""
+  if [ -n "$a_pid" ]; then
+    local a_done; a_done=$(curl -s "http://127.0.0.1:$admin/metrics" | awk '/^prefix_router_requests_total/ {n += $2} END {print n + 0}')
+    kill "$a_pid" 2>/dev/null || true; wait "$a_pid" 2>/dev/null || true
+    a_line=" (requests answered by then, both tenants: $a_done)"
+  fi
+  echo "$1 run=$4: B $(summary "$out/b-$1-$4.json")$a_line"
+  stop
+}
+
+modes="${MODES:-alone,no-tenants,tenants}"
+for r in $(seq 1 "${RUNS:-1}"); do
+  [[ ,$modes, == *,alone,* ]] && run alone "--tenants-file $out/tenants.toml" 0 "$r"
+  [[ ,$modes, == *,no-tenants,* ]] && run "beside-A-no-tenants" "" 1 "$r"
+  [[ ,$modes, == *,tenants,* ]] && run "beside-A-tenants" "--tenants-file $out/tenants.toml" 1 "$r"
+done
