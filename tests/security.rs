@@ -147,12 +147,7 @@ async fn secrets_never_reach_the_logs_nor_the_metrics() {
     assert_eq!(refused.status(), 401);
     let body = refused.text().await.unwrap();
     assert!(!body.contains("sk-very-secret"), "the 401 repeats the key");
-    let metrics = reqwest::get(format!("{admin}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&admin).await;
     assert!(
         metrics
             .contains("prefix_router_tenant_requests_total{priority=\"normal\",tenant=\"acme\"} 1")

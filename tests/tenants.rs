@@ -7,6 +7,15 @@ use serde_json::Value;
 
 use crate::support::*;
 
+/// A router in front of `up` with the tenants file `text` (named after the test `name`).
+fn with_tenants(up: &Upstream, name: &str, text: &str) -> TestRouter {
+    let settings = Settings {
+        tenants_file: Some(tenants_file(name, text)),
+        ..settings(&[up])
+    };
+    TestRouter::start(settings, 1)
+}
+
 /// A tenants file of `text`, named after the test `name`.
 fn tenants_file(name: &str, text: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("prefix-router-tenants-{}", std::process::id()));
@@ -44,12 +53,7 @@ async fn keys_name_tenants_and_unknown_keys_get_401_before_any_backend() {
         "[tenants.acme]\nkeys = [\"{}\"]\n",
         sha256_entry("sk-acme-secret")
     );
-    let path = tenants_file("keys", &file);
-    let settings = Settings {
-        tenants_file: Some(path),
-        ..settings(&[&up])
-    };
-    let router = TestRouter::start(settings, 1);
+    let router = with_tenants(&up, "keys", &file);
     let (status, _, _) = send(&router, Some("sk-acme-secret"), Some("high")).await;
     assert_eq!(status, 200);
     assert_eq!(
@@ -77,12 +81,7 @@ async fn keys_name_tenants_and_unknown_keys_get_401_before_any_backend() {
         1.0,
         "high is clamped to acme's default cap, normal"
     );
-    let text = reqwest::get(format!("{}/metrics", router.admin_url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(&router.admin_url).await;
     assert!(
         !text.contains("sk-acme") && !text.contains("sk-stranger"),
         "a key reached the metrics"
@@ -96,12 +95,7 @@ async fn a_tenant_over_its_request_rate_gets_429_with_openai_headers() {
         "[tenants.acme]\nkeys = [\"{}\"]\nrequests_per_minute = 3\n\n[tenants.default]\n",
         sha256_entry("sk-acme")
     );
-    let path = tenants_file("requests", &file);
-    let settings = Settings {
-        tenants_file: Some(path),
-        ..settings(&[&up])
-    };
-    let router = TestRouter::start(settings, 1);
+    let router = with_tenants(&up, "requests", &file);
     for _ in 0..3 {
         assert_eq!(send(&router, Some("sk-acme"), None).await.0, 200);
     }
@@ -131,12 +125,7 @@ async fn tokens_are_counted_from_what_the_answers_report() {
         "[tenants.acme]\nkeys = [\"{}\"]\ntokens_per_minute = 1000\n",
         sha256_entry("sk-acme")
     );
-    let path = tenants_file("tokens", &file);
-    let settings = Settings {
-        tenants_file: Some(path),
-        ..settings(&[&up])
-    };
-    let router = TestRouter::start(settings, 1);
+    let router = with_tenants(&up, "tokens", &file);
     // Each answer reports 400 prompt and 1 completion tokens, where the router estimated 6
     // from the text: after three (1,203 tokens) the minute's 1,000 are spent.
     for _ in 0..3 {

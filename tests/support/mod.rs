@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 pub use logs::Log;
-pub use router::{TestRouter, router_binary, scrape, settings};
+pub use router::{TestRouter, metrics_text, router_binary, scrape, settings};
 pub use upstream::{Reply, Upstream};
 
 /// A loopback `host:port` with a port the OS just handed out (bound, then released).

@@ -128,14 +128,15 @@ pub fn router_binary() -> (std::process::Command, String, String) {
     (command, format!("http://{data}"), format!("http://{admin}"))
 }
 
+/// The metrics of the router whose admin listener is `admin_url`, as text.
+pub async fn metrics_text(admin_url: &str) -> String {
+    let response = reqwest::get(format!("{admin_url}/metrics")).await.unwrap();
+    response.text().await.unwrap()
+}
+
 /// The metrics of the router whose admin listener is `admin_url`, parsed by a Prometheus
 /// text-format parser.
 pub async fn scrape(admin_url: &str) -> prometheus_parse::Scrape {
-    let text = reqwest::get(format!("{admin_url}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(admin_url).await;
     prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap()
 }
