@@ -98,7 +98,7 @@ impl Backend {
 
     /// Whether outlier detection keeps it out now.
     pub fn is_ejected(&self) -> bool {
-        self.outlier.ejected(now_ms())
+        self.outlier.ejected_now()
     }
 
     /// Records how an exchange ended; `may_eject` says whether the fleet can spare it.

@@ -127,6 +127,12 @@ impl Outlier {
         now < self.until.load(Relaxed)
     }
 
+    /// Whether the backend is ejected now (the clock is read only when it was ejected).
+    pub fn ejected_now(&self) -> bool {
+        let until = self.until.load(Relaxed);
+        until != 0 && now_ms() < until
+    }
+
     /// Records how an exchange ended at `now`; `may_eject` says whether the fleet can spare
     /// the backend. Returns the ejection when this exchange caused one.
     pub fn record(
