@@ -7,7 +7,9 @@
 # TTFT p50/p99 and the requests each tenant got answered per second.
 #
 # Env: SPEEDUP (5), MAX_NUM_SEQS (2), B_SESSIONS (8), A_SESSIONS (128), MAX_CONTEXT (60000
-# tokens a session grows to), RUNS (1), MODES (alone,no-tenants,tenants: which runs),
+# tokens a session grows to), RUNS (1), MODES (alone,no-tenants,tenants: which runs; rate:
+# tenant A alone under TPM tokens_per_minute, default 6000000, and what it is served in its first
+# minute, or until its workload ends),
 # OUT (a directory for logs and reports).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -80,9 +82,30 @@ run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
   stop
 }
 
+metric() { # NAME: the sum of a metric's series on the router's admin listener
+  curl -s "http://127.0.0.1:$admin/metrics" | awk -v m="$1" '$1 ~ "^"m {n += $2} END {printf "%d", n + 0}'
+}
+
+rate_run() { # RUN: tenant A alone at TPM tokens a minute; what it is served in its first minute
+  local tpm="${TPM:-6000000}"
+  printf '[tenants.a]\nkeys = ["sha256:%s"]\ntokens_per_minute = %s\n' "$(hash sk-tenant-a)" "$tpm" >"$out/rate.toml"
+  start_sims
+  ROUTER_ARGS="--tenants-file $out/rate.toml" start_router kv_aware "${urls[@]}"
+  replay sk-tenant-a "$a_sessions" 7 "$out/a-rate-$1.json" &
+  local a_pid=$! waited=0
+  while [ "$waited" -lt 60 ] && kill -0 "$a_pid" 2>/dev/null; do sleep 1; waited=$((waited + 1)); done
+  local served limited
+  served=$(metric prefix_router_tenant_tokens_total); limited=$(metric prefix_router_tenant_rate_limited_total)
+  kill "$a_pid" 2>/dev/null || true; wait "$a_pid" 2>/dev/null || true
+  echo "rate run=$1: tokens_per_minute=$tpm, served in the first ${waited} s: $served" \
+    "($(python3 -c "print(f'{$served / $tpm:.4f}')")x), 429s: $limited"
+  stop
+}
+
 modes="${MODES:-alone,no-tenants,tenants}"
 for r in $(seq 1 "${RUNS:-1}"); do
   [[ ,$modes, == *,alone,* ]] && run alone "--tenants-file $out/tenants.toml" 0 "$r"
   [[ ,$modes, == *,no-tenants,* ]] && run "beside-A-no-tenants" "" 1 "$r"
   [[ ,$modes, == *,tenants,* ]] && run "beside-A-tenants" "--tenants-file $out/tenants.toml" 1 "$r"
+  [[ ,$modes, == *,rate,* ]] && rate_run "$r"
 done
