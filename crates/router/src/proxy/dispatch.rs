@@ -1,7 +1,9 @@
 //! Placing one request, in one loop: ready backends (waiting in the router's queue while
 //! every one is at its limit, or for the first health checks right after a start) → the
-//! ledger places it by the policy → the exchange sends it → health noted → another backend
-//! while nothing can have reached the first, until a backend's response head arrives.
+//! ledger places it by the policy → the exchange sends it → outlier detection notes how it
+//! ended → another backend while the attempt may be retried (nothing reached the first, or
+//! a replayable request got no answer or a 5xx; within `retries` and the retry budget),
+//! until a backend's response head is relayed.
 //! Generic over the [`Exchange`], so that the loop is tested with a fake one.
 
 use std::cell::Cell;
