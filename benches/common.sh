@@ -1,8 +1,16 @@
 # Helpers the real-time benchmarks share (sourced, not run): free ports, readiness waits,
 # the router or a peer router started in front of a list of backends, and the processes
-# started stopped again. Each caller sets $out (a directory for logs) and $bin (the
-# prefix-router executable) first; ROUTER_BIN, when set, is the router started instead.
+# started stopped again. Each caller runs from the repository's root and sets $out (a
+# directory for logs) and $bin (the prefix-router executable), by bench_start or itself;
+# ROUTER_BIN, when set, is the router started instead.
 pids=()
+bench_start() { # the router's release binary in $bin (built when missing), a log directory in $out (OUT, or a temporary one), every process started stopped on exit
+  bin=target/release/prefix-router
+  [ -x "$bin" ] || cargo build --release -p prefix-router-cli
+  out="${OUT:-$(mktemp -d)}"
+  mkdir -p "$out"
+  trap stop EXIT
+}
 stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ok() { # URL: up to 120 s for a 200

@@ -16,14 +16,9 @@
 # them in turn; peers run as one instance per replica, smg without sharing),
 # SPEEDUP (20), OUT (a directory to keep the reports in; default a temporary one).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-bin=target/release/prefix-router
-[ -x "$bin" ] || cargo build --release
-out="${OUT:-$(mktemp -d)}"
-mkdir -p "$out"
+cd "$(dirname "$0")/../.."
 source benches/common.sh
-trap stop EXIT
+bench_start
 speedup="${SPEEDUP:-20}"
 replicas="${REPLICAS:-1}"
 

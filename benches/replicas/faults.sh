@@ -15,14 +15,9 @@
 # Env: SESSIONS (24), SESSION_RATE (2 a second, before the speedup), SPEEDUP (10), T1 (15 s),
 # T2 (30 s), RUNS (1), OUT (a directory for logs and reports).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-bin=target/release/prefix-router
-[ -x "$bin" ] || cargo build --release -p prefix-router-cli
-out="${OUT:-$(mktemp -d)}"
-mkdir -p "$out"
+cd "$(dirname "$0")/../.."
 source benches/common.sh
-trap stop EXIT
+bench_start
 speedup="${SPEEDUP:-10}" t1="${T1:-15}" t2="${T2:-30}"
 
 start_sims() { # 4 fresh simulated vLLM backends; sets urls

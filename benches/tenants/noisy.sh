@@ -12,14 +12,9 @@
 # minute, or until its workload ends),
 # OUT (a directory for logs and reports).
 set -euo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-bin=target/release/prefix-router
-[ -x "$bin" ] || cargo build --release -p prefix-router-cli
-out="${OUT:-$(mktemp -d)}"
-mkdir -p "$out"
+cd "$(dirname "$0")/../.."
 source benches/common.sh
-trap stop EXIT
+bench_start
 speedup="${SPEEDUP:-5}"
 b_sessions="${B_SESSIONS:-8}" a_sessions="${A_SESSIONS:-128}"
 
@@ -102,10 +97,10 @@ rate_run() { # RUN: tenant A alone at TPM tokens a minute; what it is served in 
   stop
 }
 
-modes="${MODES:-alone,no-tenants,tenants}"
+modes=",${MODES:-alone,no-tenants,tenants},"
 for r in $(seq 1 "${RUNS:-1}"); do
-  [[ ,$modes, == *,alone,* ]] && run alone "--tenants-file $out/tenants.toml" 0 "$r"
-  [[ ,$modes, == *,no-tenants,* ]] && run "beside-A-no-tenants" "" 1 "$r"
-  [[ ,$modes, == *,tenants,* ]] && run "beside-A-tenants" "--tenants-file $out/tenants.toml" 1 "$r"
-  [[ ,$modes, == *,rate,* ]] && rate_run "$r"
+  if [[ $modes == *,alone,* ]]; then run alone "--tenants-file $out/tenants.toml" 0 "$r"; fi
+  if [[ $modes == *,no-tenants,* ]]; then run "beside-A-no-tenants" "" 1 "$r"; fi
+  if [[ $modes == *,tenants,* ]]; then run "beside-A-tenants" "--tenants-file $out/tenants.toml" 1 "$r"; fi
+  if [[ $modes == *,rate,* ]]; then rate_run "$r"; fi
 done
