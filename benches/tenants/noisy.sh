@@ -6,10 +6,13 @@
 # router holds the excess in its queue and serves the tenants' fair shares). Prints B's
 # TTFT p50/p99 and the requests each tenant got answered per second.
 #
-# Env: SPEEDUP (5), MAX_NUM_SEQS (2), B_SESSIONS (8), A_SESSIONS (128), MAX_CONTEXT (60000
-# tokens a session grows to), RUNS (1), MODES (alone,no-tenants,tenants: which runs; rate:
+# Env: SPEEDUP (5), MAX_NUM_SEQS (2), B_SESSIONS (8), A_SESSIONS (128), B_CONCURRENCY and
+# A_CONCURRENCY (requests in flight, default: the sessions), MAX_CONTEXT (60000 tokens a
+# session grows to), RUNS (1), MODES (alone,no-tenants,tenants: which runs; rate:
 # tenant A alone under TPM tokens_per_minute, default 6000000, and what it is served in its first
-# minute, or until its workload ends),
+# minute, or until its workload ends; priority: B's sessions at x-priority high alone,
+# then beside normal and low sessions of A's size that together keep twice the fleet's
+# slots in flight, under --max-queued of half the slots),
 # OUT (a directory for logs and reports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +20,7 @@ source benches/common.sh
 bench_start
 speedup="${SPEEDUP:-5}"
 b_sessions="${B_SESSIONS:-8}" a_sessions="${A_SESSIONS:-128}"
+b_conc="${B_CONCURRENCY:-$b_sessions}" a_conc="${A_CONCURRENCY:-$a_sessions}"
 
 hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
 cat >"$out/tenants.toml" <<TOML
@@ -38,10 +42,10 @@ start_sims() {
   for u in "${urls[@]}"; do wait_ok "$u/health"; done
 }
 
-replay() { # KEY SESSIONS SEED REPORT [more flags]: the agent workload as tenant KEY
-  local key=$1 sessions=$2 seed=$3 report=$4; shift 4
+replay() { # KEY SESSIONS CONCURRENCY SEED REPORT [more flags]: the agent workload as tenant KEY
+  local key=$1 sessions=$2 conc=$3 seed=$4 report=$5; shift 5
   "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent --sessions "$sessions" \
-    --session-rate 100 --concurrency "$sessions" --seed "$seed" --max-context-tokens "${MAX_CONTEXT:-60000}" \
+    --session-rate 100 --concurrency "$conc" --seed "$seed" --max-context-tokens "${MAX_CONTEXT:-60000}" \
     --speedup "$speedup" --stream --quiet --backends 4 --timeout 600 --api-key "$key" \
     --model meta-llama/Llama-3.1-8B-Instruct --out "$report" "$@" >/dev/null
 }
@@ -62,11 +66,11 @@ run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
   ROUTER_ARGS="$2" start_router kv_aware "${urls[@]}"
   local a_pid=""
   if [ "$3" = 1 ]; then
-    replay sk-tenant-a "$a_sessions" 7 "$out/a-$1-$4.json" &
+    replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-$1-$4.json" &
     a_pid=$!
     sleep 2
   fi
-  replay sk-tenant-b "$b_sessions" 1 "$out/b-$1-$4.json"
+  replay sk-tenant-b "$b_sessions" "$b_conc" 1 "$out/b-$1-$4.json"
   local a_line=""
   if [ -n "$a_pid" ]; then
     local a_done; a_done=$(curl -s "http://127.0.0.1:$admin/metrics" | awk '/^prefix_router_requests_total/ {n += $2} END {print n + 0}')
@@ -86,7 +90,7 @@ rate_run() { # RUN: tenant A alone at TPM tokens a minute; what it is served in 
   printf '[tenants.a]\nkeys = ["sha256:%s"]\ntokens_per_minute = %s\n' "$(hash sk-tenant-a)" "$tpm" >"$out/rate.toml"
   start_sims
   ROUTER_ARGS="--tenants-file $out/rate.toml" start_router kv_aware "${urls[@]}"
-  replay sk-tenant-a "$a_sessions" 7 "$out/a-rate-$1.json" &
+  replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-rate-$1.json" &
   local a_pid=$! waited=0
   while [ "$waited" -lt 60 ] && kill -0 "$a_pid" 2>/dev/null; do sleep 1; waited=$((waited + 1)); done
   local served limited
@@ -97,10 +101,34 @@ rate_run() { # RUN: tenant A alone at TPM tokens a minute; what it is served in 
   stop
 }
 
+priority_run() { # RUN: high-priority sessions alone, then beside normal and low ones that offer twice what the fleet runs
+  local slots=$((4 * ${MAX_NUM_SEQS:-2}))
+  printf '[tenants.p]\nkeys = ["sha256:%s"]\nmax_priority = "high"\n' "$(hash sk-tenant-p)" >"$out/priority.toml"
+  local args="--tenants-file $out/priority.toml --max-queued $((slots / 2))"
+  start_sims
+  ROUTER_ARGS="$args" start_router kv_aware "${urls[@]}"
+  replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-alone-$1.json" --priority high
+  echo "priority run=$1: high alone $(summary "$out/high-alone-$1.json")"
+  stop
+  start_sims
+  ROUTER_ARGS="$args" start_router kv_aware "${urls[@]}"
+  replay sk-tenant-p "$a_sessions" "$slots" 7 "$out/normal-$1.json" --priority normal &
+  local n_pid=$!
+  replay sk-tenant-p "$a_sessions" "$slots" 9 "$out/low-$1.json" --priority low &
+  local l_pid=$!
+  sleep 2
+  replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-$1.json" --priority high
+  kill "$n_pid" "$l_pid" 2>/dev/null || true; wait "$n_pid" "$l_pid" 2>/dev/null || true
+  echo "priority run=$1: high beside normal and low $(summary "$out/high-$1.json");" \
+    "shed: $(curl -s "http://127.0.0.1:$admin/metrics" | grep '^prefix_router_tenant_shed_total' | tr '\n' ' ')"
+  stop
+}
+
 modes=",${MODES:-alone,no-tenants,tenants},"
 for r in $(seq 1 "${RUNS:-1}"); do
   if [[ $modes == *,alone,* ]]; then run alone "--tenants-file $out/tenants.toml" 0 "$r"; fi
   if [[ $modes == *,no-tenants,* ]]; then run "beside-A-no-tenants" "" 1 "$r"; fi
   if [[ $modes == *,tenants,* ]]; then run "beside-A-tenants" "--tenants-file $out/tenants.toml" 1 "$r"; fi
   if [[ $modes == *,rate,* ]]; then rate_run "$r"; fi
+  if [[ $modes == *,priority,* ]]; then priority_run "$r"; fi
 done

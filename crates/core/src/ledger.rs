@@ -46,7 +46,32 @@ pub struct Account {
     /// Requests in flight it takes before more are held in the router (0: no hold),
     /// learned from its published queue ([`Account::learn_hold`]).
     hold: AtomicUsize,
+    /// What it ran when it last queued (0: never): the hold before it grew, which a
+    /// reserve is kept under.
+    ceiling: AtomicUsize,
     on_free: Box<dyn Fn() + Send + Sync>,
+}
+
+/// How many requests in flight an account takes: the in-flight `limit` (0: none) and a
+/// `reserve` of slots kept free for others under what the backend ran when it last
+/// queued (flow control keeps one per backend from a tenant over its fair share while a
+/// tenant below its share is active). A reserve counts only where a hold was learned: a
+/// backend with room is never held back. A plain `usize` is a limit with no reserve.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cap {
+    /// Requests in flight at most (0: no limit).
+    pub limit: usize,
+    /// Slots under the ceiling (the hold before it grew) this request may not take.
+    pub reserve: usize,
+}
+
+impl From<usize> for Cap {
+    fn from(limit: usize) -> Self {
+        Cap {
+            limit,
+            ..Cap::default()
+        }
+    }
 }
 
 impl Account {
@@ -64,6 +89,7 @@ impl Account {
             waiting: AtomicUsize::new(0),
             kv_usage: AtomicU64::new(0),
             hold: AtomicUsize::new(0),
+            ceiling: AtomicUsize::new(0),
             on_free: Box::new(|| {}),
         }
     }
@@ -128,17 +154,19 @@ impl Account {
 
     /// Learns from what the backend just published where the router should hold work
     /// back: while requests wait in the engine's own queue (where no priority or fairness
-    /// acts), the router sends it at most what it runs; while none wait, the hold grows by
-    /// a quarter, so that a backend with room is never held to an old measure. No hold
-    /// until the engine first queued.
+    /// acts), the router sends it at most what it runs; while it runs all the hold lets
+    /// through and none wait, the hold grows by a quarter, so that a backend with room is
+    /// never held to an old measure (a hold the router does not fill, as when it keeps
+    /// a reserve, stays). No hold until the engine first queued.
     pub fn learn_hold(&self, published: Published) {
         let hold = self.hold.load(Relaxed);
         let next = if published.waiting > 0 {
+            self.ceiling.store(published.running.max(1), Relaxed);
             published.running.max(1)
-        } else if hold > 0 {
+        } else if hold > 0 && published.running >= hold {
             hold + (hold / 4).max(1)
         } else {
-            0
+            hold
         };
         self.hold.store(next, Relaxed);
     }
@@ -146,6 +174,12 @@ impl Account {
     /// Forgets the hold (flow control is off).
     pub fn forget_hold(&self) {
         self.hold.store(0, Relaxed);
+        self.ceiling.store(0, Relaxed);
+    }
+
+    /// Its hold and ceiling (0: none).
+    fn held(&self) -> (usize, usize) {
+        (self.hold.load(Relaxed), self.ceiling.load(Relaxed))
     }
 
     /// Requests in flight it takes before more are held in the router, if it learned one.
@@ -153,10 +187,9 @@ impl Account {
         Some(self.hold.load(Relaxed)).filter(|&h| h > 0)
     }
 
-    /// Whether it takes one more request under the in-flight `limit` (0: none) and its
-    /// learned hold.
-    pub fn open(&self, limit: usize) -> bool {
-        below(self.load(), limit, self.hold.load(Relaxed))
+    /// Whether it takes one more request under `cap` and its learned hold.
+    pub fn open(&self, cap: impl Into<Cap>) -> bool {
+        below(self.load(), cap.into(), self.held())
     }
 
     /// The backend as a policy sees it.
@@ -181,17 +214,12 @@ impl Account {
         (before != now).then(|| self.capacity())
     }
 
-    /// A seat for a request of `prefill` uncached text, while fewer than `limit` requests
-    /// are in flight (0: no limit). Check and count are one atomic step, so concurrent
-    /// placements never push a backend past its limit.
-    fn take(
-        self: &Arc<Self>,
-        limit: usize,
-        prefill: TextBytes,
-        decision: Decision,
-    ) -> Option<Seat> {
-        let hold = self.hold.load(Relaxed);
-        let next = |n: usize| below(n, limit, hold).then_some(n + 1);
+    /// A seat for a request of `prefill` uncached text, while `cap` lets one more in. Check
+    /// and count are one atomic step, so concurrent placements never push a backend past
+    /// its limit.
+    fn take(self: &Arc<Self>, cap: Cap, prefill: TextBytes, decision: Decision) -> Option<Seat> {
+        let held = self.held();
+        let next = |n: usize| below(n, cap, held).then_some(n + 1);
         self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
         Some(Seat {
@@ -202,9 +230,13 @@ impl Account {
     }
 }
 
-/// Whether `load` is below `limit` (0: none) and `hold` (0: none).
-fn below(load: usize, limit: usize, hold: usize) -> bool {
-    (limit == 0 || load < limit) && (hold == 0 || load < hold)
+/// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with a
+/// reserve, below its ceiling less the reserve.
+fn below(load: usize, cap: Cap, (hold, ceiling): (usize, usize)) -> bool {
+    let reserved = cap.reserve > 0 && hold > 0 && ceiling > 0;
+    (cap.limit == 0 || load < cap.limit)
+        && (hold == 0 || load < hold)
+        && (!reserved || load + cap.reserve < ceiling.min(hold))
 }
 
 impl std::fmt::Debug for Account {
@@ -324,30 +356,32 @@ impl Ledger {
         }
     }
 
-    /// Whether some of `accounts` is below the in-flight `limit` (0: no limit) and its
-    /// learned hold.
-    pub fn open(&self, accounts: &[&Arc<Account>], limit: usize) -> bool {
-        accounts.iter().any(|a| a.open(limit))
+    /// Whether some of `accounts` takes one more request under `cap` and its learned hold.
+    pub fn open(&self, accounts: &[&Arc<Account>], cap: impl Into<Cap>) -> bool {
+        let cap = cap.into();
+        accounts.iter().any(|a| a.open(cap))
     }
 
-    /// Places a request of `text` routing text on one of `accounts` below the in-flight
-    /// `limit` (0: none): `choose` picks among them as candidates, and the chosen backend
-    /// counts the request in flight and its text not expected cached as pending prefill.
+    /// Places a request of `text` routing text on one of `accounts` open under `cap` (a
+    /// `usize` is an in-flight limit, 0: none): `choose` picks among them as candidates,
+    /// and the chosen backend counts the request in flight and its text not expected
+    /// cached as pending prefill.
     pub fn place(
         &self,
         accounts: &[&Arc<Account>],
-        limit: usize,
+        cap: impl Into<Cap>,
         text: TextBytes,
         choose: impl FnOnce(&[Candidate]) -> Decision,
     ) -> Placing {
-        let Some(decided) = self.choice(accounts, limit, choose) else {
+        let cap = cap.into();
+        let Some(decided) = self.choice(accounts, cap, choose) else {
             return Placing::Full;
         };
         let Some((index, decision)) = decided else {
             return Placing::Taken;
         };
         let prefill = text.saturating_sub(decision.matched);
-        match accounts[index].take(limit, prefill, decision) {
+        match accounts[index].take(cap, prefill, decision) {
             Some(seat) => Placing::Placed { seat, index },
             None => Placing::Taken,
         }
@@ -355,26 +389,26 @@ impl Ledger {
 
     /// What [`Self::place`] would choose, without taking a seat (`POST /route`): the
     /// chosen account's position in `accounts` and the decision; `None` when every one is
-    /// at the in-flight `limit`.
+    /// full under `cap`.
     pub fn decide(
         &self,
         accounts: &[&Arc<Account>],
-        limit: usize,
+        cap: impl Into<Cap>,
         choose: impl FnOnce(&[Candidate]) -> Decision,
     ) -> Option<(usize, Decision)> {
-        self.choice(accounts, limit, choose).flatten()
+        self.choice(accounts, cap.into(), choose).flatten()
     }
 
-    /// `choose` among the accounts below `limit`, as candidates: `None` when there are
+    /// `choose` among the accounts open under `cap`, as candidates: `None` when there are
     /// none, `Some(None)` when it chose none of them.
     fn choice(
         &self,
         accounts: &[&Arc<Account>],
-        limit: usize,
+        cap: Cap,
         choose: impl FnOnce(&[Candidate]) -> Decision,
     ) -> Option<Option<(usize, Decision)>> {
         let open: SmallVec<[usize; 16]> = (0..accounts.len())
-            .filter(|&i| accounts[i].open(limit))
+            .filter(|&i| accounts[i].open(cap))
             .collect();
         if open.is_empty() {
             return None;
@@ -454,6 +488,16 @@ mod tests {
         all[0].learn_hold(load(8, 0));
         assert_eq!(all[0].hold(), Some(10), "no queue: the hold grows");
         assert!(ledger.open(&refs, 0));
+        let reserve = Cap {
+            limit: 0,
+            reserve: 2,
+        };
+        assert!(
+            !ledger.open(&refs, reserve),
+            "two of the 8 it ran kept for others"
+        );
+        all[0].learn_hold(load(9, 0));
+        assert_eq!(all[0].hold(), Some(10), "a hold it does not fill stays");
         all[0].forget_hold();
         assert_eq!(all[0].hold(), None);
     }

@@ -20,8 +20,10 @@ use std::time::Instant;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use prefix_router_core::ledger::Cap;
+
 use crate::fleet::Fleet;
-use crate::tenants::Priority;
+use crate::tenants::{Priority, Share};
 
 /// Where a request stands in the queue's order.
 #[derive(Clone, Copy, Debug)]
@@ -34,6 +36,23 @@ pub struct Ticket<'t> {
     pub weight: u32,
     /// Its estimated prompt tokens (at least 1 is counted).
     pub cost: u64,
+    /// Its count in its tenant's fair share (with a tenants file).
+    pub share: Option<&'t Share<'t>>,
+}
+
+impl Ticket<'_> {
+    /// What it may take of a backend under the in-flight `limit` (0: none), with the
+    /// reserve its tenant's share asks, as it stands now.
+    pub fn cap(&self, limit: usize) -> Cap {
+        self.share.map_or(Cap::from(limit), |s| s.cap(limit))
+    }
+
+    /// Whether it may pass the waiters of `queue` to a slot open for it: its tenant is
+    /// below its share, and no waiter has a higher priority.
+    pub fn passes(&self, queue: &Queue) -> bool {
+        self.share.is_some_and(Share::light)
+            && queue.first_priority().is_none_or(|p| p <= self.priority)
+    }
 }
 
 impl Default for Ticket<'_> {
@@ -43,6 +62,7 @@ impl Default for Ticket<'_> {
             tenant: "",
             weight: 1,
             cost: 1,
+            share: None,
         }
     }
 }
@@ -86,6 +106,12 @@ impl Queue {
     /// Requests waiting now.
     pub fn len(&self) -> usize {
         self.waiting.load(Relaxed)
+    }
+
+    /// The priority of the waiter first in order.
+    pub fn first_priority(&self) -> Option<Priority> {
+        let order = self.order.lock();
+        order.waiters.first_key_value().map(|(k, _)| k.0.0)
     }
 
     /// Whether no request waits.
@@ -217,6 +243,7 @@ mod tests {
             tenant,
             weight: 1,
             cost,
+            share: None,
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use log::warn;
 use opentelemetry::KeyValue;
 use prefix_router_core::BackendId;
-use prefix_router_core::ledger::{Placing, Seat};
+use prefix_router_core::ledger::{Cap, Placing, Seat};
 use prefix_router_core::policy::{Candidate, Decision, Outcome, Request};
 use prefix_router_core::units::TextBytes;
 use smallvec::SmallVec;
@@ -109,7 +109,8 @@ pub async fn run<E: Exchange>(
             Ok(ready) => ready,
             Err(e) => break Err(e),
         };
-        let Some((seat, backend)) = place(state, limits, &ready, route, trace) else {
+        let cap = ticket.cap(limits.max_inflight_per_backend);
+        let Some((seat, backend)) = place(state, cap, &ready, route, trace) else {
             // Another request took the last slot since the backends were read.
             continue;
         };
@@ -219,24 +220,22 @@ fn ended(failed: bool) -> Ended {
     }
 }
 
-/// Places the request on one of `ready` through the ledger; `None` when a concurrent
-/// request took the slot chosen.
+/// Places the request on one of `ready` open under `cap` through the ledger; `None` when
+/// a concurrent request took the slot chosen.
 fn place(
     state: &State,
-    limits: &Limits,
+    cap: Cap,
     ready: &Ready,
     route: &Route,
     trace: &RequestTrace,
 ) -> Option<(Seat, Arc<Backend>)> {
     let text = route.text();
-    let limit = limits.max_inflight_per_backend;
     let recorded = Cell::new(false);
     let choose = |candidates: &[Candidate]| match route {
         Route::Policy(request) => prepare::choose(state, request, candidates, &recorded),
         Route::AnyBackend => Decision::new(state.ties.least_loaded(candidates), Outcome::Balanced),
     };
-    let Placing::Placed { seat, index } =
-        state.ledger.place(&ready.accounts(), limit, text, choose)
+    let Placing::Placed { seat, index } = state.ledger.place(&ready.accounts(), cap, text, choose)
     else {
         return None;
     };
@@ -281,7 +280,8 @@ fn placement(
 /// or an upgrade no backend was checked yet: the first attempt waits for the first
 /// checks rather than refuse. While every ready backend is at its limit, the request
 /// waits in the router's queue, and is placed when one frees (by the policy at that
-/// moment), first come first served.
+/// moment), in the queue's order. A request of a tenant below its fair share passes the
+/// queue to a slot open for it (one the others keep in reserve).
 async fn admitted<E: Exchange>(
     state: &State,
     limits: &Limits,
@@ -297,9 +297,11 @@ async fn admitted<E: Exchange>(
     }
     let limit = limits.max_inflight_per_backend;
     let ready = fleet.ready(tried);
-    let open = |ready: &Ready| state.ledger.open(&ready.accounts(), limit);
+    let open = |ready: &Ready| state.ledger.open(&ready.accounts(), ticket.cap(limit));
     let held = || ready.accounts().iter().any(|a| a.hold().is_some());
-    if ready.is_empty() || (limit == 0 && !held()) || (open(&ready) && state.queue.is_empty()) {
+    let queue = &state.queue;
+    let first = queue.is_empty() || ticket.passes(queue);
+    if ready.is_empty() || (limit == 0 && !held()) || (first && open(&ready)) {
         return Ok(ready);
     }
     let overloaded = |shed| RouterError::Overloaded {

@@ -32,6 +32,7 @@ use crate::error::RouterError;
 use crate::fleet::{Backend, Ended};
 use crate::limits::Limits;
 use crate::state::{Active, State};
+use crate::stats::Label;
 use crate::tenants::{Charge, Refused};
 use crate::tokens::Tokenizing;
 use crate::traces::{Ending, RequestTrace};
@@ -212,15 +213,20 @@ impl Router {
             timeouts: &limits.exchange,
             trace: &ctx.trace,
         };
+        let share = state.tenancy.share(&identity);
         let ticket = Ticket {
             priority: identity.priority,
             tenant: identity.tenant.map_or("", |t| t.name.as_str()),
             weight: identity.tenant.map_or(1, |t| t.weight),
             cost: estimate,
+            share: share.as_ref(),
         };
         let dispatched =
             dispatch::run(state, limits, &mut upstream, &route, ticket, &ctx.trace).await;
         drop(upstream);
+        if let Err(RouterError::Overloaded { shed, .. }) = &dispatched.result {
+            state.tenancy.shed(&identity, shed.label());
+        }
         ctx.placed = dispatched.placed;
         ctx.retries = dispatched.retries;
         let answered = dispatched.result?;

@@ -6,8 +6,10 @@
 //! changes.
 
 pub mod rate;
+pub mod share;
 mod tenancy;
 
+pub use share::{Share, Shares};
 pub use tenancy::{Charge, Tenancy};
 
 use std::collections::{BTreeMap, HashMap};

@@ -1,6 +1,6 @@
 //! What the data plane asks of tenants: admit a request under its tenant's rate limits
-//! (counting it), settle what it really cost, and the metrics, labelled by the tenants of
-//! the file only.
+//! (counting it in its tenant's share), settle what it really cost, and the metrics,
+//! labelled by the tenants of the file only.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -8,6 +8,7 @@ use std::time::Instant;
 use prometheus::{IntCounter, IntCounterVec};
 
 use super::rate::{Limit, RateLimits, Verdict};
+use super::share::{Share, Shares};
 use super::{Identity, Priority};
 use crate::stats::{Label, Registry};
 
@@ -23,9 +24,11 @@ pub struct Charge {
 /// The rate limits' state and the tenants' metrics.
 pub struct Tenancy {
     limits: RateLimits,
+    shares: Shares,
     requests: IntCounterVec,
     limited: IntCounterVec,
     tokens: IntCounterVec,
+    shed: IntCounterVec,
     unknown: IntCounter,
 }
 
@@ -34,6 +37,7 @@ impl Tenancy {
     pub fn new(registry: &Registry) -> Self {
         Tenancy {
             limits: RateLimits::default(),
+            shares: Shares::default(),
             requests: registry.counter_vec(
                 "tenant_requests_total",
                 "Requests admitted, by tenant and priority (tenants of the tenants file)",
@@ -48,6 +52,11 @@ impl Tenancy {
                 "tenant_tokens_total",
                 "Prompt and completion tokens served, by tenant (as the answers reported)",
                 &["tenant"],
+            ),
+            shed: registry.counter_vec(
+                "tenant_shed_total",
+                "Requests shed with 503 before reaching a backend, by tenant, priority and reason",
+                &["tenant", "priority", "reason"],
             ),
             unknown: registry.counter(
                 "unknown_api_keys_total",
@@ -87,6 +96,24 @@ impl Tenancy {
             estimate: tokens,
             limited,
         }))
+    }
+
+    /// A request of `identity` was shed for `reason` (a label of admission's sheds).
+    pub fn shed(&self, identity: &Identity, reason: &str) {
+        if let Some(tenant) = identity.tenant {
+            let priority = identity.priority.label();
+            (self
+                .shed
+                .with_label_values(&[&tenant.name, priority, reason]))
+            .inc();
+        }
+    }
+
+    /// Counts a request of `identity` in its tenant's share until the share drops; `None`
+    /// without a tenants file.
+    pub fn share(&self, identity: &Identity) -> Option<Share<'_>> {
+        let tenant = identity.tenant?;
+        Some((self.shares).enter(&tenant.name, tenant.weight, identity.priority))
     }
 
     /// A request admitted as `charge` cost `tokens` (prompt and completion), as its answer

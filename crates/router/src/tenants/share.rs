@@ -1,0 +1,227 @@
+//! Fair shares of the fleet among tenants and priorities, kept so that a light tenant or
+//! a higher priority finds room at once: a tenant's share of the requests the router
+//! holds (in flight or waiting) is its weight over the weights of the active tenants.
+//! While some active tenant is below its share, or a priority is active, a tenant at or
+//! over its own share, and every lower priority, keeps [`RESERVE`] slot of each held
+//! backend free ([`Cap`]); the requests it is kept for pass the router's queue when a
+//! slot is open for them. The reserve is kept under what a backend ran when it last
+//! queued: a hold that grew since is probing for room. A backend with no learned hold has
+//! room, and no reserve.
+//!
+//! Without a reserve a light tenant's request waits for the next slot to free anywhere,
+//! and then takes it wherever it freed, usually away from its cached prefix: measured in
+//! `benches/tenants/noisy.sh`. A tenant is active from its first request until
+//! [`ACTIVE_AFTER`] after its last one ended, so the reserve outlives an agent's pause
+//! between turns; so is a priority. Tenants come only from the tenants file, so the
+//! table is bounded by it.
+//!
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use prefix_router_core::ledger::Cap;
+
+use super::Priority;
+
+/// Slots of each held backend kept free for tenants below their share.
+pub const RESERVE: usize = 1;
+
+/// How long a tenant counts as active after its last request ended.
+pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
+
+#[derive(Debug)]
+struct Flow {
+    weight: u32,
+    held: usize,
+    last: Instant,
+}
+
+impl Flow {
+    fn new(weight: u32, now: Instant) -> Self {
+        Flow {
+            weight,
+            held: 0,
+            last: now,
+        }
+    }
+
+    fn active(&self, now: Instant) -> bool {
+        self.held > 0 || now.duration_since(self.last) < ACTIVE_AFTER
+    }
+
+    fn left(&mut self) {
+        self.held = self.held.saturating_sub(1);
+        self.last = Instant::now();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Flows {
+    tenants: HashMap<String, Flow>,
+    /// By priority, lowest first; never idle until first used.
+    bands: [Option<Flow>; 3],
+}
+
+/// Where a request stands against the other active flows.
+#[derive(Debug, Default)]
+struct Standing {
+    /// Its tenant is below its share, and another tenant is active.
+    light: bool,
+    /// Another tenant is below its share.
+    other_light: bool,
+    /// A higher priority is active.
+    higher: bool,
+    /// A lower priority is active.
+    lower: bool,
+}
+
+/// The tenants' and priorities' requests held by the router.
+#[derive(Debug, Default)]
+pub struct Shares {
+    flows: Mutex<Flows>,
+}
+
+impl Shares {
+    /// Counts a request of `tenant` (of `weight`) at `priority` until the returned share
+    /// drops.
+    pub fn enter(&self, tenant: &str, weight: u32, priority: Priority) -> Share<'_> {
+        let now = Instant::now();
+        let mut flows = self.flows.lock();
+        (flows.tenants).retain(|name, f| name == tenant || f.active(now));
+        let flow = (flows.tenants)
+            .entry(tenant.to_string())
+            .or_insert(Flow::new(weight, now));
+        flow.weight = weight.max(1);
+        flow.held += 1;
+        let band = flows.bands[priority as usize].get_or_insert(Flow::new(1, now));
+        band.held += 1;
+        Share {
+            shares: self,
+            tenant: tenant.to_string(),
+            priority,
+        }
+    }
+
+    fn standing(&self, tenant: &str, priority: Priority) -> Standing {
+        let now = Instant::now();
+        let flows = self.flows.lock();
+        let active = || flows.tenants.iter().filter(|(_, f)| f.active(now));
+        let weights: u64 = active().map(|(_, f)| u64::from(f.weight)).sum();
+        let held: u64 = active().map(|(_, f)| f.held as u64).sum();
+        let below = |f: &Flow| (f.held as u64) * weights < held * u64::from(f.weight);
+        let band_active = |i: usize| flows.bands[i].as_ref().is_some_and(|f| f.active(now));
+        let mine = priority as usize;
+        let mut standing = Standing {
+            higher: (mine + 1..flows.bands.len()).any(band_active),
+            lower: (0..mine).any(band_active),
+            ..Standing::default()
+        };
+        for (name, flow) in active() {
+            if name == tenant {
+                standing.light = below(flow);
+            } else {
+                standing.other_light |= below(flow);
+            }
+        }
+        standing
+    }
+}
+
+/// A request counted in its tenant's share and its priority; dropping it ends the count.
+#[derive(Debug)]
+pub struct Share<'s> {
+    shares: &'s Shares,
+    tenant: String,
+    priority: Priority,
+}
+
+impl Share<'_> {
+    /// Whether the reserve is kept for it: no higher priority is active, and its tenant
+    /// is below its share or a lower priority is active.
+    pub fn light(&self) -> bool {
+        let s = self.shares.standing(&self.tenant, self.priority);
+        !s.higher && (s.light || s.lower)
+    }
+
+    /// What it may take of a backend under the in-flight `limit`: less [`RESERVE`] while
+    /// it is not [`Self::light`] and a higher priority or another tenant below its share
+    /// is active.
+    pub fn cap(&self, limit: usize) -> Cap {
+        let s = self.shares.standing(&self.tenant, self.priority);
+        let light = !s.higher && (s.light || s.lower);
+        let kept = s.higher || s.other_light;
+        Cap {
+            limit,
+            reserve: if kept && !light { RESERVE } else { 0 },
+        }
+    }
+}
+
+impl Drop for Share<'_> {
+    fn drop(&mut self) {
+        let mut flows = self.shares.flows.lock();
+        if let Some(flow) = flows.tenants.get_mut(&self.tenant) {
+            flow.left();
+        }
+        if let Some(band) = &mut flows.bands[self.priority as usize] {
+            band.left();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tenant_over_its_share_keeps_a_slot_for_one_below() {
+        let shares = Shares::default();
+        let a: Vec<_> = (0..6)
+            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .collect();
+        assert_eq!(a[0].cap(0), Cap::default(), "alone, no reserve");
+        assert!(!a[0].light());
+        let b = shares.enter("b", 1, Priority::Normal);
+        assert!(b.light(), "1 of 7 held, below half");
+        assert_eq!(b.cap(0).reserve, 0);
+        assert_eq!(a[0].cap(0).reserve, RESERVE);
+        drop(b);
+        assert_eq!(
+            a[0].cap(0).reserve,
+            RESERVE,
+            "b stays active between its requests"
+        );
+    }
+
+    #[test]
+    fn weights_set_the_share() {
+        let shares = Shares::default();
+        let a: Vec<_> = (0..3)
+            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .collect();
+        let b: Vec<_> = (0..5)
+            .map(|_| shares.enter("b", 3, Priority::Normal))
+            .collect();
+        assert!(b[0].light(), "5 of 8 is below three quarters");
+        assert_eq!(a[0].cap(0).reserve, RESERVE);
+        drop(a);
+        assert!(!b[0].light());
+    }
+
+    #[test]
+    fn a_lower_priority_keeps_a_slot_for_a_higher_one() {
+        let shares = Shares::default();
+        let normal: Vec<_> = (0..6)
+            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .collect();
+        assert_eq!(normal[0].cap(0).reserve, 0);
+        let high = shares.enter("a", 1, Priority::High);
+        assert!(high.light());
+        assert_eq!(high.cap(0).reserve, 0);
+        assert!(!normal[0].light());
+        assert_eq!(normal[0].cap(0).reserve, RESERVE);
+        let low = shares.enter("a", 1, Priority::Low);
+        assert_eq!(low.cap(0).reserve, RESERVE);
+    }
+}
