@@ -1,6 +1,7 @@
 //! Tenants: a request's tenant from the SHA-256 of its API key, 401 for keys the file does
 //! not list, priorities clamped, and the rate limits answered with OpenAI's 429 and its
-//! `x-ratelimit-*` headers; keys never in logs or metrics.
+//! `x-ratelimit-*` headers; keys never in logs or metrics; `POST /route` says whose request
+//! it is and whether it would wait.
 
 use prefix_router::config::Settings;
 use serde_json::Value;
@@ -217,4 +218,45 @@ async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
         arrivals(&up),
         vec!["busy", "high", "first normal", "second normal"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
+    let up = Upstream::start("a").await;
+    let file = format!(
+        "[tenants.acme]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        sha256_entry("sk-acme")
+    );
+    let router = with_tenants(&up, "route", &file);
+    let explain = |key: &'static str| {
+        let url = format!("{}/route", router.admin_url);
+        async move {
+            let response = client()
+                .post(url)
+                .header("authorization", format!("Bearer {key}"))
+                .header("x-priority", "high")
+                .json(&chat(&[("user", "a question for the fleet".into())]))
+                .send()
+                .await
+                .unwrap();
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    let explained = explain("sk-acme").await;
+    let admission = &explained["admission"];
+    assert_eq!(admission["tenant"], "acme");
+    assert_eq!(admission["priority"], "high");
+    assert_eq!(admission["wait"], Value::Null, "the fleet has room");
+    assert_eq!(admission["reserve"], false);
+    assert_eq!(explained["backend"], up.url());
+    assert_eq!(explained["backends"][0]["open"], true);
+    let refused = explain("sk-unknown").await;
+    assert_eq!(refused["admission"]["refused"], "invalid_api_key");
+    assert_eq!(up.count(), 0, "nothing was sent");
+    // A request's tenant shows in the share gauges once it was served.
+    assert_eq!(send(&router, Some("sk-acme"), None).await.0, 200);
+    let text = metrics_text(&router.admin_url).await;
+    assert!(text.contains("prefix_router_tenant_held_requests{tenant=\"acme\"} 0"));
+    assert!(text.contains("prefix_router_queued_requests_by_priority{priority=\"high\"} 0"));
+    assert!(!text.contains("sk-acme"));
 }

@@ -52,17 +52,18 @@ pub struct Account {
     on_free: Box<dyn Fn() + Send + Sync>,
 }
 
-/// How many requests in flight an account takes: the in-flight `limit` (0: none) and a
-/// `reserve` of slots kept free for others under what the backend ran when it last
-/// queued (flow control keeps one per backend from a tenant over its fair share while a
-/// tenant below its share is active). A reserve counts only where a hold was learned: a
-/// backend with room is never held back. A plain `usize` is a limit with no reserve.
+/// How many requests in flight an account takes: the in-flight `limit` (0: none), and
+/// whether to leave a reserve free for others: an eighth of what the backend ran when it
+/// last queued (its ceiling), at least one slot (flow control keeps it from a tenant over
+/// its fair share while a tenant below its share is active). A reserve counts only where
+/// a hold was learned: a backend with room is never held back. A plain `usize` is a
+/// limit with no reserve.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cap {
     /// Requests in flight at most (0: no limit).
     pub limit: usize,
-    /// Slots under the ceiling (the hold before it grew) this request may not take.
-    pub reserve: usize,
+    /// Whether this request leaves the reserve free.
+    pub reserve: bool,
 }
 
 impl From<usize> for Cap {
@@ -233,10 +234,11 @@ impl Account {
 /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with a
 /// reserve, below its ceiling less the reserve.
 fn below(load: usize, cap: Cap, (hold, ceiling): (usize, usize)) -> bool {
-    let reserved = cap.reserve > 0 && hold > 0 && ceiling > 0;
+    let reserved = cap.reserve && hold > 0 && ceiling > 0;
+    let reserve = (ceiling / 8).max(1);
     (cap.limit == 0 || load < cap.limit)
         && (hold == 0 || load < hold)
-        && (!reserved || load + cap.reserve < ceiling.min(hold))
+        && (!reserved || load + reserve < ceiling.min(hold))
 }
 
 impl std::fmt::Debug for Account {
@@ -490,11 +492,11 @@ mod tests {
         assert!(ledger.open(&refs, 0));
         let reserve = Cap {
             limit: 0,
-            reserve: 2,
+            reserve: true,
         };
         assert!(
             !ledger.open(&refs, reserve),
-            "two of the 8 it ran kept for others"
+            "one of the 8 it ran kept for others"
         );
         all[0].learn_hold(load(9, 0));
         assert_eq!(all[0].hold(), Some(10), "a hold it does not fill stays");

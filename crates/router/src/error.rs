@@ -7,6 +7,7 @@ use bytes::Bytes;
 use prefix_router_core::request::ParseError;
 
 pub use crate::admission::Shed;
+use crate::tenants::Refused;
 use crate::tenants::rate::{Headroom, Limit, Verdict};
 
 /// Why a request was not (fully) served.
@@ -54,6 +55,15 @@ pub enum RouterError {
     /// The response had started when the exchange failed; the client sees a cut stream.
     #[error("response aborted after it started: {0}")]
     Aborted(String),
+}
+
+impl From<Refused> for RouterError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::UnknownKey => RouterError::UnknownApiKey,
+            Refused::BadPriority => RouterError::BadPriority,
+        }
+    }
 }
 
 impl RouterError {

@@ -7,15 +7,22 @@
 //! ready backend the prefix it is believed to hold, its load, whether it is the
 //! conversation's home and the live conversations it holds against its KV capacity.
 //! Sizes are in tokens: exact in token mode, text bytes / 4 in text mode (`estimated`).
+//! `admission` says whose request it is (the tenant and priority its headers give) and
+//! whether it would wait in the router's queue (`wait`: `full` when no backend is open
+//! for it, `behind` when others wait ahead of it); `backend` is null when it would wait
+//! for a full fleet.
 
 use bytes::Bytes;
 use http::HeaderMap;
+use prefix_router_core::ledger::Cap;
 use prefix_router_core::policy::Request;
 use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::TextBytes;
 use serde_json::{Value, json};
 
+use crate::admission::Ticket;
 use crate::error::RouterError;
+use crate::proxy::dispatch::{self, Wait};
 use crate::proxy::prepare::{self, Prepared};
 use crate::state::State;
 use crate::stats::Label;
@@ -39,10 +46,21 @@ pub async fn explain(
         _ => None,
     };
     let ready = state.fleet.ready(&[]);
+    if ready.is_empty() {
+        return Err(RouterError::NoBackend);
+    }
     let accounts = ready.accounts();
     let limit = limits.max_inflight_per_backend;
-    let (chosen, decision) =
-        prepare::decide(state, &accounts, limit, &request).ok_or(RouterError::NoBackend)?;
+    let live_config = state.live();
+    let identity = live_config.tenants.identify(headers);
+    let ticket = identity.as_ref().ok().map(|identity| Ticket {
+        priority: identity.priority,
+        tenant: identity.tenant.map_or("", |t| t.name.as_str()),
+        shares: state.tenancy.shares(identity),
+        ..Ticket::default()
+    });
+    let cap = ticket.map_or(Cap::from(limit), |t| t.cap(limit));
+    let decided = prepare::decide(state, &accounts, cap, &request);
     let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
     let size = prepared.size();
     let matches = (state.selector.index())
@@ -59,7 +77,8 @@ pub async fn explain(
                 "pending_tokens": tokens(a.pending()),
                 "capacity_tokens": a.capacity().map(|t| t.0),
                 "slots": a.sequences(),
-                "open": limit == 0 || a.load() < limit,
+                "open": a.open(cap),
+                "hold": a.hold(),
                 "home": home == Some(a.id),
                 "live_conversations": live.map(|l| l.conversations),
                 "live_tokens": live.map(|l| tokens(l.bytes)),
@@ -67,15 +86,31 @@ pub async fn explain(
             })
         })
         .collect();
+    let admission = match (&identity, ticket) {
+        (Ok(identity), Some(ticket)) => json!({
+            "tenant": identity.tenant.map(|t| t.name.clone()),
+            "priority": identity.priority.label(),
+            "reserve": cap.reserve,
+            "queued": state.queue.len(),
+            "wait": dispatch::wait(state, limits, &ready, &ticket).map(Wait::label),
+        }),
+        (Err(refused), _) => json!({ "refused": RouterError::from(*refused).code() }),
+        _ => Value::Null,
+    };
+    let (chosen, decision) = match decided {
+        Some((i, d)) => (url(i), Some(d)),
+        None => (None, None),
+    };
     Ok(json!({
-        "backend": url(chosen),
+        "backend": chosen,
+        "admission": admission,
         "policy": state.policy_name,
-        "outcome": decision.outcome.label(),
+        "outcome": decision.map(|d| d.outcome.label()),
         "mode": if size.estimated() { "text" } else { "tokens" },
         "unrendered": unrendered,
         "prompt_tokens": size.tokens().0,
         "estimated": size.estimated(),
-        "matched_tokens": tokens(decision.matched),
+        "matched_tokens": decision.map(|d| tokens(d.matched)),
         "session": request.session.is_some(),
         "backends": backends,
         "ejected": ejected(state),

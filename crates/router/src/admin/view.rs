@@ -8,15 +8,17 @@ use serde_json::{Value, json};
 use crate::fleet::FleetGauges;
 use crate::state::State;
 
-/// Sets the gauges of every part (fleet, index and tables, admission, token cache, KV
-/// events) from current snapshots.
+/// Sets the gauges of every part (fleet, index and tables, admission, tenants, token
+/// cache, KV events) from current snapshots.
 pub fn refresh_gauges(state: &State, fleet: &FleetGauges) {
     let snapshot = state.fleet.snapshot();
     let live = (state.selector).live(snapshot.backends.iter().map(|b| b.id));
     fleet.set(&snapshot, live.as_deref());
     let tree = (state.selector.index()).map_or_else(Default::default, |i| i.stats());
     (state.stats.index).set(&tree, &state.selector.tables());
-    (state.admission).set(&state.budget, &state.queue);
+    let (by_priority, by_tenant) = state.queue.depths();
+    (state.admission).set(&state.budget, &state.queue, by_priority);
+    state.tenancy.set_gauges(&by_tenant);
     state.tokenizers.set_gauges();
     state.records.set_gauges(&snapshot);
 }

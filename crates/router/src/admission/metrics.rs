@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
-use prometheus::{Histogram, IntGauge};
+use prometheus::{Histogram, IntGauge, IntGaugeVec};
 
 use super::{Budget, Queue};
-use crate::stats::{Counters, Registry, label_set};
+use crate::stats::{Counters, Label, Registry, label_set};
+use crate::tenants::Priority;
 
 label_set! {
     /// Why a request was shed before reaching a backend.
@@ -38,6 +39,7 @@ pub struct AdmissionMetrics {
     buffered_bytes: IntGauge,
     budget_waiting: IntGauge,
     queued: IntGauge,
+    queued_by_priority: IntGaugeVec,
 }
 
 impl AdmissionMetrics {
@@ -60,6 +62,11 @@ impl AdmissionMetrics {
                 "Requests waiting for body budget",
             ),
             queued: r.gauge("queued_requests", "Requests waiting in the router's queue"),
+            queued_by_priority: r.gauge_vec(
+                "queued_requests_by_priority",
+                "Requests waiting in the router's queue, by priority",
+                &["priority"],
+            ),
         }
     }
 
@@ -73,10 +80,16 @@ impl AdmissionMetrics {
         self.queue_wait.observe(waited.as_secs_f64());
     }
 
-    /// Sets the gauges from the budget and the queue now.
-    pub fn set(&self, budget: &Budget, queue: &Queue) {
+    /// Sets the gauges from the budget and the queue (its depth by priority) now.
+    pub fn set(&self, budget: &Budget, queue: &Queue, by_priority: [usize; 3]) {
         self.buffered_bytes.set(budget.held() as i64);
         self.budget_waiting.set(budget.waiting() as i64);
         self.queued.set(queue.len() as i64);
+        for (priority, n) in Priority::ALL.iter().zip(by_priority) {
+            (self
+                .queued_by_priority
+                .with_label_values(&[priority.label()]))
+            .set(n as i64);
+        }
     }
 }

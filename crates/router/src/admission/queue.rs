@@ -7,15 +7,17 @@
 //! Order: priority first, then a weighted fair share among tenants in tokens (each
 //! tenant's requests start at its own virtual time, which advances by a request's
 //! estimated tokens over the tenant's weight, never behind the queue's), then first come
-//! first served. A freed slot wakes one waiter (the fleet wakes the longest); one that is
+//! first served. Against starvation, the earliest waiter goes first whatever its
+//! priority once it waited its promotion time (half the queue timeout). A freed slot wakes one waiter (the fleet wakes the longest); one that is
 //! not first in this order passes the wake to the first. A full queue makes room for a
-//! request by shedding the last waiter of a lower priority, if there is one.
+//! request by shedding the last waiter of a lower priority, or of the tenant with the
+//! most waiters in its own priority, if there is one.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -23,7 +25,42 @@ use tokio::sync::Notify;
 use prefix_router_core::ledger::Cap;
 
 use crate::fleet::Fleet;
-use crate::tenants::{Priority, Share};
+use crate::tenants::{Priority, Shares};
+
+impl Order {
+    /// The waiter a full queue sheds for `ticket`: the last of a lower priority; else, of
+    /// its own priority, the last of the tenant with the most waiters, when that is
+    /// another tenant with more than one waiter more than `ticket`'s. So one tenant
+    /// cannot fill the queue against the others.
+    fn victim(&self, ticket: &Ticket) -> Option<Key> {
+        let (last, _) = self.waiters.last_key_value()?;
+        if last.0.0 != ticket.priority {
+            return (last.0.0 < ticket.priority).then_some(*last);
+        }
+        let mut tenants: HashMap<&str, (usize, Key)> = HashMap::new();
+        let band = (self.waiters.iter()).filter(|(k, _)| k.0.0 == ticket.priority);
+        for (key, waiter) in band {
+            let entry = tenants.entry(&waiter.tenant).or_insert((0, *key));
+            *entry = (entry.0 + 1, *key);
+        }
+        let mine = tenants.get(ticket.tenant).map_or(0, |t| t.0);
+        let (tenant, (most, key)) = tenants.into_iter().max_by_key(|(_, t)| t.0)?;
+        (tenant != ticket.tenant && most > mine + 1).then_some(key)
+    }
+
+    /// The key first in order: the earliest waiter once promoted, else the least key.
+    fn first(&self) -> Option<Key> {
+        let oldest = self.arrivals.first_key_value().map(|(_, k)| *k);
+        let promoted = |k: &Key| {
+            self.waiters
+                .get(k)
+                .is_some_and(|w| w.promoted <= Instant::now())
+        };
+        oldest
+            .filter(promoted)
+            .or_else(|| self.waiters.first_key_value().map(|(k, _)| *k))
+    }
+}
 
 /// Where a request stands in the queue's order.
 #[derive(Clone, Copy, Debug)]
@@ -36,21 +73,23 @@ pub struct Ticket<'t> {
     pub weight: u32,
     /// Its estimated prompt tokens (at least 1 is counted).
     pub cost: u64,
-    /// Its count in its tenant's fair share (with a tenants file).
-    pub share: Option<&'t Share<'t>>,
+    /// The tenants' fair shares (with a tenants file).
+    pub shares: Option<&'t Shares>,
 }
 
 impl Ticket<'_> {
     /// What it may take of a backend under the in-flight `limit` (0: none), with the
     /// reserve its tenant's share asks, as it stands now.
     pub fn cap(&self, limit: usize) -> Cap {
-        self.share.map_or(Cap::from(limit), |s| s.cap(limit))
+        let cap = |s: &Shares| s.cap(self.tenant, self.priority, limit);
+        self.shares.map_or(Cap::from(limit), cap)
     }
 
     /// Whether it may pass the waiters of `queue` to a slot open for it: its tenant is
     /// below its share, and no waiter has a higher priority.
     pub fn passes(&self, queue: &Queue) -> bool {
-        self.share.is_some_and(Share::light)
+        self.shares
+            .is_some_and(|s| s.light(self.tenant, self.priority))
             && queue.first_priority().is_none_or(|p| p <= self.priority)
     }
 }
@@ -62,7 +101,7 @@ impl Default for Ticket<'_> {
             tenant: "",
             weight: 1,
             cost: 1,
-            share: None,
+            shares: None,
         }
     }
 }
@@ -70,15 +109,19 @@ impl Default for Ticket<'_> {
 /// The order: highest priority, lowest virtual time, earliest.
 type Key = (Reverse<Priority>, u64, u64);
 
-#[derive(Default)]
 struct Waiter {
     wake: Notify,
     shed: AtomicBool,
+    tenant: String,
+    /// When it goes first whatever its priority (starvation protection).
+    promoted: Instant,
 }
 
 #[derive(Default)]
 struct Order {
     waiters: BTreeMap<Key, Arc<Waiter>>,
+    /// The waiters' keys by arrival.
+    arrivals: BTreeMap<u64, Key>,
     /// Each tenant's virtual time (tokens over weight, scaled).
     tenants: HashMap<String, u64>,
     /// The virtual time of the last request that left first in order.
@@ -108,10 +151,21 @@ impl Queue {
         self.waiting.load(Relaxed)
     }
 
+    /// Requests waiting now by priority (lowest first) and by tenant.
+    pub fn depths(&self) -> ([usize; 3], HashMap<String, usize>) {
+        let order = self.order.lock();
+        let mut priorities = [0; 3];
+        let mut tenants = HashMap::new();
+        for (key, waiter) in &order.waiters {
+            priorities[key.0.0 as usize] += 1;
+            *tenants.entry(waiter.tenant.clone()).or_default() += 1;
+        }
+        (priorities, tenants)
+    }
+
     /// The priority of the waiter first in order.
     pub fn first_priority(&self) -> Option<Priority> {
-        let order = self.order.lock();
-        order.waiters.first_key_value().map(|(k, _)| k.0.0)
+        self.order.lock().first().map(|k| k.0.0)
     }
 
     /// Whether no request waits.
@@ -119,19 +173,17 @@ impl Queue {
         self.len() == 0
     }
 
-    /// A place for `ticket`, if fewer than `max` wait or a waiter of a lower priority can
-    /// be shed for it.
-    pub fn join(&self, max: usize, ticket: Ticket) -> Option<Place<'_>> {
+    /// A place for `ticket`, if fewer than `max` wait or a waiter can be shed for it
+    /// ([`Order::victim`]); after `promote_after` it goes first whatever its priority.
+    pub fn join(&self, max: usize, ticket: Ticket, promote_after: Duration) -> Option<Place<'_>> {
         let mut order = self.order.lock();
         if order.waiters.len() >= max {
-            let (key, last) = order.waiters.last_key_value()?;
-            if key.0.0 >= ticket.priority {
-                return None;
+            let key = order.victim(&ticket)?;
+            if let Some(last) = order.waiters.remove(&key) {
+                last.shed.store(true, Relaxed);
+                last.wake.notify_one();
             }
-            last.shed.store(true, Relaxed);
-            last.wake.notify_one();
-            let key = *key;
-            order.waiters.remove(&key);
+            order.arrivals.remove(&key.2);
             self.waiting.fetch_sub(1, Relaxed);
         }
         let floor = order.now;
@@ -140,8 +192,14 @@ impl Queue {
         *virtual_time = start + ticket.cost.max(1) * 1024 / u64::from(ticket.weight.max(1));
         order.next += 1;
         let key = (Reverse(ticket.priority), start, order.next);
-        let waiter = Arc::new(Waiter::default());
+        let waiter = Arc::new(Waiter {
+            wake: Notify::new(),
+            shed: AtomicBool::new(false),
+            tenant: ticket.tenant.to_string(),
+            promoted: Instant::now() + promote_after,
+        });
         order.waiters.insert(key, Arc::clone(&waiter));
+        order.arrivals.insert(key.2, key);
         self.waiting.fetch_add(1, Relaxed);
         Some(Place {
             queue: self,
@@ -196,18 +254,15 @@ impl Place<'_> {
     }
 
     fn first(&self) -> bool {
-        let order = self.queue.order.lock();
-        order
-            .waiters
-            .first_key_value()
-            .is_some_and(|(k, _)| *k == self.key)
+        self.queue.order.lock().first() == Some(self.key)
     }
 }
 
 impl Queue {
     /// Wakes the waiter first in order.
     fn wake_first(&self) {
-        if let Some((_, first)) = self.order.lock().waiters.first_key_value() {
+        let order = self.order.lock();
+        if let Some(first) = order.first().and_then(|k| order.waiters.get(&k)) {
             first.wake.notify_one();
         }
     }
@@ -216,17 +271,15 @@ impl Queue {
 impl Drop for Place<'_> {
     fn drop(&mut self) {
         let mut order = self.queue.order.lock();
-        let was_first = order
-            .waiters
-            .first_key_value()
-            .is_some_and(|(k, _)| *k == self.key);
+        let was_first = order.first() == Some(self.key);
         if order.waiters.remove(&self.key).is_some() {
+            order.arrivals.remove(&self.key.2);
             self.queue.waiting.fetch_sub(1, Relaxed);
         }
         if was_first {
             order.now = order.now.max(self.key.1);
             // The next one looks at once: more than one slot may be free.
-            if let Some((_, next)) = order.waiters.first_key_value() {
+            if let Some(next) = order.first().and_then(|k| order.waiters.get(&k)) {
                 next.wake.notify_one();
             }
         }
@@ -243,9 +296,11 @@ mod tests {
             tenant,
             weight: 1,
             cost,
-            share: None,
+            shares: None,
         }
     }
+
+    const LATER: Duration = Duration::from_secs(60);
 
     fn order(queue: &Queue) -> Vec<Key> {
         queue.order.lock().waiters.keys().copied().collect()
@@ -254,10 +309,18 @@ mod tests {
     #[test]
     fn priority_first_then_fair_share_then_arrival() {
         let queue = Queue::default();
-        let a1 = queue.join(10, ticket(Priority::Normal, "a", 100)).unwrap();
-        let a2 = queue.join(10, ticket(Priority::Normal, "a", 100)).unwrap();
-        let b1 = queue.join(10, ticket(Priority::Normal, "b", 100)).unwrap();
-        let high = queue.join(10, ticket(Priority::High, "a", 100)).unwrap();
+        let a1 = queue
+            .join(10, ticket(Priority::Normal, "a", 100), LATER)
+            .unwrap();
+        let a2 = queue
+            .join(10, ticket(Priority::Normal, "a", 100), LATER)
+            .unwrap();
+        let b1 = queue
+            .join(10, ticket(Priority::Normal, "b", 100), LATER)
+            .unwrap();
+        let high = queue
+            .join(10, ticket(Priority::High, "a", 100), LATER)
+            .unwrap();
         let keys = order(&queue);
         assert_eq!(keys[0], high.key, "high first");
         assert_eq!(keys[1], a1.key);
@@ -269,17 +332,64 @@ mod tests {
     #[test]
     fn a_full_queue_sheds_its_last_lower_priority_waiter() {
         let queue = Queue::default();
-        let normal = queue.join(2, ticket(Priority::Normal, "", 1)).unwrap();
-        let low = queue.join(2, ticket(Priority::Low, "", 1)).unwrap();
+        let normal = queue
+            .join(2, ticket(Priority::Normal, "", 1), LATER)
+            .unwrap();
+        let low = queue.join(2, ticket(Priority::Low, "", 1), LATER).unwrap();
         assert!(
-            queue.join(2, ticket(Priority::Low, "", 1)).is_none(),
+            queue.join(2, ticket(Priority::Low, "", 1), LATER).is_none(),
             "no lower one to shed"
         );
-        let high = queue.join(2, ticket(Priority::High, "", 1)).unwrap();
+        let high = queue.join(2, ticket(Priority::High, "", 1), LATER).unwrap();
         assert!(low.waiter.shed.load(Relaxed));
         assert!(!normal.waiter.shed.load(Relaxed));
         assert_eq!(queue.len(), 2);
         drop((low, normal, high));
         assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_sheds_the_tenant_with_the_most_waiters_for_another() {
+        let queue = Queue::default();
+        let a: Vec<_> = (0..3)
+            .map(|_| {
+                queue
+                    .join(4, ticket(Priority::Normal, "a", 1), LATER)
+                    .unwrap()
+            })
+            .collect();
+        let _b = queue
+            .join(4, ticket(Priority::Normal, "b", 1), LATER)
+            .unwrap();
+        assert!(
+            queue
+                .join(4, ticket(Priority::Normal, "a", 1), LATER)
+                .is_none()
+        );
+        let _b2 = queue
+            .join(4, ticket(Priority::Normal, "b", 1), LATER)
+            .unwrap();
+        assert!(a[2].waiter.shed.load(Relaxed), "a's last shed for b");
+        assert!(!a[1].waiter.shed.load(Relaxed));
+        assert!(
+            queue
+                .join(4, ticket(Priority::Normal, "b", 1), LATER)
+                .is_none(),
+            "two each: no one is shed"
+        );
+    }
+
+    #[test]
+    fn a_waiter_waiting_past_its_promotion_goes_first() {
+        let queue = Queue::default();
+        let low = (queue.join(10, ticket(Priority::Low, "", 1), Duration::ZERO)).unwrap();
+        let high = queue
+            .join(10, ticket(Priority::High, "", 1), LATER)
+            .unwrap();
+        assert!(low.first(), "promoted at once");
+        assert!(!high.first());
+        assert_eq!(queue.first_priority(), Some(Priority::Low));
+        drop(low);
+        assert!(high.first());
     }
 }

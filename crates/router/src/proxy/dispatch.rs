@@ -297,18 +297,16 @@ async fn admitted<E: Exchange>(
     }
     let limit = limits.max_inflight_per_backend;
     let ready = fleet.ready(tried);
-    let open = |ready: &Ready| state.ledger.open(&ready.accounts(), ticket.cap(limit));
-    let held = || ready.accounts().iter().any(|a| a.hold().is_some());
-    let queue = &state.queue;
-    let first = queue.is_empty() || ticket.passes(queue);
-    if ready.is_empty() || (limit == 0 && !held()) || (first && open(&ready)) {
+    if ready.is_empty() || wait(state, limits, &ready, &ticket).is_none() {
         return Ok(ready);
     }
+    let open = |ready: &Ready| state.ledger.open(&ready.accounts(), ticket.cap(limit));
     let overloaded = |shed| RouterError::Overloaded {
         shed,
         retry_after: limits.queue_timeout.as_secs().max(1),
     };
-    let place = (state.queue).join(limits.max_queued, ticket);
+    let promote_after = limits.queue_timeout / 2;
+    let place = (state.queue).join(limits.max_queued, ticket, promote_after);
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
@@ -325,6 +323,44 @@ async fn admitted<E: Exchange>(
         Left::TimedOut => overloaded(Shed::QueueTimeout),
         Left::Shed => overloaded(Shed::QueueFull),
     })
+}
+
+/// Why a request would wait in the router's queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// No backend of `ready` is open for it (each at its in-flight limit or hold, or its
+    /// free slots kept in reserve for others).
+    Full,
+    /// Requests wait ahead of it in the queue.
+    Behind,
+}
+
+impl Wait {
+    /// Its name in `POST /route`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Wait::Full => "full",
+            Wait::Behind => "behind",
+        }
+    }
+}
+
+/// Why a request of `ticket` would wait before being placed on one of `ready` now; `None`
+/// when it would go at once.
+pub fn wait(state: &State, limits: &Limits, ready: &Ready, ticket: &Ticket) -> Option<Wait> {
+    let limit = limits.max_inflight_per_backend;
+    let held = ready.accounts().iter().any(|a| a.hold().is_some());
+    if limit == 0 && !held {
+        return None;
+    }
+    let queue = &state.queue;
+    if !state.ledger.open(&ready.accounts(), ticket.cap(limit)) {
+        Some(Wait::Full)
+    } else if !queue.is_empty() && !ticket.passes(queue) {
+        Some(Wait::Behind)
+    } else {
+        None
+    }
 }
 
 /// Outlier detection counts how an exchange with `backend` ended; the fleet keeps its

@@ -4,7 +4,7 @@
 //! fails; `logging` writes one line per request.
 
 mod body;
-mod dispatch;
+pub mod dispatch;
 mod exchange;
 mod headers;
 pub mod prepare;
@@ -171,12 +171,10 @@ impl Router {
         let identity = live
             .tenants
             .identify(&head.headers)
-            .map_err(|refused| match refused {
-                Refused::UnknownKey => {
+            .inspect_err(|refused| {
+                if *refused == Refused::UnknownKey {
                     state.tenancy.unknown_key();
-                    RouterError::UnknownApiKey
                 }
-                Refused::BadPriority => RouterError::BadPriority,
             })?;
         ctx.endpoint = endpoint;
         let reading = SystemTime::now();
@@ -213,13 +211,14 @@ impl Router {
             timeouts: &limits.exchange,
             trace: &ctx.trace,
         };
-        let share = state.tenancy.share(&identity);
+        // Counted in its tenant's share until the response ends.
+        let _share = state.tenancy.share(&identity);
         let ticket = Ticket {
             priority: identity.priority,
             tenant: identity.tenant.map_or("", |t| t.name.as_str()),
             weight: identity.tenant.map_or(1, |t| t.weight),
             cost: estimate,
-            share: share.as_ref(),
+            shares: state.tenancy.shares(&identity),
         };
         let dispatched =
             dispatch::run(state, limits, &mut upstream, &route, ticket, &ctx.trace).await;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use prefix_router_core::ledger::Account;
+use prefix_router_core::ledger::{Account, Cap};
 use prefix_router_core::policy::{Candidate, Decision, Request};
 use prefix_router_core::request::{self, Endpoint, Parsed, SessionKey};
 use prefix_router_core::units::PromptSize;
@@ -83,14 +83,13 @@ pub fn choose(
 }
 
 /// What serving `request` would choose now among `accounts`, without taking a seat:
-/// the account's position and the decision; `None` when every one is at the in-flight
-/// limit.
+/// the account's position and the decision; `None` when none is open under `cap`.
 pub fn decide(
     state: &State,
     accounts: &[&Arc<Account>],
-    limit: usize,
+    cap: Cap,
     request: &Request,
 ) -> Option<(usize, Decision)> {
     let recorded = Cell::new(false);
-    (state.ledger).decide(accounts, limit, |c| choose(state, request, c, &recorded))
+    (state.ledger).decide(accounts, cap, |c| choose(state, request, c, &recorded))
 }

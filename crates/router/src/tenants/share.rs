@@ -2,8 +2,8 @@
 //! a higher priority finds room at once: a tenant's share of the requests the router
 //! holds (in flight or waiting) is its weight over the weights of the active tenants.
 //! While some active tenant is below its share, or a priority is active, a tenant at or
-//! over its own share, and every lower priority, keeps [`RESERVE`] slot of each held
-//! backend free ([`Cap`]); the requests it is kept for pass the router's queue when a
+//! over its own share, and every lower priority, keeps a reserve of each held backend free
+//! (an eighth of its slots, at least one: [`Cap`]); the requests it is kept for pass the router's queue when a
 //! slot is open for them. The reserve is kept under what a backend ran when it last
 //! queued: a hold that grew since is probing for room. A backend with no learned hold has
 //! room, and no reserve.
@@ -23,9 +23,6 @@ use parking_lot::Mutex;
 use prefix_router_core::ledger::Cap;
 
 use super::Priority;
-
-/// Slots of each held backend kept free for tenants below their share.
-pub const RESERVE: usize = 1;
 
 /// How long a tenant counts as active after its last request ended.
 pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
@@ -128,34 +125,43 @@ impl Shares {
     }
 }
 
+impl Shares {
+    /// Each known tenant's requests held now (in flight or waiting).
+    pub fn held(&self) -> Vec<(String, usize)> {
+        let flows = self.flows.lock();
+        (flows.tenants.iter())
+            .map(|(name, f)| (name.clone(), f.held))
+            .collect()
+    }
+
+    /// Whether the reserve is kept for a request of `tenant` at `priority`: no higher
+    /// priority is active, and its tenant is below its share or a lower priority is
+    /// active.
+    pub fn light(&self, tenant: &str, priority: Priority) -> bool {
+        let s = self.standing(tenant, priority);
+        !s.higher && (s.light || s.lower)
+    }
+
+    /// What a request of `tenant` at `priority` may take of a backend under the in-flight
+    /// `limit`: less the reserve while it is not [`Self::light`] and a higher priority or
+    /// another tenant below its share is active.
+    pub fn cap(&self, tenant: &str, priority: Priority, limit: usize) -> Cap {
+        let s = self.standing(tenant, priority);
+        let light = !s.higher && (s.light || s.lower);
+        let kept = s.higher || s.other_light;
+        Cap {
+            limit,
+            reserve: kept && !light,
+        }
+    }
+}
+
 /// A request counted in its tenant's share and its priority; dropping it ends the count.
 #[derive(Debug)]
 pub struct Share<'s> {
     shares: &'s Shares,
     tenant: String,
     priority: Priority,
-}
-
-impl Share<'_> {
-    /// Whether the reserve is kept for it: no higher priority is active, and its tenant
-    /// is below its share or a lower priority is active.
-    pub fn light(&self) -> bool {
-        let s = self.shares.standing(&self.tenant, self.priority);
-        !s.higher && (s.light || s.lower)
-    }
-
-    /// What it may take of a backend under the in-flight `limit`: less [`RESERVE`] while
-    /// it is not [`Self::light`] and a higher priority or another tenant below its share
-    /// is active.
-    pub fn cap(&self, limit: usize) -> Cap {
-        let s = self.shares.standing(&self.tenant, self.priority);
-        let light = !s.higher && (s.light || s.lower);
-        let kept = s.higher || s.other_light;
-        Cap {
-            limit,
-            reserve: if kept && !light { RESERVE } else { 0 },
-        }
-    }
 }
 
 impl Drop for Share<'_> {
@@ -177,19 +183,25 @@ mod tests {
     #[test]
     fn a_tenant_over_its_share_keeps_a_slot_for_one_below() {
         let shares = Shares::default();
-        let a: Vec<_> = (0..6)
+        let _a: Vec<_> = (0..6)
             .map(|_| shares.enter("a", 1, Priority::Normal))
             .collect();
-        assert_eq!(a[0].cap(0), Cap::default(), "alone, no reserve");
-        assert!(!a[0].light());
-        let b = shares.enter("b", 1, Priority::Normal);
-        assert!(b.light(), "1 of 7 held, below half");
-        assert_eq!(b.cap(0).reserve, 0);
-        assert_eq!(a[0].cap(0).reserve, RESERVE);
-        drop(b);
         assert_eq!(
-            a[0].cap(0).reserve,
-            RESERVE,
+            shares.cap("a", Priority::Normal, 0),
+            Cap::default(),
+            "alone, no reserve"
+        );
+        assert!(!shares.light("a", Priority::Normal));
+        let b = shares.enter("b", 1, Priority::Normal);
+        assert!(
+            shares.light("b", Priority::Normal),
+            "1 of 7 held, below half"
+        );
+        assert!(!shares.cap("b", Priority::Normal, 0).reserve);
+        assert!(shares.cap("a", Priority::Normal, 0).reserve);
+        drop(b);
+        assert!(
+            shares.cap("a", Priority::Normal, 0).reserve,
             "b stays active between its requests"
         );
     }
@@ -200,28 +212,31 @@ mod tests {
         let a: Vec<_> = (0..3)
             .map(|_| shares.enter("a", 1, Priority::Normal))
             .collect();
-        let b: Vec<_> = (0..5)
+        let _b: Vec<_> = (0..5)
             .map(|_| shares.enter("b", 3, Priority::Normal))
             .collect();
-        assert!(b[0].light(), "5 of 8 is below three quarters");
-        assert_eq!(a[0].cap(0).reserve, RESERVE);
+        assert!(
+            shares.light("b", Priority::Normal),
+            "5 of 8 is below three quarters"
+        );
+        assert!(shares.cap("a", Priority::Normal, 0).reserve);
         drop(a);
-        assert!(!b[0].light());
+        assert!(!shares.light("b", Priority::Normal));
     }
 
     #[test]
     fn a_lower_priority_keeps_a_slot_for_a_higher_one() {
         let shares = Shares::default();
-        let normal: Vec<_> = (0..6)
+        let _normal: Vec<_> = (0..6)
             .map(|_| shares.enter("a", 1, Priority::Normal))
             .collect();
-        assert_eq!(normal[0].cap(0).reserve, 0);
-        let high = shares.enter("a", 1, Priority::High);
-        assert!(high.light());
-        assert_eq!(high.cap(0).reserve, 0);
-        assert!(!normal[0].light());
-        assert_eq!(normal[0].cap(0).reserve, RESERVE);
-        let low = shares.enter("a", 1, Priority::Low);
-        assert_eq!(low.cap(0).reserve, RESERVE);
+        assert!(!shares.cap("a", Priority::Normal, 0).reserve);
+        let _high = shares.enter("a", 1, Priority::High);
+        assert!(shares.light("a", Priority::High));
+        assert!(!shares.cap("a", Priority::High, 0).reserve);
+        assert!(!shares.light("a", Priority::Normal));
+        assert!(shares.cap("a", Priority::Normal, 0).reserve);
+        let _low = shares.enter("a", 1, Priority::Low);
+        assert!(shares.cap("a", Priority::Low, 0).reserve);
     }
 }

@@ -5,7 +5,9 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use prometheus::{IntCounter, IntCounterVec};
+use std::collections::HashMap;
+
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec};
 
 use super::rate::{Limit, RateLimits, Verdict};
 use super::share::{Share, Shares};
@@ -29,6 +31,8 @@ pub struct Tenancy {
     limited: IntCounterVec,
     tokens: IntCounterVec,
     shed: IntCounterVec,
+    held: IntGaugeVec,
+    queued: IntGaugeVec,
     unknown: IntCounter,
 }
 
@@ -57,6 +61,16 @@ impl Tenancy {
                 "tenant_shed_total",
                 "Requests shed with 503 before reaching a backend, by tenant, priority and reason",
                 &["tenant", "priority", "reason"],
+            ),
+            held: registry.gauge_vec(
+                "tenant_held_requests",
+                "Requests in flight or waiting in the router's queue, by tenant",
+                &["tenant"],
+            ),
+            queued: registry.gauge_vec(
+                "tenant_queued_requests",
+                "Requests waiting in the router's queue, by tenant",
+                &["tenant"],
             ),
             unknown: registry.counter(
                 "unknown_api_keys_total",
@@ -98,6 +112,19 @@ impl Tenancy {
         }))
     }
 
+    /// Sets the gauges from the shares and the queue's depth by tenant (`queued`) now.
+    pub fn set_gauges(&self, queued: &HashMap<String, usize>) {
+        self.held.reset();
+        self.queued.reset();
+        for (tenant, held) in self.shares.held() {
+            self.held.with_label_values(&[&tenant]).set(held as i64);
+            let waiting = queued.get(&tenant).copied().unwrap_or(0);
+            self.queued
+                .with_label_values(&[&tenant])
+                .set(waiting as i64);
+        }
+    }
+
     /// A request of `identity` was shed for `reason` (a label of admission's sheds).
     pub fn shed(&self, identity: &Identity, reason: &str) {
         if let Some(tenant) = identity.tenant {
@@ -114,6 +141,12 @@ impl Tenancy {
     pub fn share(&self, identity: &Identity) -> Option<Share<'_>> {
         let tenant = identity.tenant?;
         Some((self.shares).enter(&tenant.name, tenant.weight, identity.priority))
+    }
+
+    /// The tenants' fair shares, to weigh a request of `identity` against; `None` without
+    /// a tenants file.
+    pub fn shares(&self, identity: &Identity) -> Option<&Shares> {
+        identity.tenant.map(|_| &self.shares)
     }
 
     /// A request admitted as `charge` cost `tokens` (prompt and completion), as its answer

@@ -345,3 +345,62 @@ async fn sick_answers_in_a_row_eject_a_backend_and_the_fleet_keeps_one_open() {
     assert_eq!(ejected, 1, "one of two may be ejected, never both");
     assert_eq!(state.fleet.ready(&[]).len(), 1);
 }
+
+#[tokio::test]
+async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
+    use crate::tenants::{Priority, Shares};
+    use prefix_router_core::policy::Published;
+    let state = state(1, true);
+    let snapshot = state.fleet.snapshot();
+    let published = Published {
+        running: 4,
+        waiting: 1,
+        kv_usage: 0.5,
+    };
+    snapshot.accounts()[0].learn_hold(published);
+    let _running: Vec<Seat> = (0..3).map(|_| occupy(&state)).collect();
+    let shares = Shares::default();
+    let _a: Vec<_> = (0..4)
+        .map(|_| shares.enter("a", 1, Priority::Normal))
+        .collect();
+    let _b = shares.enter("b", 1, Priority::Normal);
+    let ticket = |tenant| Ticket {
+        tenant,
+        shares: Some(&shares),
+        ..Ticket::default()
+    };
+    let limits = limits(0, Duration::from_millis(200));
+    let (mut heavy, mut light) = (Fake::new([Step::Answer]), Fake::new([Step::Answer]));
+    let trace = RequestTrace::default();
+    let a = run(
+        &state,
+        &limits,
+        &mut heavy,
+        &Route::AnyBackend,
+        ticket("a"),
+        &trace,
+    );
+    let b = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(state.queue.len(), 1, "a waits: the last slot is kept");
+        run(
+            &state,
+            &limits,
+            &mut light,
+            &Route::AnyBackend,
+            ticket("b"),
+            &trace,
+        )
+        .await
+    };
+    let (a, b) = tokio::join!(a, b);
+    assert!(b.result.is_ok(), "b took the kept slot past a");
+    assert!(matches!(
+        a.result,
+        Err(RouterError::Overloaded {
+            shed: Shed::QueueTimeout,
+            ..
+        })
+    ));
+    assert!(heavy.sent.is_empty());
+}
