@@ -611,6 +611,7 @@ async fn the_simulators_events_make_the_router_exact() {
         };
         let config = prefix_router_sim::SimConfig {
             name: ["a", "b"][i].into(),
+            model: "m".into(),
             time_scale: 50.0,
             tokenizer: Some(model.clone()),
             kv_events: Some(events),
@@ -710,6 +711,7 @@ async fn the_simulator_replays_its_batches_like_vllm() {
     let (publish, replay) = (port(), port());
     let config = prefix_router_sim::SimConfig {
         time_scale: 50.0,
+        model: "m".into(),
         kv_events: Some(KvEventsConfig {
             enable_kv_cache_events: true,
             publisher: "zmq".into(),

@@ -38,6 +38,7 @@ async fn start_sim(name: &str) -> SimHandle {
     let config = SimConfig {
         time_scale: 1000.0,
         name: name.into(),
+        model: "test-model".into(),
         ..SimConfig::default()
     };
     prefix_router_sim::start(config, listener).await.unwrap()

@@ -30,6 +30,7 @@ async fn start_sims(count: usize) -> Vec<SimHandle> {
             time_scale: 200.0,
             max_num_seqs: 1024,
             name: format!("soak-{i}"),
+            model: "m".into(),
             ..SimConfig::default()
         };
         sims.push(prefix_router_sim::start(config, listener).await.unwrap());

@@ -11,6 +11,7 @@ mod faults;
 mod health;
 mod kv_events;
 mod lab;
+mod models;
 mod ops;
 mod outliers;
 mod overload;

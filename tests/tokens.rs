@@ -194,6 +194,7 @@ async fn the_simulator_holds_the_tokens_the_router_predicted() {
             tokenizer: Some(model.clone()),
             time_scale: 1000.0,
             name: format!("sim-{i}"),
+            model: "qwen3".into(),
             ..SimConfig::default()
         };
         sims.push(prefix_router_sim::start(config, listener).await.unwrap());

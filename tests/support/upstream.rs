@@ -1,8 +1,8 @@
 //! A real HTTP backend for tests, on 127.0.0.1 with a port from the OS. It records every
 //! request it receives (method, path, headers, body) and answers as the test sets it up:
 //! JSON, an SSE stream that can be held open, or an error status. `/health` answers 200
-//! while healthy, 503 otherwise; `/metrics` and `/props` answer 404 unless the test gives
-//! them pages.
+//! while healthy, 503 otherwise; `/metrics`, `/props` and `/v1/models` answer 404 unless
+//! the test gives them pages (or models).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -66,6 +66,8 @@ struct Shared {
     reply: Mutex<Reply>,
     /// Bodies of `GET /metrics` and `GET /props`, when set.
     pages: Mutex<Option<(String, String)>>,
+    /// The `/v1/models` answer; 404 when none.
+    models: Mutex<Option<String>>,
 }
 
 /// A running test backend; stops when dropped.
@@ -95,6 +97,7 @@ impl Upstream {
             healthy: AtomicBool::new(true),
             reply: Mutex::new(Reply::Json),
             pages: Mutex::new(None),
+            models: Mutex::new(None),
         });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve(listener, Arc::clone(&shared), stopped));
@@ -155,6 +158,15 @@ impl Upstream {
         *self.shared.reply.lock() = reply;
     }
 
+    /// Lists `models` (name and parent, for an adapter) on `/v1/models`, as vLLM does.
+    pub fn set_models(&self, models: &[(&str, Option<&str>)]) {
+        let data: Vec<serde_json::Value> = (models.iter())
+            .map(|(id, parent)| serde_json::json!({"id": id, "object": "model", "parent": parent}))
+            .collect();
+        let list = serde_json::json!({"object": "list", "data": data}).to_string();
+        *self.shared.models.lock() = Some(list);
+    }
+
     /// Serves `metrics` on `/metrics` and `props` on `/props` (an engine describing itself).
     pub fn set_pages(&self, metrics: &str, props: &str) {
         *self.shared.pages.lock() = Some((metrics.to_string(), props.to_string()));
@@ -211,6 +223,12 @@ async fn handle(
             503
         };
         return Ok(status_only(status));
+    }
+    if req.uri().path() == "/v1/models" {
+        return Ok(match shared.models.lock().clone() {
+            Some(list) => Response::new(full(Bytes::from(list))),
+            None => status_only(404),
+        });
     }
     let page = match req.uri().path() {
         "/metrics" => Some(0),

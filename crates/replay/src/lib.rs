@@ -160,8 +160,9 @@ pub struct ReplayArgs {
     /// else only those that answered]
     #[arg(long)]
     pub backends: Option<usize>,
-    /// Model name sent in requests.
-    #[arg(long, default_value = "replay")]
+    /// Model name sent in requests (a router sends each model's requests only to the
+    /// backends that list it; the default is the simulator's).
+    #[arg(long, default_value = "meta-llama/Llama-3.1-8B-Instruct")]
     pub model: String,
     /// Per-request timeout, seconds.
     #[arg(long, default_value_t = 600.0)]
@@ -226,7 +227,7 @@ impl Default for ReplayArgs {
             quiet: false,
             backend_metrics: Vec::new(),
             backends: None,
-            model: "replay".into(),
+            model: "meta-llama/Llama-3.1-8B-Instruct".into(),
             timeout: 600.0,
             sessions: agent.sessions,
             seed: agent.seed,

@@ -40,6 +40,12 @@ pub enum RouterError {
     /// The tenant is over its own rate.
     #[error("rate limit of {} {} a minute reached; retry after {} s", limit_of(.0), unit(.0), .0.retry_after)]
     RateLimited(Verdict),
+    /// No ready backend serves the request's `model`.
+    #[error("the model `{0}` does not exist or no ready backend serves it")]
+    ModelNotFound(String),
+    /// The request has no `model`, and the fleet serves several.
+    #[error("`model` is required: this router serves {0}")]
+    ModelRequired(String),
     /// No backend is healthy.
     #[error("no healthy backend is available")]
     NoBackend,
@@ -79,12 +85,13 @@ impl RouterError {
     /// The HTTP status for this error; 0 when no response can be sent any more.
     pub fn status(&self) -> u16 {
         match self {
-            RouterError::BadRequest(_) | RouterError::Malformed(_) | RouterError::BadPriority => {
-                400
-            }
+            RouterError::BadRequest(_)
+            | RouterError::Malformed(_)
+            | RouterError::BadPriority
+            | RouterError::ModelRequired(_) => 400,
             RouterError::UnknownApiKey => 401,
             RouterError::RateLimited(_) => 429,
-            RouterError::NotFound(_) => 404,
+            RouterError::NotFound(_) | RouterError::ModelNotFound(_) => 404,
             RouterError::BodyTooLarge { .. } => 413,
             RouterError::ClientTimeout => 408,
             RouterError::NoBackend | RouterError::Overloaded { .. } => 503,
@@ -117,6 +124,8 @@ impl RouterError {
             RouterError::UnknownApiKey => "invalid_api_key",
             RouterError::BadPriority => "invalid_priority",
             RouterError::RateLimited(_) => "rate_limit_exceeded",
+            RouterError::ModelNotFound(_) => "model_not_found",
+            RouterError::ModelRequired(_) => "model_required",
             RouterError::NoBackend => "no_healthy_backend",
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Upstream(_) => "upstream_failed",

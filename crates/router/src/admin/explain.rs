@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::admission::Ticket;
 use crate::error::RouterError;
-use crate::proxy::dispatch::{self, Wait};
+use crate::proxy::dispatch::{self, Route, Wait};
 use crate::proxy::prepare::{self, Prepared};
 use crate::state::State;
 use crate::stats::Label;
@@ -45,7 +45,7 @@ pub async fn explain(
         Tokenizing::Unrendered(why) => Some(why.to_string()),
         _ => None,
     };
-    let ready = state.fleet.ready(&[]);
+    let ready = dispatch::serving(state.fleet.ready(&[]), &Route::Policy(&request))?;
     if ready.is_empty() {
         return Err(RouterError::NoBackend);
     }

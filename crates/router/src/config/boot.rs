@@ -45,8 +45,8 @@ boot! {
     health: HealthSettings => "health_check_*",
     /// Resolving the workers' names.
     discovery: DiscoverySettings => "dns_refresh_interval",
-    /// Reading backends' metrics (published load, KV capacity).
-    metrics: ReaderSettings => "metrics_interval",
+    /// Reading backends' metrics (published load, KV capacity) and models.
+    metrics: ReaderSettings => "metrics_interval/models_interval",
     /// Where router replicas share their conversation table. Default none.
     shared_table: Option<SharedTable> => "shared_table*",
     /// The routing policy. Default `kv_aware` ([`policy::DEFAULT`]).

@@ -16,9 +16,11 @@ use prefix_router_core::tree::TreeConfig;
 use prefix_router_core::units::Tokens;
 
 pub use boot::Boot;
-pub use settings::Settings;
+pub use settings::{ModelPool, Settings};
 
-use crate::fleet::{DiscoverySettings, HealthSettings, OutlierSettings, ReaderSettings, Worker};
+use crate::fleet::{
+    DiscoverySettings, HealthSettings, OutlierSettings, ReaderSettings, Worker, add_pool,
+};
 use crate::kv_events::KvEventSettings;
 use crate::limits::{ExchangeTimeouts, Limits, Live, RetryOn, RetrySettings};
 use crate::replication::SharedTable;
@@ -88,8 +90,7 @@ impl Config {
         let d = Config::default();
         Ok(Config {
             boot: boot(&s, d.boot)?,
-            workers: Worker::parse_all(s.worker_urls.as_deref().unwrap_or_default())
-                .map_err(|e| invalid("worker_urls", e.to_string()))?,
+            workers: workers(&s)?,
             live: Live {
                 limits: limits(&s, d.live.limits)?,
                 tunables: tunables(&s, d.live.tunables)?,
@@ -102,6 +103,24 @@ impl Config {
             },
         })
     }
+}
+
+/// The workers of `worker_urls` and of the static model pools (`[[models]]`).
+fn workers(s: &Settings) -> Result<Vec<Worker>, ConfigError> {
+    let urls = s.worker_urls.as_deref().unwrap_or_default();
+    let mut workers = Worker::parse_all(urls).map_err(|e| invalid("worker_urls", e.to_string()))?;
+    for pool in s.models.iter().flatten() {
+        let bad = |why: String| invalid("models", format!("model `{}`: {why}", pool.name));
+        if pool.name.is_empty() || pool.worker_urls.is_empty() {
+            return Err(bad("a pool needs a name and worker_urls".into()));
+        }
+        let names: Vec<String> = std::iter::once(&pool.name)
+            .chain(&pool.aliases)
+            .cloned()
+            .collect();
+        add_pool(&mut workers, &names, &pool.worker_urls).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(workers)
 }
 
 fn boot(s: &Settings, d: Boot) -> Result<Boot, ConfigError> {
@@ -121,6 +140,8 @@ fn boot(s: &Settings, d: Boot) -> Result<Boot, ConfigError> {
         metrics: ReaderSettings {
             interval: seconds("metrics_interval", s.metrics_interval)?
                 .unwrap_or(d.metrics.interval),
+            models_interval: seconds("models_interval", s.models_interval)?
+                .unwrap_or(d.metrics.models_interval),
             ..d.metrics
         },
         shared_table: shared_table(s)?,

@@ -95,6 +95,9 @@ pub struct Settings {
     /// Seconds between two reads of each backend's /metrics (its load and KV capacity) [default: 1]
     #[arg(long)]
     pub metrics_interval: Option<f64>,
+    /// Seconds between two reads of each backend's /v1/models (the models and adapters it serves) [default: 30]
+    #[arg(long)]
+    pub models_interval: Option<f64>,
     /// Redis or Valkey server (redis://host:port) through which router replicas share their conversation table [default: none]
     #[arg(long)]
     pub shared_table: Option<String>,
@@ -182,6 +185,9 @@ pub struct Settings {
     /// Tokenizer directories by served model name (config file only: a `[tokenizers]` table)
     #[arg(skip)]
     pub tokenizers: Option<std::collections::BTreeMap<String, std::path::PathBuf>>,
+    /// Static model pools for backends that do not list their models (config file only: `[[models]]` tables of `name`, `worker_urls` and `aliases`)
+    #[arg(skip)]
+    pub models: Option<Vec<ModelPool>>,
     /// Bytes the conversations' token cache may hold [default: 268435456]
     #[arg(long)]
     pub token_cache_bytes: Option<usize>,
@@ -210,4 +216,18 @@ pub struct Settings {
     #[arg(long)]
     pub trace_queue_size: Option<usize>,
 }
+}
+
+/// A static pool of backends serving one model (`[[models]]`): they get requests for
+/// `name` and its `aliases` only, whatever they list on `/v1/models`.
+#[derive(Deserialize, Debug, Clone, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPool {
+    /// The model's name, as requests give it in `model`.
+    pub name: String,
+    /// Its backends' base URLs (also allowed in `worker_urls` or other pools).
+    pub worker_urls: Vec<String>,
+    /// Other names requests may give it (the body is forwarded unchanged).
+    #[serde(default)]
+    pub aliases: Vec<String>,
 }

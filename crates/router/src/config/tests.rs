@@ -123,6 +123,27 @@ fn invalid_values_name_their_option() {
         ),
         (
             Settings {
+                models: Some(vec![super::ModelPool {
+                    name: "small".into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            "`models`",
+        ),
+        (
+            Settings {
+                models: Some(vec![super::ModelPool {
+                    name: "small".into(),
+                    worker_urls: vec!["ftp://x".into()],
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            "`models`",
+        ),
+        (
+            Settings {
                 eviction_interval: Some(0.0),
                 ..Default::default()
             },
@@ -268,4 +289,29 @@ fn every_default_the_flags_help_states_is_the_default() {
         checked += 1;
     }
     assert!(checked >= 35, "only {checked} stated defaults checked");
+}
+
+#[test]
+fn a_worker_in_two_pools_serves_both_models() {
+    let file = r#"
+worker_urls = ["http://10.0.0.1:8000"]
+
+[[models]]
+name = "big"
+worker_urls = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
+
+[[models]]
+name = "small"
+aliases = ["s"]
+worker_urls = ["http://10.0.0.2:8000"]
+"#;
+    let settings: Settings = toml::from_str(file).unwrap();
+    let config = Config::from_settings(settings).unwrap();
+    let names = |i: usize| -> Vec<String> {
+        let served = config.workers[i].models.as_ref().unwrap();
+        served.models.iter().map(|m| m.id.clone()).collect()
+    };
+    assert_eq!(config.workers.len(), 2);
+    assert_eq!(names(0), ["big"]);
+    assert_eq!(names(1), ["big", "s", "small"]);
 }

@@ -13,8 +13,8 @@ use prefix_router_core::BackendId;
 use prefix_router_core::ledger::Account;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::Worker;
 use super::outlier::{Ejection, Ended, Outlier, OutlierSettings, Reason, now_ms};
+use super::{Models, Worker};
 use crate::stats::Label;
 
 /// A backend of the fleet. Shared by every snapshot that contains it, so its counters
@@ -33,6 +33,8 @@ pub struct Backend {
     pub authority: String,
     /// Its load and capacity, as placements see them.
     pub account: Arc<Account>,
+    /// The models it serves, as it last listed them.
+    pub models: Models,
     /// The target Pingora's health check probes.
     pub(super) probe: Probe,
     checked: AtomicBool,
@@ -60,6 +62,7 @@ impl Backend {
         };
         // A stable hash of the address: the same on every router replica.
         let hash = xxh3_64(addr.to_string().as_bytes());
+        let models = Models::new(worker.models.clone());
         Backend {
             id,
             worker,
@@ -67,6 +70,7 @@ impl Backend {
             peer,
             authority,
             account: Arc::new(Account::new(id, hash).on_free(freed)),
+            models,
             probe: Probe {
                 addr: PingoraAddr::Inet(addr),
                 weight: 1,

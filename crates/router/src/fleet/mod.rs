@@ -7,6 +7,7 @@ mod discovery;
 mod gauges;
 mod health;
 mod metrics;
+mod models;
 mod outlier;
 mod reader;
 mod worker;
@@ -28,9 +29,10 @@ pub use backend::Backend;
 pub use discovery::{Discovery, DiscoverySettings, Resolving};
 pub use gauges::FleetGauges;
 pub use health::{HealthChecks, HealthSettings};
+pub use models::{Model, Models, Served};
 pub use outlier::{Ejection, Ended, OutlierSettings, Reason};
 pub use reader::{MetricsReader, ReaderSettings};
-pub use worker::{Worker, WorkerError};
+pub use worker::{Worker, WorkerError, add_pool};
 
 /// The backends at one moment. Never changes once published.
 #[derive(Debug, Default)]
@@ -75,6 +77,29 @@ impl Ready {
     pub fn backend(&self, index: usize) -> Option<&Arc<Backend>> {
         let member = *self.members.get(index)?;
         self.snapshot.backends.get(member)
+    }
+
+    /// Those that may get requests for `model` (all, for none): that list it, or never
+    /// listed their models.
+    pub fn serving(mut self, model: Option<&[u8]>) -> Ready {
+        if let Some(model) = model {
+            let backends = &self.snapshot.backends;
+            self.members.retain(|m| backends[*m].models.serves(model));
+        }
+        self
+    }
+
+    /// The models they list, by name, with the adapters' parents; sorted.
+    pub fn models(&self) -> Vec<Model> {
+        let backends = &self.snapshot.backends;
+        let lists = self
+            .members
+            .iter()
+            .filter_map(|&m| backends[m].models.served());
+        let mut all: Vec<Model> = lists.flat_map(|s| s.models.clone()).collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all.dedup_by(|a, b| a.id == b.id);
+        all
     }
 }
 

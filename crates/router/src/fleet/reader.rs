@@ -6,6 +6,9 @@
 //! flow control on (a tenants file), each published queue teaches the backend's account
 //! where to hold work back in the router ([`Account::learn_hold`]).
 //!
+//! The models each backend lists ([`models`](super::models)) are read with its first
+//! metrics and then every `models_interval`; not llama.cpp's, which answers any `model`.
+//!
 //! [`Account::learn_hold`]: prefix_router_core::ledger::Account::learn_hold
 
 use std::sync::Arc;
@@ -16,15 +19,17 @@ use log::info;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
-use super::{Backend, Fleet, metrics};
+use super::{Backend, Fleet, Served, metrics};
 
-/// How a router reads its backends' metrics.
+/// How a router reads its backends' metrics and models.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReaderSettings {
-    /// Time between two reads of each backend. Default 1 s.
+    /// Time between two reads of each backend's metrics. Default 1 s.
     pub interval: Duration,
     /// Time one read may take. Default 1 s.
     pub timeout: Duration,
+    /// Time between two reads of each backend's `/v1/models`. Default 30 s.
+    pub models_interval: Duration,
 }
 
 impl Default for ReaderSettings {
@@ -32,8 +37,18 @@ impl Default for ReaderSettings {
         ReaderSettings {
             interval: Duration::from_secs(1),
             timeout: Duration::from_secs(1),
+            models_interval: Duration::from_secs(30),
         }
     }
+}
+
+/// What published a backend's metrics, as far as models go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Engine {
+    /// llama.cpp's server: it answers any `model`, whatever it lists.
+    LlamaCpp,
+    /// Another (vLLM, SGLang, ...): it serves what it lists.
+    Other,
 }
 
 /// The reader of one fleet's metrics, run as a background service.
@@ -61,14 +76,44 @@ impl MetricsReader {
         }
     }
 
-    /// Reads every backend of the current snapshot once, in parallel.
+    /// Reads every backend of the current snapshot once, in parallel (and its models when
+    /// they are due).
     pub async fn read_all(&self) {
         let snapshot = self.fleet.snapshot();
-        let reads = snapshot.backends.iter().map(|b| self.read(b));
+        let reads = snapshot.backends.iter().map(|b| async {
+            if self.read(b).await != Some(Engine::LlamaCpp) {
+                self.read_models(b).await;
+            }
+        });
         futures_util::future::join_all(reads).await;
     }
 
-    async fn read(&self, backend: &Backend) {
+    /// Reads `backend`'s `/v1/models`, when due.
+    async fn read_models(&self, backend: &Backend) {
+        let now = std::time::Instant::now();
+        if !backend.models.due(now, self.settings.models_interval) {
+            return;
+        }
+        let (addr, host) = (backend.addr, &backend.authority);
+        let body = metrics::get(
+            &self.client,
+            addr,
+            host,
+            "/v1/models",
+            self.settings.timeout,
+        );
+        let Some(served) = body.await.as_deref().and_then(Served::parse) else {
+            return;
+        };
+        let names: Vec<&str> = served.models.iter().map(|m| m.id.as_str()).collect();
+        let names = names.join(", ");
+        if backend.models.set(served) {
+            info!("backend {} serves {names}", backend.worker.url);
+        }
+    }
+
+    /// Reads `backend`'s metrics; which engine published them, if it could be read.
+    async fn read(&self, backend: &Backend) -> Option<Engine> {
         let (addr, host) = (backend.addr, &backend.authority);
         let get = |path| metrics::get(&self.client, addr, host, path, self.settings.timeout);
         let page = get("/metrics").await.map(|body| metrics::parse(&body));
@@ -77,7 +122,7 @@ impl MetricsReader {
             account.set_published(None);
             // It may come back with other settings: its slots are read again then.
             account.set_sequences(None);
-            return;
+            return None;
         };
         let (capacity, sequences) = match page.capacity {
             Some(tokens) => (Some(tokens), None),
@@ -103,6 +148,11 @@ impl MetricsReader {
             Some(load) if (self.flow_control)() => account.learn_hold(load),
             _ => account.forget_hold(),
         }
+        Some(if page.llama_cpp {
+            Engine::LlamaCpp
+        } else {
+            Engine::Other
+        })
     }
 }
 

@@ -1,5 +1,10 @@
 //! Worker URLs: `http://host:port` base URLs of backends, checked once. A host may be a name;
-//! resolving it is discovery's job (it re-resolves names over time).
+//! resolving it is discovery's job (it re-resolves names over time). A worker of a static
+//! model pool carries the pool's models.
+
+use std::sync::Arc;
+
+use super::{Model, Served};
 
 /// One configured backend base URL.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -10,6 +15,8 @@ pub struct Worker {
     pub host: String,
     /// Port; 80 when the URL has none.
     pub port: u16,
+    /// The models of its static pools (`[[models]]`); `None`: what it lists.
+    pub models: Option<Arc<Served>>,
 }
 
 impl Worker {
@@ -44,6 +51,7 @@ impl Worker {
             url: trimmed.to_string(),
             host: host.to_string(),
             port: authority.port_u16().unwrap_or(80),
+            models: None,
         })
     }
 
@@ -67,6 +75,34 @@ impl Worker {
         }
         Ok(workers)
     }
+}
+
+/// Adds the workers of a static pool serving `names` (a model and its aliases) at `urls`
+/// to `workers`: a worker already there serves these names too, as a pool member.
+pub fn add_pool(
+    workers: &mut Vec<Worker>,
+    names: &[String],
+    urls: &[String],
+) -> Result<(), WorkerError> {
+    let models = names.iter().map(|id| Model {
+        id: id.clone(),
+        parent: None,
+    });
+    for url in urls {
+        let worker = Worker::parse(url)?;
+        let index = match workers.iter().position(|w| w.same_place(&worker)) {
+            Some(i) => i,
+            None => {
+                workers.push(worker);
+                workers.len() - 1
+            }
+        };
+        let served = &mut workers[index].models;
+        let mut all = served.as_ref().map_or_else(Vec::new, |s| s.models.clone());
+        all.extend(models.clone());
+        *served = Some(Arc::new(Served::new(all)));
+    }
+    Ok(())
 }
 
 /// A worker URL the router cannot use.

@@ -47,6 +47,14 @@ impl Route<'_, '_> {
         }
     }
 
+    /// The model the request names, if it names one.
+    fn model(&self) -> Option<&[u8]> {
+        match self {
+            Route::Policy(request) if !request.model.is_empty() => Some(request.model),
+            _ => None,
+        }
+    }
+
     /// The request placed on `backend` holds no KV there (refused, or failed).
     pub fn released(&self, state: &State, backend: BackendId) {
         if let Route::Policy(request) = self {
@@ -104,7 +112,7 @@ pub async fn run<E: Exchange>(
         budget: None,
     };
     let result = loop {
-        let ready = match admitted(state, limits, exchange, &tried, ticket, trace).await {
+        let ready = match admitted(state, limits, exchange, route, &tried, ticket, trace).await {
             Ok(ready) if ready.is_empty() => break Err(last_error),
             Ok(ready) => ready,
             Err(e) => break Err(e),
@@ -286,6 +294,7 @@ async fn admitted<E: Exchange>(
     state: &State,
     limits: &Limits,
     exchange: &mut E,
+    route: &Route<'_, '_>,
     tried: &[BackendId],
     ticket: Ticket<'_>,
     trace: &RequestTrace,
@@ -296,7 +305,10 @@ async fn admitted<E: Exchange>(
         fleet.wait_until(FIRST_CHECK_WAIT, checked).await;
     }
     let limit = limits.max_inflight_per_backend;
-    let ready = fleet.ready(tried);
+    let ready = match tried {
+        [] => serving(fleet.ready(tried), route)?,
+        _ => fleet.ready(tried).serving(route.model()),
+    };
     if ready.is_empty() || wait(state, limits, &ready, &ticket).is_none() {
         return Ok(ready);
     }
@@ -310,7 +322,7 @@ async fn admitted<E: Exchange>(
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
-        Some(f.ready(tried)).filter(open)
+        Some(f.ready(tried).serving(route.model())).filter(open)
     });
     let waited = tokio::select! {
         biased;
@@ -323,6 +335,36 @@ async fn admitted<E: Exchange>(
         Left::TimedOut => overloaded(Shed::QueueTimeout),
         Left::Shed => overloaded(Shed::QueueFull),
     })
+}
+
+/// Those of `ready` (every ready backend) that serve the request's model: 404
+/// `model_not_found` when backends are ready but none serves it, 400 `model_required` for
+/// a request without a model when they serve several.
+pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
+    let Route::Policy(_) = route else {
+        return Ok(ready);
+    };
+    let Some(model) = route.model() else {
+        let models = ready.models();
+        let mut base = models
+            .iter()
+            .filter(|m| m.parent.is_none())
+            .map(|m| m.id.as_str());
+        return match (base.next(), base.next()) {
+            (Some(_), Some(_)) => {
+                let names: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+                Err(RouterError::ModelRequired(names.join(", ")))
+            }
+            _ => Ok(ready),
+        };
+    };
+    let was_empty = ready.is_empty();
+    let serving = ready.serving(Some(model));
+    if serving.is_empty() && !was_empty {
+        let name = String::from_utf8_lossy(model).into_owned();
+        return Err(RouterError::ModelNotFound(name));
+    }
+    Ok(serving)
 }
 
 /// Why a request would wait in the router's queue.

@@ -176,6 +176,12 @@ impl Router {
                     state.tenancy.unknown_key();
                 }
             })?;
+        if head.method == Method::GET
+            && path == "/v1/models"
+            && let Some(answered) = answer_models(session, state).await
+        {
+            return answered;
+        }
         ctx.endpoint = endpoint;
         let reading = SystemTime::now();
         let body = body::read(session, &body::Reading::new(limits, &state.budget)).await;
@@ -270,6 +276,11 @@ async fn relay(
         backend,
     } = answered;
     let answered = answer.ended();
+    // A refused request holds no KV there: forgotten before the client sees the refusal.
+    let refused = !answer.succeeded();
+    if refused {
+        route.released(state, backend.id);
+    }
     let exchanged = (answer)
         .relay(&state.connector, session, &seat, reply, &limits.exchange)
         .await;
@@ -280,7 +291,7 @@ async fn relay(
     };
     dispatch::note_exchange(state, limits, &backend, ended);
     let status = exchanged.trace.as_ref().map_or(0, |t| t.status);
-    if result.is_err() || !(200..300).contains(&status) {
+    if !refused && (result.is_err() || !(200..300).contains(&status)) {
         route.released(state, backend.id);
     }
     if let Some(trace) = &exchanged.trace {
@@ -344,6 +355,33 @@ async fn answer_probe(
         Probe::Ready => (503, "unavailable"),
     };
     let body = serde_json::json!({"status": word, "ready_backends": ready, "draining": draining});
+    answer_json(session, status, &body).await
+}
+
+/// Answers `GET /v1/models` itself, in OpenAI's shape: the models the ready backends list
+/// (with each adapter's `parent`). `None` when none lists any: the request is forwarded.
+async fn answer_models(session: &mut Session, state: &State) -> Option<Result<(), RouterError>> {
+    let models = state.fleet.ready(&[]).models();
+    if models.is_empty() {
+        return None;
+    }
+    let data: Vec<serde_json::Value> = (models.iter())
+        .map(|m| {
+            let root = m.parent.as_deref().unwrap_or(&m.id);
+            serde_json::json!({"id": m.id, "object": "model", "created": 0,
+                "owned_by": "prefix-router", "root": root, "parent": m.parent})
+        })
+        .collect();
+    let body = serde_json::json!({"object": "list", "data": data});
+    Some(answer_json(session, 200, &body).await)
+}
+
+/// Writes `body` as the whole response, with `status`.
+async fn answer_json(
+    session: &mut Session,
+    status: u16,
+    body: &serde_json::Value,
+) -> Result<(), RouterError> {
     let body = Bytes::from(body.to_string());
     let gone = |e: Box<Error>| RouterError::ClientGone(crate::error::reason(&e));
     let head = error_header(status, &body, None).map_err(gone)?;

@@ -183,6 +183,11 @@ impl Answering {
         Ended::of_status(head.status.as_u16(), retry_after)
     }
 
+    /// Whether its status is a success (2xx).
+    pub fn succeeded(&self) -> bool {
+        (self.upstream.response_header()).is_some_and(|h| h.status.is_success())
+    }
+
     /// Streams the response to the client (closing its connection when `closing`); the
     /// first body byte marks `seat` answered. The connection goes back to the pool when
     /// the response ended cleanly.

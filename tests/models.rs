@@ -1,0 +1,200 @@
+//! Many models behind one router: each backend's `/v1/models` (simulated vLLM instances
+//! serving two names; test backends listing a LoRA adapter) says where a request may go;
+//! an unknown model gets 404 `model_not_found` and reaches nothing; `/v1/models` on the
+//! router lists the union; the same text on two models never shares a prefix match.
+
+use prefix_router::config::Settings;
+use prefix_router_sim::{SimConfig, SimHandle};
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+async fn sim(model: &str) -> SimHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = SimConfig {
+        time_scale: 1000.0,
+        model: model.into(),
+        name: model.into(),
+        ..SimConfig::default()
+    };
+    prefix_router_sim::start(config, listener).await.unwrap()
+}
+
+/// A router in front of `urls`, once it listed `models` on its own `/v1/models`.
+async fn router_listing(urls: Vec<String>, models: &[&str]) -> TestRouter {
+    let n = urls.len();
+    let settings = Settings {
+        worker_urls: Some(urls),
+        metrics_interval: Some(0.1),
+        ..settings(&[])
+    };
+    let router = TestRouter::start(settings, n);
+    let listed = |r: &TestRouter| {
+        let ready = r.state().fleet.ready(&[]);
+        let names: Vec<String> = ready.models().into_iter().map(|m| m.id).collect();
+        models.iter().all(|m| names.iter().any(|n| n == m))
+    };
+    router
+        .wait_until("the backends' models are read", listed)
+        .await;
+    router
+}
+
+async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let response = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+fn ask(model: &str, conversation: usize) -> Value {
+    let system = format!("conversation {conversation}: answer about compilers. ").repeat(20);
+    json!({"model": model, "max_tokens": 4, "messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": "why?"}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
+    let sims = [sim("big").await, sim("big").await, sim("small").await];
+    let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
+    let router = router_listing(urls, &["big", "small"]).await;
+    for conversation in 0..6 {
+        assert_eq!(post(&router.url, &ask("small", conversation)).await.0, 200);
+        assert_eq!(post(&router.url, &ask("big", conversation)).await.0, 200);
+    }
+    let requests: Vec<u64> = sims.iter().map(|s| s.stats().requests).collect();
+    assert_eq!(requests[2], 6, "every small request on the small backend");
+    assert_eq!(
+        requests[0] + requests[1],
+        6,
+        "every big one on the big ones"
+    );
+    let (status, body) = post(&router.url, &ask("medium", 0)).await;
+    assert_eq!(status, 404);
+    assert_error(&body, "model_not_found");
+    let mut no_model = ask("big", 0);
+    no_model.as_object_mut().unwrap().remove("model");
+    let (status, body) = post(&router.url, &no_model).await;
+    assert_eq!(status, 400);
+    assert_error(&body, "model_required");
+    let total: u64 = sims.iter().map(|s| s.stats().requests).sum();
+    assert_eq!(total, 12, "neither reached a backend");
+    let listed: Value = (client()
+        .get(format!("{}/v1/models", router.url))
+        .send()
+        .await)
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["big", "small"]);
+    assert_eq!(listed["object"], "list");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_goes_to_the_backends_that_loaded_it() {
+    let ups = [
+        Upstream::start("a").await,
+        Upstream::start("b").await,
+        Upstream::start("c").await,
+    ];
+    ups[0].set_models(&[("base", None), ("sql-lora", Some("base"))]);
+    ups[1].set_models(&[("base", None), ("sql-lora", Some("base"))]);
+    ups[2].set_models(&[("base", None)]);
+    let urls = ups.iter().map(|u| u.url()).collect();
+    let router = router_listing(urls, &["base", "sql-lora"]).await;
+    for conversation in 0..8 {
+        assert_eq!(
+            post(&router.url, &ask("sql-lora", conversation)).await.0,
+            200
+        );
+    }
+    assert_eq!(ups[0].count() + ups[1].count(), 8);
+    assert_eq!(ups[2].count(), 0, "c has no sql-lora");
+    // The base model still goes anywhere; no model is fine with one base model.
+    let mut no_model = ask("base", 99);
+    no_model.as_object_mut().unwrap().remove("model");
+    assert_eq!(post(&router.url, &no_model).await.0, 200);
+    let listed: Value = (client()
+        .get(format!("{}/v1/models", router.url))
+        .send()
+        .await)
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["data"][1]["id"], "sql-lora");
+    assert_eq!(listed["data"][1]["parent"], "base");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_text_on_two_models_shares_no_prefix() {
+    let sims = [sim("big").await, sim("small").await];
+    let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
+    let router = router_listing(urls.clone(), &["big", "small"]).await;
+    assert_eq!(post(&router.url, &ask("big", 1)).await.0, 200);
+    let explain = |model: &str| {
+        let body = ask(model, 1);
+        let url = format!("{}/route", router.admin_url);
+        async move {
+            let response = client().post(url).json(&body).send().await.unwrap();
+            response.json::<Value>().await.unwrap()
+        }
+    };
+    let big = explain("big").await;
+    assert!(big["matched_tokens"].as_u64().unwrap() > 0, "{big}");
+    let small = explain("small").await;
+    assert_eq!(small["matched_tokens"], 0, "{small}");
+    assert_eq!(small["backend"], urls[1].as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn static_pools_route_backends_that_list_nothing() {
+    use prefix_router::config::ModelPool;
+    let ups = [Upstream::start("big").await, Upstream::start("small").await];
+    let pool = |name: &str, up: &Upstream, aliases: &[&str]| ModelPool {
+        name: name.into(),
+        worker_urls: vec![up.url()],
+        aliases: aliases.iter().map(|a| a.to_string()).collect(),
+    };
+    let settings = Settings {
+        models: Some(vec![
+            pool("big", &ups[0], &[]),
+            pool("small", &ups[1], &["s"]),
+        ]),
+        ..settings(&[])
+    };
+    let router = TestRouter::start(settings, 2);
+    for conversation in 0..3 {
+        assert_eq!(post(&router.url, &ask("big", conversation)).await.0, 200);
+        assert_eq!(post(&router.url, &ask("s", conversation)).await.0, 200);
+    }
+    assert_eq!(ups.each_ref().map(|u| u.count()), [3, 3]);
+    let (status, body) = post(&router.url, &ask("medium", 0)).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (404, &json!("model_not_found"))
+    );
+    let listed: Value = (client()
+        .get(format!("{}/v1/models", router.url))
+        .send()
+        .await)
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = (listed["data"].as_array().unwrap().iter())
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["big", "s", "small"]);
+}
