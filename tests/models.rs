@@ -83,6 +83,20 @@ async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
     assert_error(&body, "model_required");
     let total: u64 = sims.iter().map(|s| s.stats().requests).sum();
     assert_eq!(total, 12, "neither reached a backend");
+    let scrape = router.metrics().await;
+    for model in ["big", "small"] {
+        let labels = [("model", model), ("status", "200")];
+        assert_eq!(
+            sum(&scrape, "prefix_router_model_requests_total", &labels),
+            6.0
+        );
+        let prompt = sum(
+            &scrape,
+            "prefix_router_model_prompt_tokens_total",
+            &[("model", model)],
+        );
+        assert!(prompt > 0.0, "{model}: the backends' usage, by model");
+    }
     let listed: Value = (client()
         .get(format!("{}/v1/models", router.url))
         .send()
@@ -155,6 +169,7 @@ async fn the_same_text_on_two_models_shares_no_prefix() {
     assert!(big["matched_tokens"].as_u64().unwrap() > 0, "{big}");
     let small = explain("small").await;
     assert_eq!(small["matched_tokens"], 0, "{small}");
+    assert_eq!(small["model"], "small");
     assert_eq!(small["backend"], urls[1].as_str());
 }
 

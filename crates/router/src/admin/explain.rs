@@ -103,6 +103,7 @@ pub async fn explain(
     };
     Ok(json!({
         "backend": chosen,
+        "model": String::from_utf8_lossy(request.model),
         "admission": admission,
         "policy": state.policy_name,
         "outcome": decision.map(|d| d.outcome.label()),

@@ -40,7 +40,8 @@ pub enum Route<'r, 'a> {
 }
 
 impl Route<'_, '_> {
-    fn text(&self) -> TextBytes {
+    /// Its routing text's size (none, placed on any backend).
+    pub fn text(&self) -> TextBytes {
         match self {
             Route::Policy(request) => request.size(),
             Route::AnyBackend => TextBytes(0),

@@ -29,10 +29,10 @@ use prefix_router_core::units::{PromptSize, TextBytes, Tokens};
 use crate::admission::Ticket;
 use crate::endpoints::{self, Probe};
 use crate::error::RouterError;
-use crate::fleet::{Backend, Ended};
+use crate::fleet::{Backend, Ended, Served};
 use crate::limits::Limits;
 use crate::state::{Active, State};
-use crate::stats::Label;
+use crate::stats::{Label, ModelExchange, OTHER};
 use crate::tenants::{Charge, Refused};
 use crate::tokens::Tokenizing;
 use crate::traces::{Ending, RequestTrace};
@@ -296,6 +296,20 @@ async fn relay(
     }
     if let Some(trace) = &exchanged.trace {
         note_response(state, &backend, &seat, trace);
+    }
+    if let Route::Policy(request) = route {
+        let listed = |s: &Arc<Served>| s.serves(request.model);
+        let model = match backend.models.served().filter(listed) {
+            Some(_) => String::from_utf8_lossy(request.model),
+            None => OTHER.into(),
+        };
+        let exchange = ModelExchange {
+            status,
+            matched: seat.decision().matched,
+            text: route.text(),
+            usage: exchanged.trace.as_ref().and_then(|t| t.usage),
+        };
+        state.stats.models.count(&model, exchange);
     }
     let usage = exchanged.trace.as_ref().and_then(|t| t.usage);
     if let (Some(charge), Some(usage)) = (charge, usage) {

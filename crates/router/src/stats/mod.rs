@@ -7,6 +7,7 @@
 
 mod index;
 mod labels;
+mod models;
 mod registry;
 mod totals;
 mod usage;
@@ -21,6 +22,7 @@ use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, O
 pub use index::IndexMetrics;
 use labels::Reload;
 pub use labels::RetryReason;
+pub use models::{ModelExchange, ModelMetrics, OTHER};
 pub(crate) use registry::label_set;
 pub use registry::{Counters, Label, Registry};
 pub use totals::{BackendTotals, Totals};
@@ -47,6 +49,8 @@ pub struct Stats {
     generation: IntGauge,
     /// The prefix index and the policy's tables.
     pub index: IndexMetrics,
+    /// Requests and hit rates by model.
+    pub models: ModelMetrics,
 }
 
 impl Stats {
@@ -104,6 +108,7 @@ impl Stats {
             reloads: r.counters("config_reloads_total", "Config reloads by result", "result"),
             generation: r.gauge("config_generation", "Configuration generation"),
             index: IndexMetrics::new(registry),
+            models: ModelMetrics::new(registry),
         };
         stats.generation.set(1);
         stats
