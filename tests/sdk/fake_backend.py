@@ -25,6 +25,10 @@ import threading
 import time
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+# The faults it plays, by the model a request names (each listed on /v1/models, so that a
+# router routing by model sends them here).
+FAULTS = ("cut-chunked", "cut-chunked-rst", "cut-length", "cut-headers-only", "cut-eof",
+          "cut-responses", "close-no-response")
 
 
 def _chunk(data: bytes) -> bytes:
@@ -126,8 +130,9 @@ class FakeBackend:
                     return
                 method, path, headers, body, buf = req
                 if method == "GET":
+                    models = [{"id": m, "object": "model", "owned_by": "fake"} for m in (MODEL,) + FAULTS]
                     payload = b'{"status":"ok"}' if path.startswith("/health") else json.dumps(
-                        {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "fake"}]}).encode()
+                        {"object": "list", "data": models}).encode()
                     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                                  % (len(payload), payload))
                     continue
@@ -149,6 +154,7 @@ class FakeBackend:
 
     @staticmethod
     def _fault(conn, model):
+        """Answers (or not) as `model`, one of FAULTS, says."""
         sse_chunked = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
                        b"x-sim-instance: fake-cut\r\ntransfer-encoding: chunked\r\n\r\n")
         if model in ("cut-chunked", "cut-chunked-rst"):

@@ -28,6 +28,9 @@ use crate::state::State;
 use crate::stats::{Label, RetryReason};
 use crate::traces::RequestTrace;
 
+/// Models named in a `model_required` answer at most.
+const NAMED: usize = 8;
+
 /// Longest wait for backends' first health checks before answering 503.
 const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 
@@ -353,7 +356,12 @@ pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
             .map(|m| m.id.as_str());
         return match (base.next(), base.next()) {
             (Some(_), Some(_)) => {
-                let names: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+                let mut names: Vec<&str> =
+                    (models.iter().take(NAMED)).map(|m| m.id.as_str()).collect();
+                let more = format!("{} more", models.len().saturating_sub(NAMED));
+                if models.len() > NAMED {
+                    names.push(&more);
+                }
                 Err(RouterError::ModelRequired(names.join(", ")))
             }
             _ => Ok(ready),

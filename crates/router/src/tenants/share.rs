@@ -2,11 +2,11 @@
 //! a higher priority finds room at once: a tenant's share of the requests the router
 //! holds (in flight or waiting) is its weight over the weights of the active tenants.
 //! While some active tenant is below its share, or a priority is active, a tenant at or
-//! over its own share, and every lower priority, keeps a reserve of each held backend free
-//! (an eighth of its slots, at least one: [`Cap`]); the requests it is kept for pass the router's queue when a
-//! slot is open for them. The reserve is kept under what a backend ran when it last
-//! queued: a hold that grew since is probing for room. A backend with no learned hold has
-//! room, and no reserve.
+//! over its own share, and every lower priority, keeps a reserve of each held backend
+//! free (an eighth of its slots, at least one: [`Cap`]); the requests it is kept for pass
+//! the router's queue when a slot is open for them. The reserve is kept under what a
+//! backend ran when it last queued: a hold that grew since is probing for room. A backend
+//! with no learned hold has room, and no reserve.
 //!
 //! Without a reserve a light tenant's request waits for the next slot to free anywhere,
 //! and then takes it wherever it freed, usually away from its cached prefix: measured in
@@ -14,7 +14,6 @@
 //! [`ACTIVE_AFTER`] after its last one ended, so the reserve outlives an agent's pause
 //! between turns; so is a priority. Tenants come only from the tenants file, so the
 //! table is bounded by it.
-//!
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -73,6 +72,14 @@ struct Standing {
     lower: bool,
 }
 
+impl Standing {
+    /// Whether the reserve is kept for it: no higher priority is active, and its tenant
+    /// is below its share or a lower priority is active.
+    fn kept_for(&self) -> bool {
+        !self.higher && (self.light || self.lower)
+    }
+}
+
 /// The tenants' and priorities' requests held by the router.
 #[derive(Debug, Default)]
 pub struct Shares {
@@ -123,9 +130,7 @@ impl Shares {
         }
         standing
     }
-}
 
-impl Shares {
     /// Each known tenant's requests held now (in flight or waiting).
     pub fn held(&self) -> Vec<(String, usize)> {
         let flows = self.flows.lock();
@@ -138,8 +143,7 @@ impl Shares {
     /// priority is active, and its tenant is below its share or a lower priority is
     /// active.
     pub fn light(&self, tenant: &str, priority: Priority) -> bool {
-        let s = self.standing(tenant, priority);
-        !s.higher && (s.light || s.lower)
+        self.standing(tenant, priority).kept_for()
     }
 
     /// What a request of `tenant` at `priority` may take of a backend under the in-flight
@@ -147,11 +151,9 @@ impl Shares {
     /// another tenant below its share is active.
     pub fn cap(&self, tenant: &str, priority: Priority, limit: usize) -> Cap {
         let s = self.standing(tenant, priority);
-        let light = !s.higher && (s.light || s.lower);
-        let kept = s.higher || s.other_light;
         Cap {
             limit,
-            reserve: kept && !light,
+            reserve: (s.higher || s.other_light) && !s.kept_for(),
         }
     }
 }
