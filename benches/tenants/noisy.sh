@@ -9,8 +9,8 @@
 # Env: SPEEDUP (5), MAX_NUM_SEQS (2), B_SESSIONS (8), A_SESSIONS (128), B_CONCURRENCY and
 # A_CONCURRENCY (requests in flight, default: the sessions), MAX_CONTEXT (60000 tokens a
 # session grows to), RUNS (1), MODES (alone,no-tenants,tenants: which runs; rate:
-# tenant A alone under TPM tokens_per_minute, default 6000000, and what it is served in its first
-# minute, or until its workload ends; priority: B's sessions at x-priority high alone,
+# tenant A alone under TPM tokens_per_minute, default 6000000, its 429s sent again after
+# their Retry-After, and what it is served in each of its first MINUTES (2) minutes; priority: B's sessions at x-priority high alone,
 # then beside normal and low sessions of A's size that together keep twice the fleet's
 # slots in flight, under --max-queued of half the slots),
 # OUT (a directory for logs and reports).
@@ -85,19 +85,23 @@ metric() { # NAME: the sum of a metric's series on the router's admin listener
   curl -s "http://127.0.0.1:$admin/metrics" | awk -v m="$1" '$1 ~ "^"m {n += $2} END {printf "%d", n + 0}'
 }
 
-rate_run() { # RUN: tenant A alone at TPM tokens a minute; what it is served in its first minute
-  local tpm="${TPM:-6000000}"
+rate_run() { # RUN: tenant A alone at TPM tokens a minute, retrying its 429s after Retry-After; what it is served in each of its first MINUTES minutes
+  local tpm="${TPM:-6000000}" minutes="${MINUTES:-2}"
   printf '[tenants.a]\nkeys = ["sha256:%s"]\ntokens_per_minute = %s\n' "$(hash sk-tenant-a)" "$tpm" >"$out/rate.toml"
   start_sims
   ROUTER_ARGS="--tenants-file $out/rate.toml" start_router kv_aware "${urls[@]}"
-  replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-rate-$1.json" &
-  local a_pid=$! waited=0
-  while [ "$waited" -lt 60 ] && kill -0 "$a_pid" 2>/dev/null; do sleep 1; waited=$((waited + 1)); done
-  local served limited
-  served=$(metric prefix_router_tenant_tokens_total); limited=$(metric prefix_router_tenant_rate_limited_total)
+  replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-rate-$1.json" --retry-rate-limited &
+  local a_pid=$! before=0
+  for m in $(seq 1 "$minutes"); do
+    local waited=0
+    while [ "$waited" -lt 60 ] && kill -0 "$a_pid" 2>/dev/null; do sleep 1; waited=$((waited + 1)); done
+    local served limited
+    served=$(metric prefix_router_tenant_tokens_total); limited=$(metric prefix_router_tenant_rate_limited_total)
+    echo "rate run=$1 minute=$m: tokens_per_minute=$tpm, served in ${waited} s: $((served - before))" \
+      "($(python3 -c "print(f'{($served - $before) / $tpm:.4f}')")x), 429s so far: $limited"
+    before=$served
+  done
   kill "$a_pid" 2>/dev/null || true; wait "$a_pid" 2>/dev/null || true
-  echo "rate run=$1: tokens_per_minute=$tpm, served in the first ${waited} s: $served" \
-    "($(python3 -c "print(f'{$served / $tpm:.4f}')")x), 429s: $limited"
   stop
 }
 

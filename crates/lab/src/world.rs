@@ -614,6 +614,7 @@ impl World<'_> {
                         completion_tokens: output_tokens as u64,
                     }),
                     error: None,
+                    retry_after: None,
                 };
                 let want = Want {
                     session: live.session,

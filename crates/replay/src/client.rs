@@ -38,6 +38,8 @@ pub struct Exchange {
     pub usage: Option<Served>,
     /// Error kind (`connect`, `timeout`, `http_503`, ...); `None` when ok.
     pub error: Option<String>,
+    /// For a 429, the `Retry-After` it gave.
+    pub retry_after: Option<Duration>,
 }
 
 #[derive(Deserialize, Default)]
@@ -115,9 +117,17 @@ pub(crate) async fn exchange(
         .map(str::to_owned);
     let status = resp.status();
     if !status.is_success() {
+        let retry_after = (status == reqwest::StatusCode::TOO_MANY_REQUESTS)
+            .then(|| resp.headers().get(reqwest::header::RETRY_AFTER))
+            .flatten()
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
         // Drain so the connection can be reused; the body is not needed.
         let _ = resp.bytes().await;
-        return failed(backend, format!("http_{}", status.as_u16()));
+        return Exchange {
+            retry_after,
+            ..failed(backend, format!("http_{}", status.as_u16()))
+        };
     }
     let mut ex = if stream {
         read_stream(resp, sent).await

@@ -44,6 +44,8 @@ pub(crate) struct Settings {
     pub(crate) duration: Option<Duration>,
     /// Send `x-session-id`.
     pub(crate) send_session: bool,
+    /// Send again a request answered 429 with `Retry-After`, after it.
+    pub(crate) retry_rate_limited: bool,
     /// Headers sent with every request (API key, priority).
     pub(crate) headers: Vec<(&'static str, String)>,
 }
@@ -210,21 +212,37 @@ impl Ctx {
     async fn send(&self, si: usize, ti: usize, ready: Instant) -> Outcome {
         let session = &self.plan.sessions[si];
         let body = self.plan.body(&self.settings.style, &session.turns[ti]);
+        // Sent again on a 429: shared, not copied.
+        let body = bytes::Bytes::from(body);
         let endpoints = &self.settings.endpoints;
         let turn = self.turn.fetch_add(1, Ordering::Relaxed) % endpoints.len().max(1);
-        let mut req = self
-            .client
-            .post(endpoints.get(turn).map_or("", String::as_str))
-            .header(CONTENT_TYPE, "application/json")
-            .body(body);
-        if let (true, Some(id)) = (self.settings.send_session, &session.id) {
-            req = req.header(SESSION_HEADER, &**id);
+        let request = || {
+            let url = endpoints.get(turn).map_or("", String::as_str);
+            let mut req = (self.client.post(url))
+                .header(CONTENT_TYPE, "application/json")
+                .body(body.clone());
+            if let (true, Some(id)) = (self.settings.send_session, &session.id) {
+                req = req.header(SESSION_HEADER, &**id);
+            }
+            for (name, value) in &self.settings.headers {
+                req = req.header(*name, value);
+            }
+            req
+        };
+        let stream = self.settings.style.stream();
+        let mut sent = Instant::now();
+        let mut exchange = client::exchange(request(), stream, sent).await;
+        while let Some(wait) = exchange
+            .retry_after
+            .filter(|_| self.settings.retry_rate_limited)
+        {
+            if self.expired(Instant::now() + wait) || self.tx.is_closed() {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            sent = Instant::now();
+            exchange = client::exchange(request(), stream, sent).await;
         }
-        for (name, value) in &self.settings.headers {
-            req = req.header(*name, value);
-        }
-        let sent = Instant::now();
-        let exchange = client::exchange(req, self.settings.style.stream(), sent).await;
         Outcome {
             session: si as u32,
             turn: ti as u32,

@@ -127,6 +127,10 @@ pub struct ReplayArgs {
     /// Send `x-priority: PRIORITY` with each request (high, normal or low).
     #[arg(long)]
     pub priority: Option<String>,
+    /// Send a request answered 429 with `Retry-After` again once that time passed (as a
+    /// client under a rate limit does), while the run lasts.
+    #[arg(long)]
+    pub retry_rate_limited: bool,
     /// Maximum requests in flight; later arrivals wait (FIFO).
     #[arg(long, default_value_t = 64)]
     pub concurrency: usize,
@@ -217,6 +221,7 @@ impl Default for ReplayArgs {
             send_session_header: false,
             api_key: None,
             priority: None,
+            retry_rate_limited: false,
             concurrency: 64,
             max_requests: None,
             duration: None,
@@ -304,6 +309,7 @@ impl ReplayArgs {
             max_requests: self.max_requests,
             duration: self.duration.map(Duration::from_secs_f64),
             send_session: self.send_session_header,
+            retry_rate_limited: self.retry_rate_limited,
             headers: (self
                 .api_key
                 .iter()
