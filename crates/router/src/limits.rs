@@ -81,6 +81,9 @@ pub struct Limits {
     pub max_inflight_per_backend: usize,
     /// Requests waiting in the router's queue at most. Default 1024.
     pub max_queued: usize,
+    /// Requests of one tenant waiting in the router's queue at most; 0: only
+    /// `max_queued`. Default 0.
+    pub max_queued_per_tenant: usize,
     /// Longest wait in the router's queue before 503. Default 30 s.
     pub queue_timeout: Duration,
 }
@@ -99,6 +102,7 @@ impl Default for Limits {
             admission_timeout: Duration::from_secs(10),
             max_inflight_per_backend: 0,
             max_queued: 1024,
+            max_queued_per_tenant: 0,
             queue_timeout: Duration::from_secs(30),
         }
     }

@@ -136,6 +136,21 @@ pub struct Queue {
     order: Mutex<Order>,
 }
 
+/// How many may wait.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    /// Requests at most.
+    pub all: usize,
+    /// Requests of one tenant at most (0: only `all`).
+    pub per_tenant: usize,
+}
+
+impl From<usize> for Bounds {
+    fn from(all: usize) -> Self {
+        Bounds { all, per_tenant: 0 }
+    }
+}
+
 /// Why a wait ended without a slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Left {
@@ -173,11 +188,27 @@ impl Queue {
         self.len() == 0
     }
 
-    /// A place for `ticket`, if fewer than `max` wait or a waiter can be shed for it
-    /// ([`Order::victim`]); after `promote_after` it goes first whatever its priority.
-    pub fn join(&self, max: usize, ticket: Ticket, promote_after: Duration) -> Option<Place<'_>> {
+    /// A place for `ticket`, if fewer than `bounds` allow wait (or a waiter can be shed
+    /// for it, [`Order::victim`]); after `promote_after` it goes first whatever its
+    /// priority.
+    pub fn join(
+        &self,
+        bounds: impl Into<Bounds>,
+        ticket: Ticket,
+        promote_after: Duration,
+    ) -> Option<Place<'_>> {
+        let bounds = bounds.into();
         let mut order = self.order.lock();
-        if order.waiters.len() >= max {
+        let theirs = |o: &Order| {
+            (o.waiters.values())
+                .filter(|w| w.tenant == ticket.tenant)
+                .count()
+        };
+        let bounded = bounds.per_tenant > 0 && !ticket.tenant.is_empty();
+        if bounded && theirs(&order) >= bounds.per_tenant {
+            return None;
+        }
+        if order.waiters.len() >= bounds.all {
             let key = order.victim(&ticket)?;
             if let Some(last) = order.waiters.remove(&key) {
                 last.shed.store(true, Relaxed);
@@ -391,5 +422,31 @@ mod tests {
         assert_eq!(queue.first_priority(), Some(Priority::Low));
         drop(low);
         assert!(high.first());
+    }
+
+    #[test]
+    fn a_tenant_waits_no_more_than_its_bound() {
+        let queue = Queue::default();
+        let bounds = Bounds {
+            all: 10,
+            per_tenant: 2,
+        };
+        let _a: Vec<_> = (0..2)
+            .map(|_| {
+                queue
+                    .join(bounds, ticket(Priority::Normal, "a", 1), LATER)
+                    .unwrap()
+            })
+            .collect();
+        assert!(
+            queue
+                .join(bounds, ticket(Priority::High, "a", 1), LATER)
+                .is_none()
+        );
+        assert!(
+            queue
+                .join(bounds, ticket(Priority::Normal, "b", 1), LATER)
+                .is_some()
+        );
     }
 }

@@ -276,6 +276,7 @@ fn limits(s: &Settings, d: Limits) -> Result<Limits, ConfigError> {
             .max_inflight_per_backend
             .unwrap_or(d.max_inflight_per_backend),
         max_queued: s.max_queued.unwrap_or(d.max_queued),
+        max_queued_per_tenant: (s.max_queued_per_tenant).unwrap_or(d.max_queued_per_tenant),
         queue_timeout: seconds("queue_timeout", s.queue_timeout, d.queue_timeout)?,
     })
 }

@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 
 use super::exchange::{Exchange, Failure};
 use super::prepare;
-use crate::admission::{Left, Retrying, Ticket};
+use crate::admission::{Bounds, Left, Retrying, Ticket};
 use crate::error::{RouterError, Shed};
 use crate::fleet::{Backend, Ended, Fleet, Ready};
 use crate::limits::Limits;
@@ -322,7 +322,11 @@ async fn admitted<E: Exchange>(
         retry_after: limits.queue_timeout.as_secs().max(1),
     };
     let promote_after = limits.queue_timeout / 2;
-    let place = (state.queue).join(limits.max_queued, ticket, promote_after);
+    let bounds = Bounds {
+        all: limits.max_queued,
+        per_tenant: limits.max_queued_per_tenant,
+    };
+    let place = (state.queue).join(bounds, ticket, promote_after);
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
