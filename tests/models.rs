@@ -40,15 +40,18 @@ async fn router_listing(urls: Vec<String>, models: &[&str]) -> TestRouter {
     router
 }
 
-async fn post(url: &str, body: &Value) -> (u16, Value) {
+/// A chat request to the router at `url`: its status and body.
+async fn chat_to(url: &str, body: &Value) -> (u16, Value) {
+    post(url, "/v1/chat/completions", body).await
+}
+
+/// The router's own `GET /v1/models` answer.
+async fn listed(router: &TestRouter) -> Value {
     let response = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .json(body)
+        .get(format!("{}/v1/models", router.url))
         .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
+        .await;
+    response.unwrap().json().await.unwrap()
 }
 
 fn ask(model: &str, conversation: usize) -> Value {
@@ -63,8 +66,11 @@ async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
     let router = router_listing(urls, &["big", "small"]).await;
     for conversation in 0..6 {
-        assert_eq!(post(&router.url, &ask("small", conversation)).await.0, 200);
-        assert_eq!(post(&router.url, &ask("big", conversation)).await.0, 200);
+        assert_eq!(
+            chat_to(&router.url, &ask("small", conversation)).await.0,
+            200
+        );
+        assert_eq!(chat_to(&router.url, &ask("big", conversation)).await.0, 200);
     }
     let requests: Vec<u64> = sims.iter().map(|s| s.stats().requests).collect();
     assert_eq!(requests[2], 6, "every small request on the small backend");
@@ -73,12 +79,12 @@ async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
         6,
         "every big one on the big ones"
     );
-    let (status, body) = post(&router.url, &ask("medium", 0)).await;
+    let (status, body) = chat_to(&router.url, &ask("medium", 0)).await;
     assert_eq!(status, 404);
     assert_error(&body, "model_not_found");
     let mut no_model = ask("big", 0);
     no_model.as_object_mut().unwrap().remove("model");
-    let (status, body) = post(&router.url, &no_model).await;
+    let (status, body) = chat_to(&router.url, &no_model).await;
     assert_eq!(status, 400);
     assert_error(&body, "model_required");
     let total: u64 = sims.iter().map(|s| s.stats().requests).sum();
@@ -97,14 +103,7 @@ async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
         );
         assert!(prompt > 0.0, "{model}: the backends' usage, by model");
     }
-    let listed: Value = (client()
-        .get(format!("{}/v1/models", router.url))
-        .send()
-        .await)
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = listed(&router).await;
     let ids: Vec<&str> = listed["data"]
         .as_array()
         .unwrap()
@@ -129,7 +128,7 @@ async fn an_adapter_goes_to_the_backends_that_loaded_it() {
     let router = router_listing(urls, &["base", "sql-lora"]).await;
     for conversation in 0..8 {
         assert_eq!(
-            post(&router.url, &ask("sql-lora", conversation)).await.0,
+            chat_to(&router.url, &ask("sql-lora", conversation)).await.0,
             200
         );
     }
@@ -138,15 +137,8 @@ async fn an_adapter_goes_to_the_backends_that_loaded_it() {
     // The base model still goes anywhere; no model is fine with one base model.
     let mut no_model = ask("base", 99);
     no_model.as_object_mut().unwrap().remove("model");
-    assert_eq!(post(&router.url, &no_model).await.0, 200);
-    let listed: Value = (client()
-        .get(format!("{}/v1/models", router.url))
-        .send()
-        .await)
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    assert_eq!(chat_to(&router.url, &no_model).await.0, 200);
+    let listed = listed(&router).await;
     assert_eq!(listed["data"][1]["id"], "sql-lora");
     assert_eq!(listed["data"][1]["parent"], "base");
 }
@@ -156,7 +148,7 @@ async fn the_same_text_on_two_models_shares_no_prefix() {
     let sims = [sim("big").await, sim("small").await];
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
     let router = router_listing(urls.clone(), &["big", "small"]).await;
-    assert_eq!(post(&router.url, &ask("big", 1)).await.0, 200);
+    assert_eq!(chat_to(&router.url, &ask("big", 1)).await.0, 200);
     let explain = |model: &str| {
         let body = ask(model, 1);
         let url = format!("{}/route", router.admin_url);
@@ -191,23 +183,16 @@ async fn static_pools_route_backends_that_list_nothing() {
     };
     let router = TestRouter::start(settings, 2);
     for conversation in 0..3 {
-        assert_eq!(post(&router.url, &ask("big", conversation)).await.0, 200);
-        assert_eq!(post(&router.url, &ask("s", conversation)).await.0, 200);
+        assert_eq!(chat_to(&router.url, &ask("big", conversation)).await.0, 200);
+        assert_eq!(chat_to(&router.url, &ask("s", conversation)).await.0, 200);
     }
     assert_eq!(ups.each_ref().map(|u| u.count()), [3, 3]);
-    let (status, body) = post(&router.url, &ask("medium", 0)).await;
+    let (status, body) = chat_to(&router.url, &ask("medium", 0)).await;
     assert_eq!(
         (status, &body["error"]["code"]),
         (404, &json!("model_not_found"))
     );
-    let listed: Value = (client()
-        .get(format!("{}/v1/models", router.url))
-        .send()
-        .await)
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = listed(&router).await;
     let ids: Vec<&str> = (listed["data"].as_array().unwrap().iter())
         .map(|m| m["id"].as_str().unwrap())
         .collect();
