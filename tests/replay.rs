@@ -31,15 +31,22 @@ struct Fake {
     tally: Arc<Mutex<Tally>>,
     /// Answer 503 to every n-th request.
     fail_every: Option<u64>,
+    /// Answer 429 with `Retry-After: 1` to every n-th request.
+    limit_every: Option<u64>,
 }
 
 async fn start(fail_every: Option<u64>) -> (String, Arc<Mutex<Tally>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let fake = Fake {
+    start_fake(Fake {
         tally: Arc::default(),
         fail_every,
-    };
+        limit_every: None,
+    })
+    .await
+}
+
+async fn start_fake(fake: Fake) -> (String, Arc<Mutex<Tally>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
     let tally = fake.tally.clone();
     tokio::spawn(async move {
         while let Ok((sock, _)) = listener.accept().await {
@@ -120,6 +127,16 @@ fn complete(fake: &Fake, body: &[u8], session: bool) -> Vec<Vec<u8>> {
     } else {
         "sim-b"
     };
+    if fake.limit_every.is_some_and(|n| t.seen.is_multiple_of(n)) {
+        t.failed += 1;
+        let extra = "retry-after: 1\r\n";
+        return vec![response(
+            "429 Too Many Requests",
+            "application/json",
+            extra,
+            b"{}",
+        )];
+    }
     if fake.fail_every.is_some_and(|n| t.seen.is_multiple_of(n)) {
         t.failed += 1;
         let extra = format!("x-sim-instance: {name}\r\n");
@@ -332,4 +349,33 @@ async fn agent_sessions_with_session_header() {
     let report = replay(&no_time, &workload).await.unwrap();
     assert_eq!((report.requests.sent, report.requests.ok), (0, 0));
     assert!(report.hit_rate.is_none() && report.e2e_ms.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limited_requests_are_sent_again_after_retry_after() {
+    for retry in [false, true] {
+        let (url, tally) = start_fake(Fake {
+            tally: Arc::default(),
+            fail_every: None,
+            limit_every: Some(4),
+        })
+        .await;
+        let args = ReplayArgs {
+            max_requests: Some(6),
+            concurrency: 1,
+            retry_rate_limited: retry,
+            ..trace_args(&url, false)
+        };
+        let workload = Workload::load(&args).unwrap();
+        let report = replay(&args, &workload).await.unwrap();
+        let t = tally.lock().unwrap();
+        if retry {
+            assert_eq!((report.requests.ok, report.requests.failed), (6, 0));
+            assert_eq!(t.seen, 7, "the 4th was sent twice");
+        } else {
+            assert_eq!((report.requests.ok, report.requests.failed), (5, 1));
+            assert_eq!(report.requests.errors.get("http_429"), Some(&1));
+            assert_eq!(t.seen, 6);
+        }
+    }
 }
