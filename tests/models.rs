@@ -82,6 +82,10 @@ async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
     let (status, body) = chat_to(&router.url, &ask("medium", 0)).await;
     assert_eq!(status, 404);
     assert_error(&body, "model_not_found");
+    let (status, body) = chat_to(&router.url, &ask(&"x".repeat(1 << 20), 0)).await;
+    assert_eq!(status, 404);
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.len() < 400, "a 1 MiB name is not echoed whole");
     let mut no_model = ask("big", 0);
     no_model.as_object_mut().unwrap().remove("model");
     let (status, body) = chat_to(&router.url, &no_model).await;

@@ -31,6 +31,9 @@ use crate::traces::RequestTrace;
 /// Models named in a `model_required` answer at most.
 const NAMED: usize = 8;
 
+/// Bytes of an unknown model's name echoed in its `model_not_found` answer at most.
+const NAME_SHOWN: usize = 256;
+
 /// Longest wait for backends' first health checks before answering 503.
 const FIRST_CHECK_WAIT: Duration = Duration::from_secs(5);
 
@@ -374,7 +377,9 @@ pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
     let was_empty = ready.is_empty();
     let serving = ready.serving(Some(model));
     if serving.is_empty() && !was_empty {
-        let name = String::from_utf8_lossy(model).into_owned();
+        // Echoed in the answer: at most NAME_SHOWN bytes of whatever the client sent.
+        let shown = &model[..model.len().min(NAME_SHOWN)];
+        let name = String::from_utf8_lossy(shown).into_owned();
         return Err(RouterError::ModelNotFound(name));
     }
     Ok(serving)
