@@ -341,6 +341,7 @@ async fn admitted<E: Exchange>(
         gone = exchange.client_gone() => Err(gone),
     };
     state.admission.waited(started.elapsed());
+    state.tenancy.waited(ticket.tenant, started.elapsed());
     trace.waited(since);
     waited?.map_err(|left| match left {
         Left::TimedOut => overloaded(Shed::QueueTimeout),

@@ -100,7 +100,12 @@ impl Registry {
 
     /// A histogram of seconds by backend.
     pub fn seconds_by_backend(&self, short: &str, help: &str) -> HistogramVec {
-        let family = HistogramVec::new(seconds(short, help), &["backend"]);
+        self.seconds_by(short, help, "backend")
+    }
+
+    /// A histogram of seconds by `label`.
+    pub fn seconds_by(&self, short: &str, help: &str, label: &str) -> HistogramVec {
+        let family = HistogramVec::new(seconds(short, help), &[label]);
         self.add(family.unwrap_or_else(|_| invalid()))
     }
 

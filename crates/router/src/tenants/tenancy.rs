@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use std::collections::HashMap;
 
-use prometheus::{IntCounter, IntCounterVec, IntGaugeVec};
+use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
 
 use super::rate::{Limit, RateLimits, Verdict};
 use super::share::{Share, Shares};
@@ -33,6 +33,7 @@ pub struct Tenancy {
     shed: IntCounterVec,
     held: IntGaugeVec,
     queued: IntGaugeVec,
+    waits: HistogramVec,
     unknown: IntCounter,
 }
 
@@ -71,6 +72,11 @@ impl Tenancy {
                 "tenant_queued_requests",
                 "Requests waiting in the router's queue, by tenant",
                 &["tenant"],
+            ),
+            waits: registry.seconds_by(
+                "tenant_queue_wait_seconds",
+                "Time requests waited in the router's queue, by tenant",
+                "tenant",
             ),
             unknown: registry.counter(
                 "unknown_api_keys_total",
@@ -122,6 +128,14 @@ impl Tenancy {
             self.queued
                 .with_label_values(&[&tenant])
                 .set(waiting as i64);
+        }
+    }
+
+    /// A request of `tenant` (none without a tenants file) left the queue after
+    /// `waited`.
+    pub fn waited(&self, tenant: &str, waited: std::time::Duration) {
+        if !tenant.is_empty() {
+            (self.waits.with_label_values(&[tenant])).observe(waited.as_secs_f64());
         }
     }
 

@@ -403,4 +403,7 @@ async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
         })
     ));
     assert!(heavy.sent.is_empty());
+    let metrics = String::from_utf8(state.stats.render()).unwrap();
+    let waited = "prefix_router_tenant_queue_wait_seconds_count{tenant=\"a\"} 1";
+    assert!(metrics.contains(waited), "a's wait is counted: {metrics}");
 }
