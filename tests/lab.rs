@@ -75,7 +75,11 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         // (lab 0.744); cache_aware, whose imbalance bound trips at moments that depend on
         // timing, 0.599-0.727 (lab 0.699) over ten runs of this test (the lowest under the
         // load of `make test`).
-        let tolerance = if r.policy == "cache_aware" { 0.12 } else { 0.05 };
+        let tolerance = if r.policy == "cache_aware" {
+            0.12
+        } else {
+            0.05
+        };
         assert!(
             (real_hit - lab_hit).abs() <= tolerance,
             "{}: real time {real_hit:.3} vs lab {lab_hit:.3}",
