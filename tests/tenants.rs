@@ -253,10 +253,11 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     let refused = explain("sk-unknown").await;
     assert_eq!(refused["admission"]["refused"], "invalid_api_key");
     assert_eq!(up.count(), 0, "nothing was sent");
-    // A request's tenant shows in the share gauges once it was served.
+    // A request's tenant shows in the share gauges once it was served (its count may
+    // still be 1 at the scrape: it ends after the client has the whole answer).
     assert_eq!(send(&router, Some("sk-acme"), None).await.0, 200);
     let text = metrics_text(&router.admin_url).await;
-    assert!(text.contains("prefix_router_tenant_held_requests{tenant=\"acme\"} 0"));
+    assert!(text.contains("prefix_router_tenant_held_requests{tenant=\"acme\"}"));
     assert!(text.contains("prefix_router_queued_requests_by_priority{priority=\"high\"} 0"));
     assert!(!text.contains("sk-acme"));
 }
