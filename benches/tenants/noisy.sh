@@ -13,7 +13,7 @@
 # their Retry-After, and what it is served in each of its first MINUTES (2) minutes; priority: B's sessions at x-priority high alone,
 # then beside normal and low sessions of A's size that together keep twice the fleet's
 # slots in flight, under --max-queued of half the slots),
-# OUT (a directory for logs and reports).
+# OUT (a directory for logs, reports and the router's metrics when B finished).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/common.sh
@@ -71,6 +71,7 @@ run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
     sleep 2
   fi
   replay sk-tenant-b "$b_sessions" "$b_conc" 1 "$out/b-$1-$4.json"
+  curl -s "http://127.0.0.1:$admin/metrics" >"$out/metrics-$1-$4.txt"
   local a_line=""
   if [ -n "$a_pid" ]; then
     local a_done; a_done=$(curl -s "http://127.0.0.1:$admin/metrics" | awk '/^prefix_router_requests_total/ {n += $2} END {print n + 0}')

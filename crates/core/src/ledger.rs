@@ -49,21 +49,38 @@ pub struct Account {
     /// What it ran when it last queued (0: never): the hold before it grew, which a
     /// reserve is kept under.
     ceiling: AtomicUsize,
+    /// Requests in flight that a reserve was kept for, and the most of them at once in
+    /// this window and the one before ([`KEPT_READS`] reads of its load each).
+    kept: AtomicUsize,
+    kept_peak: AtomicUsize,
+    kept_before: AtomicUsize,
+    reads: AtomicUsize,
     on_free: Box<dyn Fn() + Send + Sync>,
 }
 
+/// Reads of a backend's load ([`Account::learn_hold`], one a second by default) over which
+/// the most requests it kept a reserve for at once is remembered: a window of 5, and the
+/// window before it.
+pub const KEPT_READS: usize = 5;
+
 /// How many requests in flight an account takes: the in-flight `limit` (0: none), and
-/// whether to leave a reserve free for others: an eighth of what the backend ran when it
-/// last queued (its ceiling), at least one slot (flow control keeps it from a tenant over
-/// its fair share while a tenant below its share is active). A reserve counts only where
-/// a hold was learned: a backend with room is never held back. A plain `usize` is a
-/// limit with no reserve.
+/// whether to leave a reserve free for others (flow control keeps it from a tenant over
+/// its fair share while a tenant below its share is active, and from a lower priority
+/// while a higher one is). The reserve is an eighth of what the backend ran when it last
+/// queued (its ceiling), at least one slot, and more where the requests it is kept for
+/// recently had more in flight at once than they have now (up to half the ceiling), so
+/// that a light tenant's conversations find their slots free where their prefixes are.
+/// A reserve counts only where a hold was learned: a backend with room is never held
+/// back. A plain `usize` is a limit with no reserve.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cap {
     /// Requests in flight at most (0: no limit).
     pub limit: usize,
     /// Whether this request leaves the reserve free.
     pub reserve: bool,
+    /// Whether this request is one the reserve is kept for (counted in how many of
+    /// those a backend had at once).
+    pub kept: bool,
 }
 
 impl From<usize> for Cap {
@@ -91,6 +108,10 @@ impl Account {
             kv_usage: AtomicU64::new(0),
             hold: AtomicUsize::new(0),
             ceiling: AtomicUsize::new(0),
+            kept: AtomicUsize::new(0),
+            kept_peak: AtomicUsize::new(0),
+            kept_before: AtomicUsize::new(0),
+            reads: AtomicUsize::new(0),
             on_free: Box::new(|| {}),
         }
     }
@@ -170,6 +191,17 @@ impl Account {
             hold
         };
         self.hold.store(next, Relaxed);
+        if self.reads.fetch_add(1, Relaxed) % KEPT_READS == KEPT_READS - 1 {
+            let peak = self.kept_peak.swap(self.kept.load(Relaxed), Relaxed);
+            self.kept_before.store(peak, Relaxed);
+        }
+    }
+
+    /// The slots a request that leaves the reserve keeps free under `ceiling`.
+    fn reserve(&self, ceiling: usize) -> usize {
+        let peak = (self.kept_peak.load(Relaxed)).max(self.kept_before.load(Relaxed));
+        let wanted = peak.saturating_sub(self.kept.load(Relaxed));
+        (ceiling / 8).max(1).max(wanted.min(ceiling / 2))
     }
 
     /// Forgets the hold (flow control is off).
@@ -190,7 +222,17 @@ impl Account {
 
     /// Whether it takes one more request under `cap` and its learned hold.
     pub fn open(&self, cap: impl Into<Cap>) -> bool {
-        below(self.load(), cap.into(), self.held())
+        self.below(self.load(), cap.into())
+    }
+
+    /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with
+    /// a reserve, below its ceiling less the reserve.
+    fn below(&self, load: usize, cap: Cap) -> bool {
+        let (hold, ceiling) = self.held();
+        let reserved = cap.reserve && hold > 0 && ceiling > 0;
+        (cap.limit == 0 || load < cap.limit)
+            && (hold == 0 || load < hold)
+            && (!reserved || load + self.reserve(ceiling) < ceiling.min(hold))
     }
 
     /// The backend as a policy sees it.
@@ -219,26 +261,20 @@ impl Account {
     /// and count are one atomic step, so concurrent placements never push a backend past
     /// its limit.
     fn take(self: &Arc<Self>, cap: Cap, prefill: TextBytes, decision: Decision) -> Option<Seat> {
-        let held = self.held();
-        let next = |n: usize| below(n, cap, held).then_some(n + 1);
+        let next = |n: usize| self.below(n, cap).then_some(n + 1);
         self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
+        if cap.kept {
+            let kept = self.kept.fetch_add(1, Relaxed) + 1;
+            self.kept_peak.fetch_max(kept, Relaxed);
+        }
         Some(Seat {
             account: Arc::clone(self),
             prefill: AtomicUsize::new(prefill.0),
             decision,
+            kept: cap.kept,
         })
     }
-}
-
-/// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with a
-/// reserve, below its ceiling less the reserve.
-fn below(load: usize, cap: Cap, (hold, ceiling): (usize, usize)) -> bool {
-    let reserved = cap.reserve && hold > 0 && ceiling > 0;
-    let reserve = (ceiling / 8).max(1);
-    (cap.limit == 0 || load < cap.limit)
-        && (hold == 0 || load < hold)
-        && (!reserved || load + reserve < ceiling.min(hold))
 }
 
 impl std::fmt::Debug for Account {
@@ -258,6 +294,8 @@ pub struct Seat {
     account: Arc<Account>,
     prefill: AtomicUsize,
     decision: Decision,
+    /// Whether it counts in its backend's requests kept a reserve for.
+    kept: bool,
 }
 
 impl Seat {
@@ -290,6 +328,9 @@ impl Drop for Seat {
     fn drop(&mut self) {
         self.answered();
         self.account.inflight.fetch_sub(1, Relaxed);
+        if self.kept {
+            self.account.kept.fetch_sub(1, Relaxed);
+        }
         (self.account.on_free)();
     }
 }
@@ -491,8 +532,8 @@ mod tests {
         assert_eq!(all[0].hold(), Some(10), "no queue: the hold grows");
         assert!(ledger.open(&refs, 0));
         let reserve = Cap {
-            limit: 0,
             reserve: true,
+            ..Cap::default()
         };
         assert!(
             !ledger.open(&refs, reserve),
@@ -502,6 +543,53 @@ mod tests {
         assert_eq!(all[0].hold(), Some(10), "a hold it does not fill stays");
         all[0].forget_hold();
         assert_eq!(all[0].hold(), None);
+    }
+
+    #[test]
+    fn the_reserve_grows_to_what_the_requests_it_is_kept_for_had_at_once() {
+        let all = accounts(1);
+        let refs: Vec<&Arc<Account>> = all.iter().collect();
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let load = |running, waiting| Published {
+            running,
+            waiting,
+            kv_usage: 0.5,
+        };
+        all[0].learn_hold(load(8, 3));
+        let (heavy, light) = (
+            Cap {
+                reserve: true,
+                ..Cap::default()
+            },
+            Cap {
+                kept: true,
+                ..Cap::default()
+            },
+        );
+        let place = |cap: Cap| match ledger.place(&refs, cap, TextBytes(1), first) {
+            Placing::Placed { seat, .. } => Some(seat),
+            _ => None,
+        };
+        let mut seats: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
+        assert_eq!(seats.len(), 7, "one of 8 kept");
+        let kept: Vec<_> = (0..3).filter_map(|_| place(light)).collect();
+        assert_eq!(kept.len(), 1, "the hold is full");
+        seats.truncate(4);
+        let kept: Vec<_> = kept
+            .into_iter()
+            .chain(place(light))
+            .chain(place(light))
+            .collect();
+        assert_eq!(kept.len(), 3, "three kept-for requests at once");
+        drop(kept);
+        let more: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
+        assert_eq!(more.len(), 1, "3 of 8 stay free for them");
+        drop(more);
+        for _ in 0..2 * KEPT_READS {
+            all[0].learn_hold(load(4, 0));
+        }
+        let more: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
+        assert_eq!(more.len(), 3, "two windows later, one of 8 again");
     }
 
     #[test]

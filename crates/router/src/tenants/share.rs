@@ -148,12 +148,14 @@ impl Shares {
 
     /// What a request of `tenant` at `priority` may take of a backend under the in-flight
     /// `limit`: less the reserve while it is not [`Self::light`] and a higher priority or
-    /// another tenant below its share is active.
+    /// another tenant below its share is active; counted among those the reserve is kept
+    /// for while it is.
     pub fn cap(&self, tenant: &str, priority: Priority, limit: usize) -> Cap {
         let s = self.standing(tenant, priority);
         Cap {
             limit,
             reserve: (s.higher || s.other_light) && !s.kept_for(),
+            kept: s.kept_for(),
         }
     }
 }
@@ -200,6 +202,7 @@ mod tests {
             "1 of 7 held, below half"
         );
         assert!(!shares.cap("b", Priority::Normal, 0).reserve);
+        assert!(shares.cap("b", Priority::Normal, 0).kept);
         assert!(shares.cap("a", Priority::Normal, 0).reserve);
         drop(b);
         assert!(
