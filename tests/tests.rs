@@ -23,5 +23,6 @@ mod sim;
 mod soak;
 mod streaming;
 mod tenants;
+mod tls;
 mod tokens;
 mod traces;

@@ -24,7 +24,10 @@
 # trace export on, as forwarder `traced-<ratio>`, exporting to one OTLP receiver on this
 # machine that answers without decoding: tests/otlp/receiver.py --discard), TRACE_FAULTS
 # (1: two more routers sampling every trace, `traced-dead` exporting to a port where nothing
-# listens and `traced-slow` to a receiver that answers each export 5 s late).
+# listens and `traced-slow` to a receiver that answers each export 5 s late), TLS (1: nginx
+# and the router also serve the clients over TLS, as `nginx-tls` and `router-tls`, with one
+# self-signed P-256 certificate made by openssl; wrk keeps its connections, so the cost is
+# the records' encryption more than handshakes).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -99,6 +102,7 @@ wait_port "$router"; wait_port "$pass"; sleep 1
 declare -A idle=([nginx]=$(rss_kb "$nginx_pid") [pingora]=$(rss_kb "$pass_pid") [router]=$(rss_kb "$router_pid"))
 declare -A pid=([nginx]=$nginx_pid [pingora]=$pass_pid [router]=$router_pid)
 declare -A port=([nginx]=$proxy [pingora]=$pass [router]=$router)
+declare -A scheme=()
 forwarders="nginx pingora router"
 
 extra_router() { # name, binary, extra flags...
@@ -134,6 +138,21 @@ if [ -n "${TRACE_FAULTS:-}" ]; then
   extra_router traced-slow "$root/target/release/prefix-router" \
     --otlp-endpoint "http://127.0.0.1:$receiver_port" --trace-sample-ratio 1
 fi
+if [ -n "${TLS:-}" ]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=localhost -keyout "$work/tls.key" -out "$work/tls.pem" 2>/dev/null
+  p=$(free_port)
+  nginx_conf proxy-tls "upstream fleet { server 127.0.0.1:$up1; server 127.0.0.1:$up2; keepalive 64; }
+  server { listen 127.0.0.1:$p ssl; ssl_certificate $work/tls.pem; ssl_certificate_key $work/tls.key;
+    location / { proxy_pass http://fleet; proxy_http_version 1.1;
+      proxy_set_header Connection \"\"; } }"
+  nginx -c "$work/proxy-tls.conf" & pid[nginx-tls]=$!; port[nginx-tls]=$p; wait_port "$p"
+  idle[nginx-tls]=$(rss_kb "${pid[nginx-tls]}"); scheme[nginx-tls]=https
+  forwarders="$forwarders nginx-tls"
+  extra_router router-tls "$root/target/release/prefix-router" \
+    --tls-cert-file "$work/tls.pem" --tls-key-file "$work/tls.key"
+  scheme[router-tls]=https
+fi
 [ -z "${TOKENIZER:-}" ] || extra_router tokens "$root/target/release/prefix-router" --tokenizer "$TOKENIZER"
 if [ -n "${VLLM_ROUTER:-}" ]; then
   p=$(free_port); e1=$(free_port); e2=$(free_port)
@@ -148,7 +167,7 @@ if [ -n "${VLLM_ROUTER:-}" ]; then
 fi
 
 run() { # forwarder, body KB, connections -> one result line
-  local name=$1 kb=$2 conns=$3 url="http://127.0.0.1:${port[$1]}"
+  local name=$1 kb=$2 conns=$3 url="${scheme[$1]:-http}://127.0.0.1:${port[$1]}"
   BODY_KB=$kb wrk -t1 -c"$conns" -d2s -s "$here/chat.lua" "$url" >/dev/null
   local before; before=$(cpu_ticks "${pid[$name]}") perf=""
   if [ -n "${PROFILE:-}" ] && [ "$name" = router ]; then

@@ -1,5 +1,5 @@
-//! Changes while serving: reloading the config file (SIGHUP, a change of the file, or admin
-//! `POST /reload`), adding and removing workers. Each
+//! Changes while serving: reloading the config file and the listeners' certificates
+//! (SIGHUP, a change of the file, or admin `POST /reload`), adding and removing workers. Each
 //! change is checked first and applied as new immutable snapshots swapped in; a change that
 //! fails leaves everything as it was. Changes are serialized by one lock.
 
@@ -17,6 +17,7 @@ use crate::config::{Config, ConfigError, Settings, Source};
 use crate::fleet::{Discovery, Worker, WorkerError};
 use crate::state::State;
 use crate::stats::Stats;
+use crate::tls::Certificates;
 
 /// How often the config file is checked for change.
 const FILE_POLL: Duration = Duration::from_secs(2);
@@ -47,6 +48,7 @@ pub struct Control {
     state: Arc<State>,
     stats: Arc<Stats>,
     loaded: std::sync::Mutex<Option<SystemTime>>,
+    certificates: Certificates,
 }
 
 impl Control {
@@ -56,6 +58,7 @@ impl Control {
         source: Source,
         discovery: Arc<Discovery>,
         state: Arc<State>,
+        certificates: Certificates,
     ) -> Self {
         let stats = Arc::clone(&state.stats);
         let control = Control {
@@ -66,14 +69,21 @@ impl Control {
             state,
             stats,
             loaded: std::sync::Mutex::new(None),
+            certificates,
         };
         control.note_loaded();
         control
     }
 
-    /// Reads the config file again and applies what can change while serving (nothing, and
-    /// no new generation, when it did not change).
+    /// Reads the listeners' certificates and the config file again, and applies what can
+    /// change while serving (nothing, and no new generation, when the file did not
+    /// change). A certificate that cannot be read keeps the old one serving.
     pub async fn reload(&self) -> Result<(), ControlError> {
+        match self.certificates.reload() {
+            Ok(()) if self.certificates.any() => info!("certificates reloaded"),
+            Ok(()) => {}
+            Err(e) => error!("certificate reload refused, keeping the old one: {e}"),
+        }
         let result = self.reload_file().await;
         self.stats.reload(result.is_ok());
         match &result {

@@ -21,5 +21,6 @@ pub mod serve;
 pub mod state;
 pub mod stats;
 pub mod tenants;
+pub mod tls;
 pub mod tokens;
 pub mod traces;

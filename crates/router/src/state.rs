@@ -94,13 +94,14 @@ impl Drop for Active {
 impl State {
     /// State of `parts`; the body budget reads its limit from `parts.live`.
     pub fn new(parts: Parts) -> Self {
+        let connector = TransportConnector::new(parts.fleet.tls().connector());
         State {
             fleet: parts.fleet,
             selector: parts.selector,
             ledger: parts.ledger,
             stats: parts.stats,
             policy_name: parts.policy_name,
-            connector: TransportConnector::new(None),
+            connector,
             ties: Ties::new(0),
             budget: Budget::reading(parts.live.buffered_bytes()),
             queue: Queue::default(),

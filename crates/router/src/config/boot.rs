@@ -10,6 +10,7 @@ use prefix_router_core::tree::TreeConfig;
 use crate::fleet::{DiscoverySettings, HealthSettings, ReaderSettings};
 use crate::kv_events::KvEventSettings;
 use crate::replication::SharedTable;
+use crate::tls::TlsConfig;
 use crate::tokens::TokenSettings;
 use crate::traces::TraceSettings;
 
@@ -39,6 +40,8 @@ boot! {
     admin_listen: String => "admin_host/admin_port",
     /// Bearer token the admin listener requires, read from `admin_token_file`. Default none.
     admin_token: Option<String> => "admin_token_file",
+    /// TLS of the listeners and of `https://` workers. Default: plain listeners.
+    tls: TlsConfig => "tls_*/admin_tls_*/upstream_*",
     /// Socket for graceful upgrades. Default `/tmp/prefix-router-upgrade.sock`.
     upgrade_socket: String => "upgrade_socket",
     /// Health checks.
@@ -78,6 +81,7 @@ impl Default for Boot {
             listen: "0.0.0.0:8080".into(),
             admin_listen: "127.0.0.1:8081".into(),
             admin_token: None,
+            tls: TlsConfig::default(),
             upgrade_socket: "/tmp/prefix-router-upgrade.sock".into(),
             health: HealthSettings::default(),
             discovery: DiscoverySettings::default(),

@@ -25,6 +25,7 @@ use crate::kv_events::KvEventSettings;
 use crate::limits::{ExchangeTimeouts, Limits, Live, RetryOn, RetrySettings};
 use crate::replication::SharedTable;
 use crate::tenants::Tenants;
+use crate::tls::{CertFiles, TlsConfig, UpstreamTls};
 use crate::tokens::TokenSettings;
 use crate::traces::TraceSettings;
 
@@ -131,6 +132,7 @@ fn boot(s: &Settings, d: Boot) -> Result<Boot, ConfigError> {
         listen: address(&d.listen, host, port),
         admin_listen: address(&d.admin_listen, admin_host, admin_port),
         admin_token: token(s.admin_token_file.as_deref())?,
+        tls: tls(s)?,
         upgrade_socket: s.upgrade_socket.clone().unwrap_or(d.upgrade_socket),
         health: health(s, d.health)?,
         discovery: DiscoverySettings {
@@ -323,6 +325,52 @@ fn read_file(path: &Path) -> Result<Settings, ConfigError> {
         path: shown,
         cause: Box::new(cause),
     })
+}
+
+/// The listeners' certificate pairs (each file given with its pair) and the upstreams'
+/// CA file, checked readable here so that the error names the option.
+fn tls(s: &Settings) -> Result<TlsConfig, ConfigError> {
+    let pair =
+        |cert: &Option<PathBuf>, key: &Option<PathBuf>, names: [&'static str; 2]| match (cert, key)
+        {
+            (None, None) => Ok(None),
+            (Some(cert), Some(key)) => {
+                readable(names[0], cert)?;
+                readable(names[1], key)?;
+                Ok(Some(CertFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                }))
+            }
+            (Some(_), None) => Err(invalid(names[1], format!("{} needs it", names[0]))),
+            (None, Some(_)) => Err(invalid(names[0], format!("{} needs it", names[1]))),
+        };
+    if let Some(ca) = &s.upstream_ca_file {
+        readable("upstream_ca_file", ca)?;
+    }
+    Ok(TlsConfig {
+        listener: pair(
+            &s.tls_cert_file,
+            &s.tls_key_file,
+            ["tls_cert_file", "tls_key_file"],
+        )?,
+        admin: pair(
+            &s.admin_tls_cert_file,
+            &s.admin_tls_key_file,
+            ["admin_tls_cert_file", "admin_tls_key_file"],
+        )?,
+        upstream: UpstreamTls {
+            ca_file: s.upstream_ca_file.clone(),
+            insecure: s.upstream_tls_insecure.unwrap_or(false),
+        },
+    })
+}
+
+fn readable(option: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let reason = |e: std::io::Error| format!("cannot read {}: {e}", path.display());
+    std::fs::File::open(path)
+        .map(drop)
+        .map_err(|e| invalid(option, reason(e)))
 }
 
 fn token(file: Option<&Path>) -> Result<Option<String>, ConfigError> {

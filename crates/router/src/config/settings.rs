@@ -44,6 +44,24 @@ pub struct Settings {
     /// File holding a bearer token required by every admin request [default: none]
     #[arg(long)]
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// PEM certificate chain the data listener serves TLS with (with --tls-key-file); read again on SIGHUP [default: none, plain HTTP]
+    #[arg(long)]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert-file
+    #[arg(long)]
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// PEM certificate chain the admin listener serves TLS with (with --admin-tls-key-file) [default: none, plain HTTP]
+    #[arg(long)]
+    pub admin_tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --admin-tls-cert-file
+    #[arg(long)]
+    pub admin_tls_key_file: Option<std::path::PathBuf>,
+    /// PEM CA certificates that https:// workers' certificates are verified against [default: the system's roots]
+    #[arg(long)]
+    pub upstream_ca_file: Option<std::path::PathBuf>,
+    /// Accept any certificate from https:// workers: for test fleets only [default: false]
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub upstream_tls_insecure: Option<bool>,
     /// Socket the graceful upgrade passes listeners over [default: /tmp/prefix-router-upgrade.sock]
     #[arg(long)]
     pub upgrade_socket: Option<String>,

@@ -109,7 +109,7 @@ fn invalid_values_name_their_option() {
         ),
         (
             Settings {
-                worker_urls: Some(vec!["https://x".into()]),
+                worker_urls: Some(vec!["ftp://x".into()]),
                 ..Default::default()
             },
             "`worker_urls`",

@@ -6,9 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
-use pingora_core::protocols::l4::socket::SocketAddr as PingoraAddr;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_load_balancing::Backend as Probe;
 use prefix_router_core::BackendId;
 use prefix_router_core::ledger::Account;
 use xxhash_rust::xxh3::xxh3_64;
@@ -35,8 +33,6 @@ pub struct Backend {
     pub account: Arc<Account>,
     /// The models it serves, as it last listed them.
     pub models: Models,
-    /// The target Pingora's health check probes.
-    pub(super) probe: Probe,
     checked: AtomicBool,
     healthy: AtomicBool,
     /// Active checks in a row whose result disagrees with `healthy`.
@@ -56,9 +52,9 @@ impl Backend {
         peer: HttpPeer,
         freed: impl Fn() + Send + Sync + 'static,
     ) -> Self {
-        let authority = match worker.port {
-            80 => worker.host.clone(),
-            port => format!("{}:{port}", worker.host),
+        let authority = match (worker.port, worker.tls) {
+            (80, false) | (443, true) => worker.host.clone(),
+            (port, _) => format!("{}:{port}", worker.host),
         };
         // A stable hash of the address: the same on every router replica.
         let hash = xxh3_64(addr.to_string().as_bytes());
@@ -71,11 +67,6 @@ impl Backend {
             authority,
             account: Arc::new(Account::new(id, hash).on_free(freed)),
             models,
-            probe: Probe {
-                addr: PingoraAddr::Inet(addr),
-                weight: 1,
-                ext: http::Extensions::new(),
-            },
             checked: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             streak: AtomicUsize::new(0),

@@ -1,24 +1,23 @@
 //! Active health checks on the fleet's own backends: every interval, each backend of the
-//! current snapshot is probed in parallel by Pingora's HTTP health check, and its result
-//! recorded on the backend (thresholds of consecutive results, see
-//! [`Backend::observe_check`]). A backend gets no request before its first passed check,
-//! and a passed check brings back a backend that passive health took out.
-//!
-//! Pingora's own driver (`Backends` inside a `LoadBalancer`) keeps a backend set of its
-//! own, keyed by address; running the probe here checks exactly the published snapshot and
-//! needs no second set to keep in step.
+//! current snapshot is probed in parallel with a GET of the health path (passed on a 200,
+//! [`Fetcher`]), and its result recorded on the backend (thresholds of consecutive
+//! results, see [`Backend::observe_check`]). A backend gets no request before its first
+//! passed check, and a passed check brings back a backend that passive health took out.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fetch::Fetcher;
 use async_trait::async_trait;
 use log::{info, warn};
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use pingora_load_balancing::health_check::{HealthCheck, HttpHealthCheck};
 use tokio::sync::Notify;
 
 use super::{Backend, Fleet};
+
+/// Most of a health answer's body read, bytes; beyond it the connection is not reused.
+const HEALTH_BODY: usize = 64 << 10;
 
 /// Active health checking.
 #[derive(Clone, Debug, PartialEq)]
@@ -49,7 +48,7 @@ impl Default for HealthSettings {
 
 /// The health checker of one fleet, run as a background service.
 pub struct HealthChecks {
-    probe: HttpHealthCheck,
+    fetcher: Fetcher,
     settings: HealthSettings,
     fleet: Arc<Fleet>,
     soon: Notify,
@@ -58,16 +57,8 @@ pub struct HealthChecks {
 impl HealthChecks {
     /// Checks of `fleet` with `settings`.
     pub fn new(settings: HealthSettings, fleet: Arc<Fleet>) -> Self {
-        let mut probe = HttpHealthCheck::new("localhost", false);
-        probe.reuse_connection = true;
-        let options = &mut probe.peer_template.options;
-        options.connection_timeout = Some(settings.timeout);
-        options.total_connection_timeout = Some(settings.timeout);
-        options.read_timeout = Some(settings.timeout);
-        options.write_timeout = Some(settings.timeout);
-        probe.req.set_uri(settings.path.clone());
         HealthChecks {
-            probe,
+            fetcher: Fetcher::new(&fleet),
             settings,
             fleet,
             soon: Notify::new(),
@@ -88,7 +79,8 @@ impl HealthChecks {
     }
 
     async fn check(&self, backend: &Backend) {
-        let result = self.probe.check(&backend.probe).await;
+        let (path, timeout) = (&self.settings.path, self.settings.timeout);
+        let result = (self.fetcher.get(backend, path, timeout, HEALTH_BODY).await).map(drop);
         let first = backend.awaiting_first_check();
         let (successes, failures) = (self.settings.successes, self.settings.failures);
         let flipped = backend.observe_check(result.is_ok(), successes, failures);

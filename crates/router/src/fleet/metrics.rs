@@ -8,15 +8,17 @@
 //! own of `default_generation_settings.n_ctx` tokens. A backend that does not say (another
 //! server, an older vLLM) keeps the configured `max_tree_size` and no published load.
 //!
-//! Pages are fetched with `reqwest`. They are read by the few lines below rather than by
+//! Pages are fetched over each backend's peer ([`Fetcher`]). They are read by the few lines below rather than by
 //! `prometheus-parse`: its names are `\w+`, so it drops every sample named with a colon,
 //! as all of vLLM's and llama.cpp's are (a test below checks that it still does).
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use prefix_router_core::policy::Published;
 use prefix_router_core::units::Tokens;
+
+use super::Backend;
+use super::fetch::Fetcher;
 
 /// Largest `/metrics` page read, bytes.
 const MAX_PAGE: usize = 8 << 20;
@@ -129,29 +131,18 @@ fn load(page: &str) -> Option<(Published, LoadNames)> {
     })
 }
 
-/// The body of a 200 answer to `GET path` from `addr` (named `host`) with `client`, its
-/// first [`MAX_PAGE`] bytes, within `timeout`; `None` when it could not be read.
+/// The body of a 200 answer to `GET path` from `backend`, its first [`MAX_PAGE`] bytes,
+/// within `timeout`; `None` when it could not be read.
 pub async fn get(
-    client: &reqwest::Client,
-    addr: SocketAddr,
-    host: &str,
-    path: &str,
+    fetcher: &Fetcher,
+    backend: &Backend,
+    path: &'static str,
     timeout: Duration,
 ) -> Option<String> {
-    let fetch = async {
-        let request = client.get(format!("http://{addr}{path}"));
-        let mut response = request.header(http::header::HOST, host).send().await.ok()?;
-        (response.status() == http::StatusCode::OK).then_some(())?;
-        let mut page = Vec::new();
-        while let Some(chunk) = response.chunk().await.ok()? {
-            page.extend_from_slice(&chunk[..chunk.len().min(MAX_PAGE - page.len())]);
-            if page.len() == MAX_PAGE {
-                break;
-            }
-        }
-        Some(String::from_utf8_lossy(&page).into_owned())
-    };
-    tokio::time::timeout(timeout, fetch).await.ok().flatten()
+    let path = http::Uri::from_static(path);
+    let fetch = fetcher.get(backend, &path, timeout, MAX_PAGE);
+    let page = tokio::time::timeout(timeout, fetch).await.ok()?.ok()?;
+    Some(String::from_utf8_lossy(&page).into_owned())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 
 mod backend;
 mod discovery;
+mod fetch;
 mod gauges;
 mod health;
 mod metrics;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use crate::tls::UpstreamTls;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -114,6 +116,8 @@ pub struct Fleet {
     readiness: watch::Sender<u64>,
     /// Woken (one waiter) whenever a request in flight ends.
     freed: Arc<tokio::sync::Notify>,
+    /// How `https://` workers are verified.
+    tls: UpstreamTls,
 }
 
 impl Fleet {
@@ -126,7 +130,21 @@ impl Fleet {
             generation: AtomicU64::new(0),
             readiness: watch::Sender::new(0),
             freed: Arc::new(tokio::sync::Notify::new()),
+            tls: UpstreamTls::default(),
         }
+    }
+
+    /// An empty fleet whose `https://` workers are verified as `tls` says.
+    pub fn with_tls(tls: UpstreamTls) -> Self {
+        Fleet {
+            tls,
+            ..Fleet::new()
+        }
+    }
+
+    /// How its `https://` workers are verified.
+    pub fn tls(&self) -> &UpstreamTls {
+        &self.tls
     }
 
     /// Whether one more backend may be ejected: fewer than `settings` allow are now.
@@ -230,7 +248,7 @@ impl Fleet {
             None => {
                 let id = BackendId(self.next_id.fetch_add(1, Relaxed));
                 let freed = Arc::clone(&self.freed);
-                let peer = peer(addr, connect);
+                let peer = self.peer(worker, addr, connect);
                 let free = move || freed.notify_one();
                 Arc::new(Backend::new(id, worker.clone(), addr, peer, free))
             }
@@ -244,13 +262,18 @@ impl Default for Fleet {
     }
 }
 
-/// Peer settings of a new backend. Read and write timeouts are set per exchange by the
-/// transport; only connecting is the peer's.
-fn peer(addr: SocketAddr, connect: Duration) -> HttpPeer {
-    let mut peer = HttpPeer::new(addr, false, String::new());
-    peer.options.connection_timeout = Some(connect);
-    peer.options.total_connection_timeout = Some(connect);
-    peer
+impl Fleet {
+    /// Peer settings of a new backend: TLS for an `https://` worker. Read and write
+    /// timeouts are set per exchange by the transport; only connecting is the peer's.
+    fn peer(&self, worker: &Worker, addr: SocketAddr, connect: Duration) -> HttpPeer {
+        let mut peer = HttpPeer::new(addr, false, String::new());
+        if worker.tls {
+            self.tls.apply(&mut peer, &worker.host);
+        }
+        peer.options.connection_timeout = Some(connect);
+        peer.options.total_connection_timeout = Some(connect);
+        peer
+    }
 }
 
 #[cfg(test)]

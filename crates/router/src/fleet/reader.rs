@@ -19,6 +19,7 @@ use log::info;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
+use super::fetch::Fetcher;
 use super::{Backend, Fleet, Served, metrics};
 
 /// How a router reads its backends' metrics and models.
@@ -55,7 +56,7 @@ enum Engine {
 pub struct MetricsReader {
     settings: ReaderSettings,
     fleet: Arc<Fleet>,
-    client: reqwest::Client,
+    fetcher: Fetcher,
     /// Whether flow control is on now (a reload may change it).
     flow_control: Box<dyn Fn() -> bool + Send + Sync>,
 }
@@ -70,8 +71,8 @@ impl MetricsReader {
     ) -> Self {
         MetricsReader {
             settings,
+            fetcher: Fetcher::new(&fleet),
             fleet,
-            client: reqwest::Client::new(),
             flow_control: Box::new(flow_control),
         }
     }
@@ -94,14 +95,7 @@ impl MetricsReader {
         if !backend.models.due(now, self.settings.models_interval) {
             return;
         }
-        let (addr, host) = (backend.addr, &backend.authority);
-        let body = metrics::get(
-            &self.client,
-            addr,
-            host,
-            "/v1/models",
-            self.settings.timeout,
-        );
+        let body = metrics::get(&self.fetcher, backend, "/v1/models", self.settings.timeout);
         let Some(served) = body.await.as_deref().and_then(Served::parse) else {
             return;
         };
@@ -114,8 +108,7 @@ impl MetricsReader {
 
     /// Reads `backend`'s metrics; which engine published them, if it could be read.
     async fn read(&self, backend: &Backend) -> Option<Engine> {
-        let (addr, host) = (backend.addr, &backend.authority);
-        let get = |path| metrics::get(&self.client, addr, host, path, self.settings.timeout);
+        let get = |path| metrics::get(&self.fetcher, backend, path, self.settings.timeout);
         let page = get("/metrics").await.map(|body| metrics::parse(&body));
         let account = &backend.account;
         let Some(page) = page else {

@@ -1,4 +1,5 @@
-//! Worker URLs: `http://host:port` base URLs of backends, checked once. A host may be a name;
+//! Worker URLs: `http://host:port` or `https://host:port` base URLs of backends, checked
+//! once. A host may be a name;
 //! resolving it is discovery's job (it re-resolves names over time). A worker of a static
 //! model pool carries the pool's models.
 
@@ -13,14 +14,16 @@ pub struct Worker {
     pub url: String,
     /// Host name or IP address (IPv6 without brackets).
     pub host: String,
-    /// Port; 80 when the URL has none.
+    /// Port; 80 (443 for `https`) when the URL has none.
     pub port: u16,
+    /// Whether it is reached over TLS (`https://`).
+    pub tls: bool,
     /// The models of its static pools (`[[models]]`); `None`: what it lists.
     pub models: Option<Arc<Served>>,
 }
 
 impl Worker {
-    /// Parses one base URL. Only `http` is supported; paths other than `/` are refused,
+    /// Parses one base URL, `http` or `https`; paths other than `/` are refused,
     /// since the router forwards request paths unchanged.
     pub fn parse(url: &str) -> Result<Worker, WorkerError> {
         let error = |reason: String| WorkerError {
@@ -29,11 +32,16 @@ impl Worker {
         };
         let trimmed = url.trim().trim_end_matches('/');
         let uri: http::Uri = trimmed.parse().map_err(|e| error(format!("{e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(other) => return Err(error(format!("scheme {other} is not supported, use http"))),
-            None => return Err(error("missing http:// scheme".into())),
-        }
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            Some(other) => {
+                return Err(error(format!(
+                    "scheme {other} is not supported, use http or https"
+                )));
+            }
+            None => return Err(error("missing http:// or https:// scheme".into())),
+        };
         if uri.path() != "/" && !uri.path().is_empty() {
             return Err(error("a worker URL has no path".into()));
         }
@@ -50,7 +58,8 @@ impl Worker {
         Ok(Worker {
             url: trimmed.to_string(),
             host: host.to_string(),
-            port: authority.port_u16().unwrap_or(80),
+            port: (authority.port_u16()).unwrap_or(if tls { 443 } else { 80 }),
+            tls,
             models: None,
         })
     }

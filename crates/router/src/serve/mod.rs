@@ -31,6 +31,7 @@ use crate::replication::{Replication, ReplicationMetrics};
 use crate::state::{Parts, State};
 use crate::stats::{Registry, Stats};
 use crate::tenants::Tenancy;
+use crate::tls::{Certificate, Certificates, TlsError};
 use crate::tokens::{TokenMetrics, Tokenizers};
 use crate::traces::{Counts, TraceError, Tracing};
 use notify::Readiness;
@@ -54,11 +55,14 @@ pub enum BuildError {
     /// Traces cannot be exported as configured.
     #[error(transparent)]
     Traces(#[from] TraceError),
+    /// A certificate, key or CA file cannot be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 /// Builds the server for `config` read from `source`; `opt` carries Pingora's own flags
-/// (upgrade). Fails on a tokenizer directory that cannot be loaded, or a trace exporter
-/// that cannot be built.
+/// (upgrade). Fails on a tokenizer directory that cannot be loaded, a trace exporter
+/// that cannot be built, or TLS files that cannot be used.
 pub fn build(
     config: &Config,
     source: Source,
@@ -69,7 +73,7 @@ pub fn build(
     let tracing = Tracing::start(&config.boot.traces, metrics.traces)?;
     let mut server = Server::new_with_opt_and_conf(opt, server_conf(config));
     server.bootstrap();
-    let fleet = Arc::new(Fleet::new());
+    let fleet = Arc::new(Fleet::with_tls(config.boot.tls.upstream.clone()));
     let health = HealthChecks::new(config.boot.health.clone(), Arc::clone(&fleet));
     let health = background_service("health", health);
     let discovery = Discovery::new(Arc::clone(&fleet), config.workers.clone(), health.task());
@@ -101,7 +105,12 @@ pub fn build(
     }));
     let mut proxy =
         pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
-    proxy.add_tcp(&config.boot.listen);
+    let certificates = Certificates::load(&config.boot.tls)?;
+    listen(
+        &mut proxy,
+        &config.boot.listen,
+        certificates.listener.as_ref(),
+    );
     let flow_control = {
         let state = Arc::clone(&state);
         move || state.live().tenants.configured()
@@ -116,6 +125,7 @@ pub fn build(
         source,
         Arc::clone(&discovery),
         Arc::clone(&state),
+        certificates.clone(),
     ));
     let mut admin = Service::new(
         "admin".to_string(),
@@ -126,7 +136,11 @@ pub fn build(
             metrics.fleet,
         ),
     );
-    admin.add_tcp(&config.boot.admin_listen);
+    listen(
+        &mut admin,
+        &config.boot.admin_listen,
+        certificates.admin.as_ref(),
+    );
     server.add_service(proxy);
     server.add_service(admin);
     server.add_service(health);
@@ -182,6 +196,14 @@ impl PartMetrics {
             traces: Counts::new(registry),
             tenancy: Tenancy::new(registry),
         }
+    }
+}
+
+/// Listens on `addr`, over TLS with `certificate`.
+fn listen<A>(service: &mut Service<A>, addr: &str, certificate: Option<&Arc<Certificate>>) {
+    match certificate {
+        Some(certificate) => service.add_tls_with_settings(addr, None, certificate.listener()),
+        None => service.add_tcp(addr),
     }
 }
 

@@ -1,0 +1,300 @@
+//! TLS on both sides, with certificates made here by Debian's `openssl` and a real TLS
+//! client (`curl`): a client over TLS (HTTP/1.1 and HTTP/2) through the router to an
+//! `https://` backend (a second router serving TLS) verified with a CA file, the bytes
+//! the last upstream received equal to what the client sent; a backend whose certificate
+//! the router cannot verify never gets a request; a certificate swapped on SIGHUP while a
+//! stream is open.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use prefix_router::config::Settings;
+
+use crate::support::*;
+
+/// A CA and a leaf it signed for `localhost` and 127.0.0.1, in `dir`, named `name`:
+/// `{name}-ca.pem`, `{name}.pem` and `{name}.key`.
+fn certificates(dir: &Path, name: &str) {
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).current_dir(dir).output();
+        let out = out.expect("openssl (Debian's openssl package) runs");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let (ca, leaf) = (format!("{name}-ca"), name.to_string());
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut args = vec!["req", "-x509", "-days", "2", "-subj", "/CN=test CA"];
+    args.extend(ec);
+    let (ca_key, ca_pem) = (format!("{ca}.key"), format!("{ca}.pem"));
+    args.extend(["-keyout", &ca_key, "-out", &ca_pem]);
+    run(&args);
+    let (key, csr, pem) = (
+        format!("{leaf}.key"),
+        format!("{leaf}.csr"),
+        format!("{leaf}.pem"),
+    );
+    let mut args = vec!["req", "-new", "-subj", "/CN=localhost"];
+    args.extend(ec);
+    args.extend(["-keyout", &key, "-out", &csr]);
+    run(&args);
+    let ext = format!("{leaf}.ext");
+    std::fs::write(
+        dir.join(&ext),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+    )
+    .unwrap();
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        &csr,
+        "-CA",
+        &ca_pem,
+        "-CAkey",
+        &ca_key,
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        &ext,
+        "-out",
+        &pem,
+    ]);
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("prefix-router-tls-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `curl` over TLS trusting `ca`, with `args`; its output, and whether it succeeded.
+fn curl(ca: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--cacert"])
+        .arg(ca)
+        .args(args)
+        .output()
+        .expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (
+        out.status.success(),
+        text + &String::from_utf8_lossy(&out.stderr),
+    )
+}
+
+fn https(url: &str) -> String {
+    url.replace("http://", "https://")
+}
+
+fn tls_settings(dir: &Path, name: &str) -> Settings {
+    Settings {
+        tls_cert_file: Some(dir.join(format!("{name}.pem"))),
+        tls_key_file: Some(dir.join(format!("{name}.key"))),
+        ..Settings::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_over_tls_reaches_an_https_backend_verified_with_a_ca_file() {
+    let dir = temp_dir("both");
+    certificates(&dir, "server");
+    let ca = dir.join("server-ca.pem");
+    let upstream = Upstream::start("last").await;
+    let backend = TestRouter::start(
+        settings(&[&upstream]).overlay(tls_settings(&dir, "server")),
+        1,
+    );
+    let front = TestRouter::start(
+        Settings {
+            worker_urls: Some(vec![https(&backend.url)]),
+            upstream_ca_file: Some(ca.clone()),
+            ..settings(&[]).overlay(tls_settings(&dir, "server"))
+        },
+        1,
+    );
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"over TLS \u00e9"}]}"#;
+    let url = format!("{}/v1/chat/completions", https(&front.url));
+    for (version, expected) in [("--http1.1", "1.1"), ("--http2", "2")] {
+        let (ok, out) = curl(
+            &ca,
+            &[
+                version,
+                "-w",
+                "\n%{http_code} %{http_version}",
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                body,
+                &url,
+            ],
+        );
+        assert!(ok, "curl {version}: {out}");
+        assert!(
+            out.ends_with(&format!("200 {expected}")),
+            "{version}: {out}"
+        );
+    }
+    let received = upstream.received();
+    let chats: Vec<_> = received
+        .iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .collect();
+    assert_eq!(chats.len(), 2, "both requests went through both routers");
+    assert!(
+        chats.iter().all(|r| r.body == body.as_bytes()),
+        "byte for byte"
+    );
+    let (ok, out) = curl(&dir.join("missing.pem"), &[&url]);
+    assert!(
+        !ok,
+        "a client that cannot verify the listener is refused: {out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backend_whose_certificate_cannot_be_verified_gets_nothing_unless_insecure() {
+    let dir = temp_dir("verify");
+    certificates(&dir, "server");
+    let upstream = Upstream::start("last").await;
+    let backend = TestRouter::start(
+        settings(&[&upstream]).overlay(tls_settings(&dir, "server")),
+        1,
+    );
+    let unverified = TestRouter::start(
+        Settings {
+            worker_urls: Some(vec![https(&backend.url)]),
+            ..settings(&[])
+        },
+        0,
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        unverified.ready_backends(),
+        0,
+        "the system's roots do not hold the test CA"
+    );
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/completions", unverified.url))
+        .body(r#"{"model":"m","prompt":"x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 503);
+    let insecure = TestRouter::start(
+        Settings {
+            worker_urls: Some(vec![https(&backend.url)]),
+            upstream_tls_insecure: Some(true),
+            ..settings(&[])
+        },
+        1,
+    );
+    let answer = reqwest::Client::new()
+        .post(format!("{}/v1/completions", insecure.url))
+        .body(r#"{"model":"m","prompt":"x"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    assert_eq!(
+        upstream.count(),
+        1,
+        "only the insecure router's request arrived"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_certificate_swapped_on_sighup_serves_new_handshakes_while_a_stream_goes_on() {
+    let dir = temp_dir("sighup");
+    certificates(&dir, "old");
+    certificates(&dir, "new");
+    let (old_ca, new_ca) = (dir.join("old-ca.pem"), dir.join("new-ca.pem"));
+    for ext in ["pem", "key"] {
+        std::fs::copy(
+            dir.join(format!("old.{ext}")),
+            dir.join(format!("served.{ext}")),
+        )
+        .unwrap();
+    }
+    let upstream = Upstream::start("trickle").await;
+    upstream.set_reply(Reply::Trickle {
+        chunks: 30,
+        every: Duration::from_millis(100),
+    });
+    let (mut command, url, _) = router_binary();
+    command.args([
+        "--worker-urls",
+        &upstream.url(),
+        "--health-check-interval",
+        "0.2",
+    ]);
+    command.arg("--tls-cert-file").arg(dir.join("served.pem"));
+    command.arg("--tls-key-file").arg(dir.join("served.key"));
+    let router = Child(command.stderr(Stdio::null()).spawn().unwrap());
+    let health = format!("{}/health", https(&url));
+    wait_for("the router to serve the old certificate", || {
+        curl(&old_ca, &[&health]).0
+    });
+    let stream = Command::new("curl")
+        .args(["-sS", "-N", "--max-time", "20", "--cacert"])
+        .arg(&old_ca)
+        .args(["-H", "content-type: application/json", "--data-binary"])
+        .arg(r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#)
+        .arg(format!("{}/v1/chat/completions", https(&url)))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for("the stream to start", || upstream.count() == 1);
+    for ext in ["pem", "key"] {
+        std::fs::copy(
+            dir.join(format!("new.{ext}")),
+            dir.join(format!("served.{ext}")),
+        )
+        .unwrap();
+    }
+    let status = Command::new("kill")
+        .args(["-s", "HUP", &router.0.id().to_string()])
+        .status();
+    assert!(status.unwrap().success());
+    wait_for("new handshakes to get the new certificate", || {
+        curl(&new_ca, &[&health]).0
+    });
+    assert!(
+        !curl(&old_ca, &[&health]).0,
+        "the old CA no longer verifies the listener"
+    );
+    let out = stream.wait_with_output().unwrap();
+    let events = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the open stream finished: {events}");
+    assert_eq!(
+        events.matches("data:").count(),
+        31,
+        "30 chunks and [DONE]: {events}"
+    );
+}
+
+/// Polls `check` for up to 10 s.
+fn wait_for(what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A child process killed when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
