@@ -76,7 +76,7 @@ fn main() -> anyhow::Result<()> {
     let level = if quiet {
         "warn"
     } else {
-        "info,pingora_core=warn,pingora_proxy=warn"
+        "info,pingora_core=warn,pingora_proxy=warn,rustls=error"
     };
     let logger =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level)).build();

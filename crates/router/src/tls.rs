@@ -93,11 +93,6 @@ impl Certificate {
         Ok(())
     }
 
-    /// The files it reads.
-    pub fn files(&self) -> &CertFiles {
-        &self.files
-    }
-
     /// Listener settings serving this certificate, HTTP/2 offered by ALPN.
     pub fn listener(self: &Arc<Self>) -> ListenerTls {
         let path = |p: &Path| p.display().to_string();
