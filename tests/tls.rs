@@ -1,7 +1,8 @@
 //! TLS on both sides, with certificates made here by Debian's `openssl` and a real TLS
 //! client (`curl`): a client over TLS (HTTP/1.1 and HTTP/2) through the router to an
-//! `https://` backend (a second router serving TLS) verified with a CA file, the bytes
-//! the last upstream received equal to what the client sent; a backend whose certificate
+//! `https://` backend (a second router serving TLS, its admin listener with a certificate
+//! of its own) verified with a CA file, the bytes the last upstream received equal to
+//! what the client sent; a backend whose certificate
 //! the router cannot verify never gets a request; a certificate swapped on SIGHUP while a
 //! stream is open.
 
@@ -108,10 +109,22 @@ async fn a_client_over_tls_reaches_an_https_backend_verified_with_a_ca_file() {
     certificates(&dir, "server");
     let ca = dir.join("server-ca.pem");
     let upstream = Upstream::start("last").await;
+    certificates(&dir, "admin");
     let backend = TestRouter::start(
-        settings(&[&upstream]).overlay(tls_settings(&dir, "server")),
+        Settings {
+            admin_tls_cert_file: Some(dir.join("admin.pem")),
+            admin_tls_key_file: Some(dir.join("admin.key")),
+            ..settings(&[&upstream]).overlay(tls_settings(&dir, "server"))
+        },
         1,
     );
+    let metrics = format!("{}/metrics", https(&backend.admin_url));
+    let (ok, out) = curl(&dir.join("admin-ca.pem"), &[&metrics]);
+    assert!(
+        ok && out.contains("prefix_router_"),
+        "the admin listener's own certificate: {out}"
+    );
+    assert!(!curl(&ca, &[&metrics]).0, "not the data listener's");
     let front = TestRouter::start(
         Settings {
             worker_urls: Some(vec![https(&backend.url)]),
