@@ -1,13 +1,13 @@
 //! End to end: simulated backends, the router and a replay, as the demo runs them. On a small
 //! multi-turn workload, cache_aware must get a clearly higher hit rate than round_robin.
+//! The flow-control scenarios run and report every flow: in the noisy neighbour both
+//! tenants are served; under priority, `high` is never shed and `low` is shed first.
 
-use prefix_router_demo::{DemoArgs, compare};
+use prefix_router_demo::{DemoArgs, Scenario, compare, flows};
 use prefix_router_replay::compare as chart;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
-    let dir = std::env::temp_dir().join(format!("prefix-router-demo-{}", std::process::id()));
-    let args = DemoArgs {
+fn args(dir: std::path::PathBuf) -> DemoArgs {
+    DemoArgs {
         policies: vec!["round_robin".into(), "cache_aware".into()],
         backends: 4,
         trace: None,
@@ -24,7 +24,19 @@ async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
         no_shared_table: false,
         tokenizer: None,
         kv_events: false,
-    };
+        scenario: Scenario::Policies,
+        max_num_seqs: 4,
+        scenario_seconds: 30.0,
+    }
+}
+
+fn dir(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("prefix-router-demo-{name}-{}", std::process::id()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
+    let args = args(dir("policies"));
     let results = compare(&args, |_| {}).await.unwrap();
     let hit = |i: usize| results[i].report.hit_rate.unwrap();
     let (rr, ca) = (hit(0), hit(1));
@@ -53,4 +65,71 @@ async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
             && svg.trim_end().ends_with("</svg>")
     );
     assert!(chart::table(&results, args.speedup).contains("round_robin"));
+}
+
+/// The flow scenarios' arguments: short runs, 8 slots in the fleet.
+fn flow_args(scenario: Scenario) -> DemoArgs {
+    DemoArgs {
+        scenario,
+        speedup: 20.0,
+        max_num_seqs: 2,
+        scenario_seconds: 4.0,
+        ..args(dir("flows"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_noisy_neighbour_scenario_serves_both_tenants_and_reports_each() {
+    let _heavy = crate::support::heavy().await;
+    let results = flows::noisy_neighbour(&flow_args(Scenario::NoisyNeighbour), |_| {})
+        .await
+        .unwrap();
+    let runs: Vec<(&str, &str)> = (results.iter())
+        .map(|r| (r.run.as_str(), r.flow.as_str()))
+        .collect();
+    assert_eq!(
+        runs,
+        [("B alone", "B"), ("B beside A", "B"), ("B beside A", "A")]
+    );
+    for r in &results {
+        assert!(
+            r.report.requests.ok > 0,
+            "{} in {}: nothing answered",
+            r.flow,
+            r.run
+        );
+        assert!(r.report.ttft_ms.is_some() && r.report.hit_rate.is_some());
+    }
+    assert_eq!(results[1].report.requests.failed, 0, "B is under its share");
+    let table = flows::table(&results);
+    assert_eq!(table.lines().count(), 4, "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_priority_scenario_sheds_low_first_and_never_high() {
+    let _heavy = crate::support::heavy().await;
+    let results = flows::priority(&flow_args(Scenario::Priority), |_| {})
+        .await
+        .unwrap();
+    let shed = |flow: &str| {
+        let r = results.iter().rfind(|r| r.flow == flow).unwrap();
+        r.report
+            .requests
+            .errors
+            .get("http_503")
+            .copied()
+            .unwrap_or(0)
+    };
+    assert_eq!(results.len(), 4);
+    assert_eq!(shed("high"), 0);
+    assert!(
+        shed("low") > 0,
+        "twice the fleet's slots with a queue of half: some are shed"
+    );
+    assert!(
+        shed("low") >= shed("normal"),
+        "low {} normal {}",
+        shed("low"),
+        shed("normal")
+    );
 }

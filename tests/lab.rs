@@ -35,6 +35,9 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         no_shared_table: false,
         tokenizer: None,
         kv_events: false,
+        scenario: Default::default(),
+        max_num_seqs: 4,
+        scenario_seconds: 30.0,
     };
     let real = real_time(&demo, |_| {}).await.unwrap();
     let setting = Setting {

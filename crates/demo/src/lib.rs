@@ -2,6 +2,10 @@
 //! one replay of the same workload per policy (fresh, cold backends each time), and a
 //! side-by-side comparison printed as a table and written as JSON and an SVG chart.
 //! It only assembles the simulator, the router and the replay; it measures nothing itself.
+//! `--scenario noisy-neighbour` and `--scenario priority` run flow control's scenarios
+//! instead ([`flows`]).
+
+pub mod flows;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -72,13 +76,50 @@ pub struct DemoArgs {
     /// exact index); needs --tokenizer.
     #[arg(long, requires = "tokenizer")]
     pub kv_events: bool,
-    /// Where to write `demo.json` and `demo.svg`.
+    /// Where to write `demo.json` and `demo.svg` (`flows.json` for a flow scenario).
     #[arg(long, default_value = "demo-results")]
     pub out_dir: PathBuf,
+    /// What to show: the policies side by side, or a flow-control scenario.
+    #[arg(long, value_enum, default_value_t = Scenario::Policies)]
+    pub scenario: Scenario,
+    /// Flow scenarios: requests each simulated backend runs at once (the rest wait in its
+    /// queue).
+    #[arg(long, default_value_t = 4)]
+    pub max_num_seqs: usize,
+    /// Flow scenarios: seconds every flow of a run sends for.
+    #[arg(long, default_value_t = 30.0)]
+    pub scenario_seconds: f64,
+}
+
+/// What the demo shows.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scenario {
+    /// Each policy on the same workload.
+    #[default]
+    Policies,
+    /// Tenant B alone, then beside tenant A flooding the fleet (a tenants file of equal
+    /// weights).
+    NoisyNeighbour,
+    /// High-priority sessions alone, then beside normal and low floods.
+    Priority,
 }
 
 /// Runs the comparison, prints it and writes `demo.json` and `demo.svg`.
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let print = |line: &str| println!("{line}");
+    let flows = match args.scenario {
+        Scenario::Policies => None,
+        Scenario::NoisyNeighbour => Some(flows::noisy_neighbour(&args, print).await?),
+        Scenario::Priority => Some(flows::priority(&args, print).await?),
+    };
+    if let Some(results) = flows {
+        println!("\n{}", flows::table(&results));
+        std::fs::create_dir_all(&args.out_dir)?;
+        let json = args.out_dir.join("flows.json");
+        std::fs::write(&json, serde_json::to_vec_pretty(&results)?)?;
+        println!("wrote {}", json.display());
+        return Ok(());
+    }
     let results = compare(&args, |line| println!("{line}")).await?;
     println!("\n{}", compare::table(&results, args.speedup));
     write_outputs(&args, &results)
