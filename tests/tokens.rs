@@ -77,6 +77,9 @@ async fn prompts_are_routed_on_the_models_tokens_and_explained_exactly() {
     let (status, reply) = post(&router.url, "/v1/chat/completions", &first).await;
     assert_eq!(status, 200, "{reply}");
     let home = reply["backend"].as_str().unwrap().to_string();
+    // The client may read the answer before the router counted the request out.
+    let idle = |r: &TestRouter| r.inflight() == 0;
+    router.wait_until("the first request to end", idle).await;
 
     let second = serde_json::to_vec(&turn(2)).unwrap();
     let (status, why) = explain(&router, "/v1/chat/completions", &second).await;
