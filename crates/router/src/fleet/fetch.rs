@@ -30,7 +30,8 @@ impl Fetcher {
     }
 
     /// The first `max` bytes of the body of a 200 answer to `GET path` from `backend`,
-    /// within `timeout` for each step; an error for any other status.
+    /// within `timeout` for each step; an error for any other status. The connection is
+    /// kept for the next read whenever the body was read whole, whatever the status.
     pub async fn get(
         &self,
         backend: &Backend,
@@ -51,24 +52,29 @@ impl Fetcher {
         session.finish_request_body().await?;
         session.read_response_header().await?;
         let status = session.response_header().map_or(0, |h| h.status.as_u16());
+        let mut body = Vec::new();
+        let mut whole = true;
+        while let Some(chunk) = session.read_response_body().await? {
+            body.extend_from_slice(&chunk[..chunk.len().min(max - body.len())]);
+            if body.len() == max {
+                // The rest is unread: the connection cannot be reused.
+                whole = false;
+                break;
+            }
+        }
+        if whole {
+            let idle = peer.idle_timeout();
+            self.connector
+                .release_http_session(session, &peer, idle)
+                .await;
+        }
         if status != 200 {
+            let path = path.to_string();
             return Error::e_explain(
                 ErrorType::CustomCode("not 200", status),
                 format!("GET {path}"),
             );
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = session.read_response_body().await? {
-            body.extend_from_slice(&chunk[..chunk.len().min(max - body.len())]);
-            if body.len() == max {
-                // The rest is unread: the connection cannot be reused.
-                return Ok(body);
-            }
-        }
-        let idle = peer.idle_timeout();
-        self.connector
-            .release_http_session(session, &peer, idle)
-            .await;
         Ok(body)
     }
 }
