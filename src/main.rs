@@ -101,8 +101,30 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// Drops Pingora's trace-level HTTP records, which print raw headers (Authorization, API
-/// keys), whatever `RUST_LOG` asks for.
+/// keys), whatever `RUST_LOG` asks for. Two of Pingora's errors that cost no request are
+/// logged at debug level instead: a downstream TLS handshake that failed (a TCP probe or
+/// a scanner on a TLS listener: one line each time), and a pooled upstream connection that
+/// could not be taken back (a new one is opened).
 struct Redacting(env_logger::Logger);
+
+/// Pingora's error records that cost no request, by target and message start.
+const ROUTINE: [(&str, &str); 2] = [
+    (
+        "pingora_core::services::listening",
+        "Downstream handshake error",
+    ),
+    (
+        "pingora_core::connectors",
+        "failed to acquire reusable stream",
+    ),
+];
+
+fn routine(record: &log::Record) -> bool {
+    record.level() == log::Level::Error
+        && ROUTINE.iter().any(|(target, start)| {
+            record.target() == *target && record.args().to_string().starts_with(start)
+        })
+}
 
 impl log::Log for Redacting {
     fn enabled(&self, metadata: &log::Metadata) -> bool {
@@ -112,8 +134,19 @@ impl log::Log for Redacting {
     }
 
     fn log(&self, record: &log::Record) {
-        if self.enabled(record.metadata()) {
-            self.0.log(record);
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        if !routine(record) {
+            return self.0.log(record);
+        }
+        let demoted = log::Record::builder()
+            .args(*record.args())
+            .level(log::Level::Debug)
+            .target(record.target())
+            .build();
+        if self.0.enabled(demoted.metadata()) {
+            self.0.log(&demoted);
         }
     }
 

@@ -4,7 +4,7 @@
 //! of its own) verified with a CA file, the bytes the last upstream received equal to
 //! what the client sent; a backend whose certificate
 //! the router cannot verify never gets a request; a certificate swapped on SIGHUP while a
-//! stream is open.
+//! stream is open; failed handshakes (a TCP probe, plain HTTP) logged below errors.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -250,7 +250,8 @@ async fn a_certificate_swapped_on_sighup_serves_new_handshakes_while_a_stream_go
     ]);
     command.arg("--tls-cert-file").arg(dir.join("served.pem"));
     command.arg("--tls-key-file").arg(dir.join("served.key"));
-    let router = Child(command.stderr(Stdio::null()).spawn().unwrap());
+    let log = std::fs::File::create(dir.join("router.log")).unwrap();
+    let router = Child(command.stderr(log).spawn().unwrap());
     let health = format!("{}/health", https(&url));
     wait_for("the router to serve the old certificate", || {
         curl(&old_ca, &[&health]).0
@@ -291,6 +292,13 @@ async fn a_certificate_swapped_on_sighup_serves_new_handshakes_while_a_stream_go
         31,
         "30 chunks and [DONE]: {events}"
     );
+    // A TCP probe and a plain-HTTP client on the TLS port cost no request: not errors.
+    drop(std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap());
+    assert!(!curl(&new_ca, &[&url]).0, "plain HTTP on the TLS port");
+    wait_for("the router to serve again", || curl(&new_ca, &[&health]).0);
+    let log = std::fs::read_to_string(dir.join("router.log")).unwrap();
+    assert!(log.contains("certificates reloaded"), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
 }
 
 /// Polls `check` for up to 10 s.

@@ -77,12 +77,16 @@ impl Control {
 
     /// Reads the listeners' certificates and the config file again, and applies what can
     /// change while serving (nothing, and no new generation, when the file did not
-    /// change). A certificate that cannot be read keeps the old one serving.
+    /// change). A certificate that cannot be read keeps the old one serving. Without a
+    /// config file, a router with certificates reloads only those.
     pub async fn reload(&self) -> Result<(), ControlError> {
         match self.certificates.reload() {
             Ok(()) if self.certificates.any() => info!("certificates reloaded"),
             Ok(()) => {}
             Err(e) => error!("certificate reload refused, keeping the old one: {e}"),
+        }
+        if self.file.is_none() && self.certificates.any() {
+            return Ok(());
         }
         let result = self.reload_file().await;
         self.stats.reload(result.is_ok());
