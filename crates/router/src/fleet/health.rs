@@ -7,13 +7,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::fetch::Fetcher;
 use async_trait::async_trait;
 use log::{info, warn};
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use tokio::sync::Notify;
 
+use super::fetch::Fetcher;
 use super::{Backend, Fleet};
 
 /// Most of a health answer's body read, bytes; beyond it the connection is not reused.
