@@ -91,6 +91,14 @@ fn curl(ca: &Path, args: &[&str]) -> (bool, String) {
     )
 }
 
+/// The status of a completion sent through `router` in plain HTTP.
+async fn completion(router: &TestRouter) -> u16 {
+    let url = format!("{}/v1/completions", router.url);
+    let body = r#"{"model":"m","prompt":"x"}"#;
+    let answer = reqwest::Client::new().post(url).body(body).send().await;
+    answer.unwrap().status().as_u16()
+}
+
 fn https(url: &str) -> String {
     url.replace("http://", "https://")
 }
@@ -194,13 +202,7 @@ async fn a_backend_whose_certificate_cannot_be_verified_gets_nothing_unless_inse
         0,
         "the system's roots do not hold the test CA"
     );
-    let answer = reqwest::Client::new()
-        .post(format!("{}/v1/completions", unverified.url))
-        .body(r#"{"model":"m","prompt":"x"}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 503);
+    assert_eq!(completion(&unverified).await, 503);
     let insecure = TestRouter::start(
         Settings {
             worker_urls: Some(vec![https(&backend.url)]),
@@ -209,13 +211,7 @@ async fn a_backend_whose_certificate_cannot_be_verified_gets_nothing_unless_inse
         },
         1,
     );
-    let answer = reqwest::Client::new()
-        .post(format!("{}/v1/completions", insecure.url))
-        .body(r#"{"model":"m","prompt":"x"}"#)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(answer.status(), 200);
+    assert_eq!(completion(&insecure).await, 200);
     assert_eq!(
         upstream.count(),
         1,

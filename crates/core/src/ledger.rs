@@ -498,6 +498,15 @@ mod tests {
             .collect()
     }
 
+    /// What a backend published: `running` and `waiting` requests, half its KV used.
+    fn load(running: usize, waiting: usize) -> Published {
+        Published {
+            running,
+            waiting,
+            kv_usage: 0.5,
+        }
+    }
+
     fn first(_: &[Candidate]) -> Decision {
         Decision {
             index: 0,
@@ -511,11 +520,6 @@ mod tests {
         let all = accounts(1);
         let refs: Vec<&Arc<Account>> = all.iter().collect();
         let ledger = Ledger::new(Duration::from_secs(60));
-        let load = |running, waiting| Published {
-            running,
-            waiting,
-            kv_usage: 0.5,
-        };
         all[0].learn_hold(load(8, 0));
         assert_eq!(all[0].hold(), None, "no hold before it ever queued");
         all[0].learn_hold(load(8, 5));
@@ -550,11 +554,6 @@ mod tests {
         let all = accounts(1);
         let refs: Vec<&Arc<Account>> = all.iter().collect();
         let ledger = Ledger::new(Duration::from_secs(60));
-        let load = |running, waiting| Published {
-            running,
-            waiting,
-            kv_usage: 0.5,
-        };
         all[0].learn_hold(load(8, 3));
         let (heavy, light) = (
             Cap {
