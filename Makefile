@@ -18,8 +18,9 @@ deps:
 		|| python3 -m pip install --user cmake; }
 	@command -v cmake >/dev/null 2>&1 || [ -x "$$HOME/.local/bin/cmake" ] || { echo "cmake is missing"; exit 1; }
 
-# The tests also check the systemd unit with systemd-analyze, and router replicas sharing
-# their conversation table through a real redis-server. Everything the tests use from
+# The tests also check the systemd unit with systemd-analyze, router replicas sharing
+# their conversation table through a real redis-server, and TLS with Debian's openssl
+# and curl. Everything the tests use from
 # other people's software is fetched here, once, into target/: the tests never download,
 # and `cargo test --offline` then runs without a network.
 test-deps: deps
@@ -29,6 +30,9 @@ test-deps: deps
 	@command -v redis-server >/dev/null 2>&1 || { \
 		echo "installing redis-server (router replicas share a table through it)"; \
 		$(SUDO) apt-get install -y redis-server || { $(SUDO) apt-get update && $(SUDO) apt-get install -y redis-server; }; }
+	@command -v openssl >/dev/null 2>&1 && command -v curl >/dev/null 2>&1 || { \
+		echo "installing openssl and curl (the TLS tests make certificates and speak TLS with them)"; \
+		$(SUDO) apt-get install -y openssl curl || { $(SUDO) apt-get update && $(SUDO) apt-get install -y openssl curl; }; }
 	tests/tokens/fetch.sh target/tokenizers
 	tests/kv_events/setup.sh target/kv-events >/dev/null
 	tests/otlp/setup.sh target/otlp >/dev/null
