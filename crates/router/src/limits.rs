@@ -84,6 +84,9 @@ pub struct Limits {
     /// Requests of one tenant waiting in the router's queue at most; 0: only
     /// `max_queued`. Default 0.
     pub max_queued_per_tenant: usize,
+    /// Requests of one priority waiting in the router's queue at most; 0: only
+    /// `max_queued`. Default 0.
+    pub max_queued_per_priority: usize,
     /// Longest wait in the router's queue before 503. Default 30 s.
     pub queue_timeout: Duration,
 }
@@ -103,6 +106,7 @@ impl Default for Limits {
             max_inflight_per_backend: 0,
             max_queued: 1024,
             max_queued_per_tenant: 0,
+            max_queued_per_priority: 0,
             queue_timeout: Duration::from_secs(30),
         }
     }

@@ -143,11 +143,17 @@ pub struct Bounds {
     pub all: usize,
     /// Requests of one tenant at most (0: only `all`).
     pub per_tenant: usize,
+    /// Requests of one priority at most (0: only `all`).
+    pub per_priority: usize,
 }
 
 impl From<usize> for Bounds {
     fn from(all: usize) -> Self {
-        Bounds { all, per_tenant: 0 }
+        Bounds {
+            all,
+            per_tenant: 0,
+            per_priority: 0,
+        }
     }
 }
 
@@ -189,7 +195,8 @@ impl Queue {
     }
 
     /// A place for `ticket`, if fewer than `bounds` allow wait (or a waiter can be shed
-    /// for it, [`Order::victim`]); after `promote_after` it goes first whatever its
+    /// for it, [`Order::victim`], when the whole queue is full; never when its tenant's or
+    /// its priority's bound is); after `promote_after` it goes first whatever its
     /// priority.
     pub fn join(
         &self,
@@ -206,6 +213,14 @@ impl Queue {
         };
         let bounded = bounds.per_tenant > 0 && !ticket.tenant.is_empty();
         if bounded && theirs(&order) >= bounds.per_tenant {
+            return None;
+        }
+        let band = |o: &Order| {
+            (o.waiters.keys())
+                .filter(|k| k.0.0 == ticket.priority)
+                .count()
+        };
+        if bounds.per_priority > 0 && band(&order) >= bounds.per_priority {
             return None;
         }
         if order.waiters.len() >= bounds.all {
@@ -430,6 +445,7 @@ mod tests {
         let bounds = Bounds {
             all: 10,
             per_tenant: 2,
+            per_priority: 0,
         };
         let _a: Vec<_> = (0..2)
             .map(|_| {
@@ -447,6 +463,23 @@ mod tests {
             queue
                 .join(bounds, ticket(Priority::Normal, "b", 1), LATER)
                 .is_some()
+        );
+    }
+
+    #[test]
+    fn a_priority_waits_no_more_than_its_bound() {
+        let queue = Queue::default();
+        let bounds = Bounds {
+            all: 10,
+            per_tenant: 0,
+            per_priority: 2,
+        };
+        let join = |priority, tenant| queue.join(bounds, ticket(priority, tenant, 1), LATER);
+        let _low: Vec<_> = (0..2).map(|_| join(Priority::Low, "a").unwrap()).collect();
+        assert!(join(Priority::Low, "b").is_none(), "the low band is full");
+        assert!(
+            join(Priority::Normal, "a").is_some(),
+            "another band has room"
         );
     }
 }

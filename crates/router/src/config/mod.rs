@@ -279,6 +279,7 @@ fn limits(s: &Settings, d: Limits) -> Result<Limits, ConfigError> {
             .unwrap_or(d.max_inflight_per_backend),
         max_queued: s.max_queued.unwrap_or(d.max_queued),
         max_queued_per_tenant: (s.max_queued_per_tenant).unwrap_or(d.max_queued_per_tenant),
+        max_queued_per_priority: (s.max_queued_per_priority).unwrap_or(d.max_queued_per_priority),
         queue_timeout: seconds("queue_timeout", s.queue_timeout, d.queue_timeout)?,
     })
 }

@@ -140,6 +140,9 @@ pub struct Settings {
     /// Requests of one tenant (of the tenants file) waiting in the router's queue at most; beyond, 503 overloaded at once; 0: only max_queued [default: 0]
     #[arg(long)]
     pub max_queued_per_tenant: Option<usize>,
+    /// Requests of one priority waiting in the router's queue at most; beyond, 503 overloaded at once; 0: only max_queued [default: 0]
+    #[arg(long)]
+    pub max_queued_per_priority: Option<usize>,
     /// Seconds a request may wait in the router's queue before 503 overloaded [default: 30]
     #[arg(long)]
     pub queue_timeout: Option<f64>,

@@ -328,6 +328,7 @@ async fn admitted<E: Exchange>(
     let bounds = Bounds {
         all: limits.max_queued,
         per_tenant: limits.max_queued_per_tenant,
+        per_priority: limits.max_queued_per_priority,
     };
     let place = (state.queue).join(bounds, ticket, promote_after);
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
