@@ -18,6 +18,8 @@ use crate::config::Source;
 pub struct Embedded {
     /// Base URL of the data plane.
     pub url: String,
+    /// Address of the admin listener.
+    admin: String,
     /// The running parts.
     pub handles: Handles,
     stop: Option<oneshot::Sender<()>>,
@@ -57,24 +59,26 @@ impl Embedded {
         });
         Ok(Embedded {
             url: format!("http://{}", config.boot.listen),
+            admin: config.boot.admin_listen.to_string(),
             handles,
             stop: Some(stop),
             thread: Some(thread),
         })
     }
 
-    /// Waits (up to `timeout`) until the listener accepts and `backends` passed their first
-    /// health check; returns whether they did. Blocks the calling thread (the wait itself
-    /// runs on a thread of its own, so the caller may be inside an async runtime).
+    /// Waits (up to `timeout`) until both listeners accept and `backends` passed their
+    /// first health check; returns whether they did. Blocks the calling thread (the wait
+    /// itself runs on a thread of its own, so the caller may be inside an async runtime).
     pub fn wait_ready(&self, backends: usize, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
-        let addr = self.url.trim_start_matches("http://");
-        // The listener is bound when the server's thread gets to it: try until it accepts.
-        while std::net::TcpStream::connect(addr).is_err() {
-            if Instant::now() >= deadline {
-                return false;
+        // Each listener is bound when its service's thread gets to it: try until it accepts.
+        for addr in [self.url.trim_start_matches("http://"), &self.admin] {
+            while std::net::TcpStream::connect(addr).is_err() {
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
-            std::thread::sleep(Duration::from_millis(10));
         }
         let fleet = &self.handles.state.fleet;
         let left = deadline.saturating_duration_since(Instant::now());
