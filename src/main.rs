@@ -35,6 +35,9 @@ struct Cli {
 enum Command {
     /// Run the router (the default when no command is given).
     Serve(ServeArgs),
+    /// Run as the endpoint picker of an Envoy gateway (Gateway API Inference Extension):
+    /// an ext_proc gRPC server on --grpc-port (default 9002) instead of the HTTP data plane.
+    Epp(ServeArgs),
     /// Run simulated vLLM backends.
     Sim(prefix_router_sim::SimArgs),
     /// Replay a trace or a synthetic workload against an OpenAI-compatible URL.
@@ -83,13 +86,14 @@ fn main() -> anyhow::Result<()> {
     log::set_max_level(logger.filter());
     log::set_boxed_logger(Box::new(Redacting(logger)))?;
     match cli.command {
-        Some(Command::Serve(args)) => serve(args),
+        Some(Command::Serve(args)) => serve(args, false),
+        Some(Command::Epp(args)) => serve(args, true),
         Some(Command::Sim(args)) => runtime()?.block_on(prefix_router_sim::run(args)),
         Some(Command::Replay(args)) => runtime()?.block_on(prefix_router_replay::run(args)),
         Some(Command::Demo(args)) => runtime()?.block_on(prefix_router_demo::run(args)),
         Some(Command::Lab(args)) => Ok(prefix_router_lab::run(&args)?),
         Some(Command::Tokenize(args)) => tokenize(&args),
-        None => serve(cli.serve),
+        None => serve(cli.serve, false),
     }
 }
 
@@ -183,12 +187,24 @@ fn tokenize(args: &TokenizeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let config = Config::load(args.config.as_deref(), args.settings.clone())
+/// The gRPC port of `prefix-router epp` when neither the flags nor the config file set it.
+const EPP_PORT: u16 = 9002;
+
+/// Runs the router; `picker`: as an endpoint picker, on [`EPP_PORT`] unless set.
+fn serve(mut args: ServeArgs, picker: bool) -> anyhow::Result<()> {
+    let mut config = Config::load(args.config.as_deref(), args.settings.clone())
         .context("invalid configuration")?;
+    if picker && config.boot.epp_listen.is_none() {
+        args.settings.grpc_port = Some(EPP_PORT);
+        config = Config::load(args.config.as_deref(), args.settings.clone())
+            .context("invalid configuration")?;
+    }
+    let plane = match &config.boot.epp_listen {
+        Some(grpc) => format!("as an endpoint picker (ext_proc gRPC) on {grpc}"),
+        None => format!("on {}", config.boot.listen),
+    };
     log::info!(
-        "listening on {} with policy {} over {} workers",
-        config.boot.listen,
+        "listening {plane} with policy {} over {} workers",
         config.boot.policy.name,
         config.workers.len()
     );

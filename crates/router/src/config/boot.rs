@@ -36,6 +36,9 @@ macro_rules! boot {
 boot! {
     /// `host:port` of the data plane. Default `0.0.0.0:8080`.
     listen: String => "host/port",
+    /// `host:port` of the endpoint picker's gRPC server, which then replaces the HTTP data
+    /// plane (`grpc_port`). Default none.
+    epp_listen: Option<String> => "grpc_port",
     /// `host:port` of the admin listener. Default `127.0.0.1:8081`.
     admin_listen: String => "admin_host/admin_port",
     /// Bearer token the admin listener requires, read from `admin_token_file`. Default none.
@@ -79,6 +82,7 @@ impl Default for Boot {
     fn default() -> Self {
         Boot {
             listen: "0.0.0.0:8080".into(),
+            epp_listen: None,
             admin_listen: "127.0.0.1:8081".into(),
             admin_token: None,
             tls: TlsConfig::default(),

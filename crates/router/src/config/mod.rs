@@ -130,6 +130,7 @@ fn boot(s: &Settings, d: Boot) -> Result<Boot, ConfigError> {
     let policy = s.policy.as_deref().map(policy::choose).transpose();
     Ok(Boot {
         listen: address(&d.listen, host, port),
+        epp_listen: (s.grpc_port).map(|p| address(&d.listen, host, Some(p))),
         admin_listen: address(&d.admin_listen, admin_host, admin_port),
         admin_token: token(s.admin_token_file.as_deref())?,
         tls: tls(s)?,

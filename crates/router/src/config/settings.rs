@@ -35,6 +35,9 @@ pub struct Settings {
     /// Port the data plane listens on [default: 8080]
     #[arg(long)]
     pub port: Option<u16>,
+    /// Serve as the endpoint picker of an Envoy gateway: an ext_proc gRPC server on this port (on --host) instead of the HTTP data plane [default: none; 9002 for `prefix-router epp`]
+    #[arg(long)]
+    pub grpc_port: Option<u16>,
     /// Address of the admin listener (metrics, stats, reload, workers) [default: 127.0.0.1]
     #[arg(long)]
     pub admin_host: Option<String>,

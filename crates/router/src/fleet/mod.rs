@@ -91,6 +91,15 @@ impl Ready {
         self
     }
 
+    /// Those whose address is in `subset` (all, for none): the endpoints a gateway allows.
+    pub fn within(mut self, subset: Option<&[SocketAddr]>) -> Ready {
+        if let Some(subset) = subset {
+            let backends = &self.snapshot.backends;
+            self.members.retain(|m| subset.contains(&backends[*m].addr));
+        }
+        self
+    }
+
     /// The models they list, by name, with the adapters' parents; sorted.
     pub fn models(&self) -> Vec<Model> {
         let backends = &self.snapshot.backends;

@@ -24,6 +24,16 @@ pub struct Body {
     _permit: Permit,
 }
 
+impl Body {
+    /// `bytes`, holding `permit`'s budget bytes.
+    pub fn new(bytes: Bytes, permit: Permit) -> Self {
+        Body {
+            bytes,
+            _permit: permit,
+        }
+    }
+}
+
 /// How a body may be read.
 pub struct Reading<'r> {
     /// Largest body, bytes.
@@ -142,21 +152,30 @@ async fn gather(
         return Ok(first);
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(first.len() * 2).min(limit));
-    let mut append = async |buf: &mut BytesMut, chunk: Bytes| {
-        if buf.len() + chunk.len() > limit {
-            return Err(RouterError::BodyTooLarge { limit });
-        }
-        // A chunked body takes its bytes as they come; a declared one took them up front.
-        let more = (buf.len() + chunk.len()).saturating_sub(permit.bytes());
-        take(permit, more, budget::deadline(how.admission), how).await?;
-        buf.extend_from_slice(&chunk);
-        Ok(())
-    };
-    append(&mut buf, first).await?;
+    append(&mut buf, &first, permit, how).await?;
     while let Some(chunk) = session.read_request_body().await.map_err(client_error)? {
-        append(&mut buf, chunk).await?;
+        append(&mut buf, &chunk, permit, how).await?;
     }
     Ok(buf.freeze())
+}
+
+/// Appends `chunk` to `buf` within the size limit of `how`, taking the budget bytes it
+/// needs beyond those `permit` holds (a declared body took them up front, a chunked one
+/// takes them as they come).
+pub async fn append(
+    buf: &mut BytesMut,
+    chunk: &[u8],
+    permit: &mut Permit,
+    how: &Reading<'_>,
+) -> Result<(), RouterError> {
+    let limit = how.limit;
+    if buf.len() + chunk.len() > limit {
+        return Err(RouterError::BodyTooLarge { limit });
+    }
+    let more = (buf.len() + chunk.len()).saturating_sub(permit.bytes());
+    take(permit, more, budget::deadline(how.admission), how).await?;
+    buf.extend_from_slice(chunk);
+    Ok(())
 }
 
 fn malformed(reason: &str) -> RouterError {

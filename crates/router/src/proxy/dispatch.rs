@@ -312,9 +312,11 @@ async fn admitted<E: Exchange>(
         fleet.wait_until(FIRST_CHECK_WAIT, checked).await;
     }
     let limit = limits.max_inflight_per_backend;
+    let subset = exchange.subset();
+    let within = |f: &Fleet| f.ready(tried).within(subset.as_deref());
     let ready = match tried {
-        [] => serving(fleet.ready(tried), route)?,
-        _ => fleet.ready(tried).serving(route.model()),
+        [] => serving(within(fleet), route)?,
+        _ => within(fleet).serving(route.model()),
     };
     if ready.is_empty() || wait(state, limits, &ready, &ticket).is_none() {
         return Ok(ready);
@@ -334,7 +336,7 @@ async fn admitted<E: Exchange>(
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
-        Some(f.ready(tried).serving(route.model())).filter(open)
+        Some(within(f).serving(route.model())).filter(open)
     });
     let waited = tokio::select! {
         biased;

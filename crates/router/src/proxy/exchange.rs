@@ -3,6 +3,9 @@
 //! transport ([`Upstream`](super::relay::Upstream)) is the real one; the dispatch loop's
 //! unit tests drive the loop with a fake.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use crate::error::RouterError;
@@ -57,4 +60,10 @@ pub trait Exchange: Send {
 
     /// What an answer says of its backend's health, from its status.
     fn ended(answer: &Self::Answer) -> Ended;
+
+    /// The addresses the request may go to, when the front end narrows the fleet (an
+    /// Envoy gateway's subset hint); `None`: any backend.
+    fn subset(&self) -> Option<Arc<[SocketAddr]>> {
+        None
+    }
 }

@@ -3,12 +3,13 @@
 //! backend, relay the answer, note what happened) and writes the error response when it
 //! fails; `logging` writes one line per request.
 
-mod body;
+pub(crate) mod body;
 pub mod dispatch;
-mod exchange;
+pub(crate) mod exchange;
 mod headers;
 pub mod prepare;
-mod relay;
+pub(crate) mod relay;
+pub mod steps;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -22,23 +23,20 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_core::{Error, ErrorType, Result};
 use pingora_http::ResponseHeader;
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use prefix_router_core::ledger::Seat;
 use prefix_router_core::request::Endpoint;
-use prefix_router_core::units::{PromptSize, TextBytes, Tokens};
+use prefix_router_core::units::{PromptSize, TextBytes};
 
-use crate::admission::Ticket;
-use crate::endpoints::{self, Probe};
+use crate::endpoints;
 use crate::error::RouterError;
-use crate::fleet::{Backend, Ended, Served};
+use crate::fleet::Ended;
 use crate::limits::Limits;
 use crate::state::{Active, State};
-use crate::stats::{Label, ModelExchange, OTHER};
-use crate::tenants::{Charge, Refused};
-use crate::tokens::Tokenizing;
+use crate::stats::Label;
+use crate::tenants::Charge;
 use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
-use prepare::Prepared;
-use relay::{Answering, Reply, Trace, Upstream};
+use steps::{Finished, Held};
+use relay::{Answering, Reply, Upstream};
 
 /// The proxy service.
 pub struct Router {
@@ -163,24 +161,18 @@ impl Router {
         let route = endpoint.map(|_| path);
         (ctx.trace).request_line(head.method.as_str(), route, path, &ctx.request_id);
         if let Some(probe) = endpoints::probe(&head.method, path) {
-            return answer_probe(session, state, probe).await;
+            let (status, body) = steps::probe_answer(state, probe);
+            return answer_json(session, status, &body).await;
         }
         if endpoints::is_admin(path) {
             return Err(RouterError::NotFound(path.to_string()));
         }
-        let identity = live
-            .tenants
-            .identify(&head.headers)
-            .inspect_err(|refused| {
-                if *refused == Refused::UnknownKey {
-                    state.tenancy.unknown_key();
-                }
-            })?;
+        let identity = steps::identify(state, &live, &head.headers)?;
         if head.method == Method::GET
             && path == "/v1/models"
-            && let Some(answered) = answer_models(session, state).await
+            && let Some(body) = steps::models_answer(state)
         {
-            return answered;
+            return answer_json(session, 200, &body).await;
         }
         ctx.endpoint = endpoint;
         let reading = SystemTime::now();
@@ -192,12 +184,8 @@ impl Router {
         ctx.trace.routing();
         let bytes = body.bytes.clone();
         let headers = &session.req_header().headers;
-        let prepared = match endpoint {
-            Some(e) => Some(Prepared::new(state, limits, e, headers, &bytes).await?),
-            None => None,
-        };
+        let prepared = steps::prepare(state, limits, endpoint, headers, &bytes).await?;
         if let Some(p) = &prepared {
-            note_tokenizing(state, &p.tokenizing);
             ctx.prompt = p.size();
         }
         let estimate = ctx.prompt.tokens().0 as u64;
@@ -219,13 +207,7 @@ impl Router {
         };
         // Counted in its tenant's share until the response ends.
         let _share = state.tenancy.share(&identity);
-        let ticket = Ticket {
-            priority: identity.priority,
-            tenant: identity.tenant.map_or("", |t| t.name.as_str()),
-            weight: identity.tenant.map_or(1, |t| t.weight),
-            cost: estimate,
-            shares: state.tenancy.shares(&identity),
-        };
+        let ticket = steps::ticket(state, &identity, estimate);
         let dispatched =
             dispatch::run(state, limits, &mut upstream, &route, ticket, &ctx.trace).await;
         drop(upstream);
@@ -250,14 +232,6 @@ impl Router {
         )
         .await
     }
-}
-
-/// Counts what token mode made of a routed prompt.
-fn note_tokenizing(state: &State, tokenizing: &Tokenizing) {
-    if let Tokenizing::Unrendered(why) = tokenizing {
-        debug!("routed on its text: {why}");
-    }
-    state.tokenizers.count(tokenizing);
 }
 
 /// Relays the answered response to the client and notes how it went.
@@ -289,46 +263,20 @@ async fn relay(
         Err(e) if e.is_upstream_fault() => Ended::Failed,
         _ => answered,
     };
-    dispatch::note_exchange(state, limits, &backend, ended);
     let status = exchanged.trace.as_ref().map_or(0, |t| t.status);
-    if !refused && (result.is_err() || !(200..300).contains(&status)) {
-        route.released(state, backend.id);
-    }
-    if let Some(trace) = &exchanged.trace {
-        note_response(state, &backend, &seat, trace);
-    }
-    if let Route::Policy(request) = route {
-        let listed = |s: &Arc<Served>| s.serves(request.model);
-        let model = match backend.models.served().filter(listed) {
-            Some(_) => String::from_utf8_lossy(request.model),
-            None => OTHER.into(),
-        };
-        let exchange = ModelExchange {
-            status,
-            matched: seat.decision().matched,
-            text: route.text(),
-            usage: exchanged.trace.as_ref().and_then(|t| t.usage),
-        };
-        state.stats.models.count(&model, exchange);
-    }
-    let usage = exchanged.trace.as_ref().and_then(|t| t.usage);
-    if let (Some(charge), Some(usage)) = (charge, usage) {
-        state
-            .tenancy
-            .settle(charge, usage.prompt + usage.completion);
-    }
+    let held = Held {
+        backend: &backend,
+        seat: &seat,
+        charge,
+    };
+    let finished = Finished {
+        ended,
+        released: refused,
+        served: result.is_ok() && (200..300).contains(&status),
+        trace: exchanged.trace.as_ref(),
+    };
+    steps::note_end(state, limits, held, route, finished);
     exchanged.result.map_err(|f| f.into_error())
-}
-
-/// Stats get what was seen of the response, and the index what the backend reported it
-/// had cached against what it predicted.
-fn note_response(state: &State, backend: &Backend, seat: &Seat, trace: &Trace) {
-    if let Some(usage) = trace.usage {
-        let cached = Tokens(usize::try_from(usage.cached).unwrap_or(usize::MAX));
-        seat.reported(&state.selector, cached);
-    }
-    let url = backend.worker.url.as_str();
-    (state.stats).exchange(url, trace.first_byte, trace.total, trace.usage);
 }
 
 /// Writes `error` as an OpenAI-style JSON response unless a response has started, and
@@ -353,41 +301,6 @@ async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
         debug!("could not send error response: {e}");
     }
     status
-}
-
-/// Answers a probe of the router's own health on the data plane.
-async fn answer_probe(
-    session: &mut Session,
-    state: &State,
-    probe: Probe,
-) -> Result<(), RouterError> {
-    let ready = state.fleet.ready(&[]).len();
-    let draining = state.draining();
-    let (status, word) = match probe {
-        Probe::Live => (200, "alive"),
-        Probe::Ready if ready > 0 && !draining => (200, "ready"),
-        Probe::Ready => (503, "unavailable"),
-    };
-    let body = serde_json::json!({"status": word, "ready_backends": ready, "draining": draining});
-    answer_json(session, status, &body).await
-}
-
-/// Answers `GET /v1/models` itself, in OpenAI's shape: the models the ready backends list
-/// (with each adapter's `parent`). `None` when none lists any: the request is forwarded.
-async fn answer_models(session: &mut Session, state: &State) -> Option<Result<(), RouterError>> {
-    let models = state.fleet.ready(&[]).models();
-    if models.is_empty() {
-        return None;
-    }
-    let data: Vec<serde_json::Value> = (models.iter())
-        .map(|m| {
-            let root = m.parent.as_deref().unwrap_or(&m.id);
-            serde_json::json!({"id": m.id, "object": "model", "created": 0,
-                "owned_by": "prefix-router", "root": root, "parent": m.parent})
-        })
-        .collect();
-    let body = serde_json::json!({"object": "list", "data": data});
-    Some(answer_json(session, 200, &body).await)
 }
 
 /// Writes `body` as the whole response, with `status`.

@@ -16,7 +16,7 @@ use crate::config::Source;
 
 /// A router running in this process.
 pub struct Embedded {
-    /// Base URL of the data plane.
+    /// Base URL of the data plane (of the endpoint picker's gRPC server, in that mode).
     pub url: String,
     /// Address of the admin listener.
     admin: String,
@@ -58,7 +58,7 @@ impl Embedded {
             })
         });
         Ok(Embedded {
-            url: format!("http://{}", config.boot.listen),
+            url: format!("http://{}", config.boot.epp_listen.as_ref().unwrap_or(&config.boot.listen)),
             admin: config.boot.admin_listen.to_string(),
             handles,
             stop: Some(stop),

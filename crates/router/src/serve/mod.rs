@@ -23,6 +23,7 @@ use crate::admin::Admin;
 use crate::admission::AdmissionMetrics;
 use crate::config::{Config, Source};
 use crate::control::{Control, Triggers};
+use crate::epp::Epp;
 use crate::fleet::{Discovery, Fleet, FleetGauges, HealthChecks, MetricsReader, Resolving};
 use crate::kv_events::{KvEventMetrics, Records, Subscribers};
 use crate::limits::Current;
@@ -103,14 +104,24 @@ pub fn build(
         tenancy: metrics.tenancy,
         tracing,
     }));
-    let mut proxy =
-        pingora_proxy::http_proxy_service(&server.configuration, Router::new(Arc::clone(&state)));
     let certificates = Certificates::load(&config.boot.tls)?;
-    listen(
-        &mut proxy,
-        &config.boot.listen,
-        certificates.listener.as_ref(),
-    );
+    let data_plane = match &config.boot.epp_listen {
+        Some(grpc) => {
+            let epp = Epp::new(Arc::clone(&state), grpc.clone());
+            let mut epp = background_service("endpoint picker", epp);
+            epp.threads = Some(config.boot.threads);
+            server.add_service(epp);
+            grpc.clone()
+        }
+        None => {
+            let router = Router::new(Arc::clone(&state));
+            let mut proxy = pingora_proxy::http_proxy_service(&server.configuration, router);
+            let certificate = certificates.listener.as_ref();
+            listen(&mut proxy, &config.boot.listen, certificate);
+            server.add_service(proxy);
+            config.boot.listen.clone()
+        }
+    };
     let flow_control = {
         let state = Arc::clone(&state);
         move || state.live().tenants.configured()
@@ -141,7 +152,6 @@ pub fn build(
         &config.boot.admin_listen,
         certificates.admin.as_ref(),
     );
-    server.add_service(proxy);
     server.add_service(admin);
     server.add_service(health);
     server.add_service(background_service("dns", resolving));
@@ -167,7 +177,7 @@ pub fn build(
     }
     server.add_service(background_service("upkeep", upkeep.run(Arc::clone(&state))));
     server.add_service(background_service("reload", Triggers(Arc::clone(&control))));
-    let listeners = vec![config.boot.listen.clone(), config.boot.admin_listen.clone()];
+    let listeners = vec![data_plane, config.boot.admin_listen.clone()];
     server.add_service(background_service("notify", Readiness { listeners }));
     Ok((server, Handles { state, control }))
 }
