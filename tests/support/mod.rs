@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 pub use logs::Log;
 pub use router::{TestRouter, metrics_text, router_binary, scrape, settings};
-pub use upstream::{Reply, Upstream};
+pub use upstream::{Received, Reply, Upstream};
 
 /// A loopback `host:port` with a port the OS just handed out (bound, then released).
 pub fn free_loopback_addr() -> std::io::Result<String> {

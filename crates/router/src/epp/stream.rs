@@ -198,7 +198,11 @@ async fn pick(state: &State, stream: &mut Stream, record: &mut Record) -> Result
 }
 
 /// Reads the request's head and whole body (within the body limits of the data plane).
-async fn read(state: &State, limits: &Limits, stream: &mut Stream) -> Result<Incoming, RouterError> {
+async fn read(
+    state: &State,
+    limits: &Limits,
+    stream: &mut Stream,
+) -> Result<Incoming, RouterError> {
     let first = stream.next().await.ok_or_else(gone)?;
     if let Some(config) = &first.protocol_config {
         let duplex = |mode: i32| mode == BodySendMode::FullDuplexStreamed as i32;
@@ -269,14 +273,18 @@ async fn answer(stream: &Stream, incoming: &Incoming, addr: SocketAddr) -> Resul
     let bytes = &incoming.body.bytes;
     let bodiless = bytes.is_empty() && !incoming.trailers;
     if stream.duplex.request || bodiless {
-        stream.send(wire::destination(addr, Phase::RequestHeaders)).await?;
+        stream
+            .send(wire::destination(addr, Phase::RequestHeaders))
+            .await?;
         if !bodiless {
             for piece in wire::echo(Side::Request, bytes, !incoming.trailers) {
                 stream.send(piece).await?;
             }
         }
     } else {
-        stream.send(wire::destination(addr, Phase::RequestBody)).await?;
+        stream
+            .send(wire::destination(addr, Phase::RequestBody))
+            .await?;
     }
     if incoming.trailers {
         stream.send(wire::trailers_continue(Side::Request)).await?;
@@ -309,7 +317,9 @@ async fn follow(stream: &mut Stream, seat: &Seat, sent: Instant, refused: impl F
                 (seen.trace.status, seen.retry_after) = (status, retry_after);
                 if !(200..300).contains(&status) {
                     seen.refused = true;
-                    refused.take().map(|released| released());
+                    if let Some(released) = refused.take() {
+                        released();
+                    }
                 }
                 let answer = wire::headers_continue(Side::Response);
                 (vec![answer], headers.end_of_stream)

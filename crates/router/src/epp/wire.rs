@@ -11,13 +11,13 @@ use envoy_types::pb::envoy::config::core::v3::header_value_option::HeaderAppendA
 use envoy_types::pb::envoy::config::core::v3::{
     HeaderMap as Headers, HeaderValue, HeaderValueOption, Metadata,
 };
-use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::envoy::service::ext_proc::v3::body_mutation::Mutation;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse,
-    ImmediateResponse, ProcessingResponse, StreamedBodyResponse, TrailersResponse,
+    BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
+    ProcessingResponse, StreamedBodyResponse, TrailersResponse,
 };
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use http::{HeaderMap, HeaderName, Method};
 
@@ -382,7 +382,10 @@ mod tests {
         assert!(common.clear_route_cache);
         let set = &common.header_mutation.as_ref().unwrap().set_headers[0];
         let header = set.header.as_ref().unwrap();
-        assert_eq!((header.key.as_str(), &header.raw_value[..]), (DESTINATION, &b"127.0.0.1:8000"[..]));
+        assert_eq!(
+            (header.key.as_str(), &header.raw_value[..]),
+            (DESTINATION, &b"127.0.0.1:8000"[..])
+        );
         let lb = &answer.dynamic_metadata.as_ref().unwrap().fields[LB_NAMESPACE];
         let Some(Kind::StructValue(lb)) = &lb.kind else {
             panic!("no envoy.lb struct");
@@ -395,7 +398,10 @@ mod tests {
 
     #[test]
     fn statuses_are_read_from_pseudo_headers() {
-        assert_eq!(status(Some(&headers(&[(":status", "503"), ("retry-after", "1")]))), (503, true));
+        assert_eq!(
+            status(Some(&headers(&[(":status", "503"), ("retry-after", "1")]))),
+            (503, true)
+        );
         assert_eq!(status(Some(&headers(&[(":status", "200")]))), (200, false));
         assert_eq!(status(None), (0, false));
     }

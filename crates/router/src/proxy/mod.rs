@@ -35,8 +35,8 @@ use crate::stats::Label;
 use crate::tenants::Charge;
 use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
-use steps::{Finished, Held};
 use relay::{Answering, Reply, Upstream};
+use steps::{Finished, Held};
 
 /// The proxy service.
 pub struct Router {

@@ -58,7 +58,14 @@ impl Embedded {
             })
         });
         Ok(Embedded {
-            url: format!("http://{}", config.boot.epp_listen.as_ref().unwrap_or(&config.boot.listen)),
+            url: format!(
+                "http://{}",
+                config
+                    .boot
+                    .epp_listen
+                    .as_ref()
+                    .unwrap_or(&config.boot.listen)
+            ),
             admin: config.boot.admin_listen.to_string(),
             handles,
             stop: Some(stop),
