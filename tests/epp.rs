@@ -5,7 +5,8 @@
 //! completions and responses bodies, streamed and not, reach the named backend byte for
 //! byte; a conversation's turns share one backend; the usage of the answers reaches the
 //! picker's metrics; a bad body gets the OpenAI 400 from the picker, no ready backend a
-//! 503, and a picker that is gone Envoy's configured failure (500).
+//! 503 (and `grpc.health.v1` readiness not serving), and a picker that is gone Envoy's
+//! configured failure (500). Envoy's `BUFFERED` body mode and the gateway's subset hint.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -14,8 +15,34 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use prefix_router::config::Settings;
 use serde_json::{Value, json};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 use crate::support::*;
+
+/// The picker's `grpc.health.v1` status of `service`, asked with tonic's health client.
+async fn health(picker: &TestRouter, service: &str) -> ServingStatus {
+    let channel = tonic::transport::Channel::from_shared(picker.url.clone()).unwrap();
+    let mut client = HealthClient::new(channel.connect().await.unwrap());
+    let request = HealthCheckRequest {
+        service: service.into(),
+    };
+    let answer = client.check(request).await.unwrap().into_inner();
+    ServingStatus::try_from(answer.status).unwrap()
+}
+
+/// Waits (bounded) until the picker's `service` reports `status`.
+async fn health_becomes(picker: &TestRouter, service: &str, status: ServingStatus) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while health(picker, service).await != status {
+        assert!(
+            Instant::now() < deadline,
+            "{service} never became {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
 
 /// A running Envoy; killed when dropped.
 struct Envoy {
@@ -249,11 +276,16 @@ async fn envoy_answers_the_pickers_refusals_and_its_failure_mode() {
         "invalid_body",
     );
     assert_eq!(counts(&ups), [0; 4], "a bad body reaches no backend");
+    health_becomes(&epp, "readiness", ServingStatus::Serving).await;
     for up in &ups {
         up.set_healthy(false);
     }
     epp.wait_until("no backend is ready", |r| r.ready_backends() == 0)
         .await;
+    health_becomes(&epp, "readiness", ServingStatus::NotServing).await;
+    let service = "envoy.service.ext_proc.v3.ExternalProcessor";
+    assert_eq!(health(&epp, service).await, ServingStatus::NotServing);
+    assert_eq!(health(&epp, "liveness").await, ServingStatus::Serving);
     let body = Bytes::from(chat(&[("user", "anyone there?".into())]).to_string());
     let (status, headers, answer) = send(&envoy, "/v1/chat/completions", &body).await;
     assert_eq!(status, 503);

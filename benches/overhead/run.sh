@@ -27,7 +27,10 @@
 # listens and `traced-slow` to a receiver that answers each export 5 s late), TLS (1: nginx
 # and the router also serve the clients over TLS, as `nginx-tls` and `router-tls`, with one
 # self-signed P-256 certificate made by openssl; wrk keeps its connections, so the cost is
-# the records' encryption more than handshakes).
+# the records' encryption more than handshakes), EPP (1: Envoy 1.40 as a plain proxy over
+# the same two backends, `envoy`, and Envoy with conf/envoy-epp.yaml asking the router run
+# as its endpoint picker, `envoy-epp`, whose CPU and memory are both processes' together;
+# both with THREADS workers).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -54,8 +57,9 @@ wait_port() {
   echo "nothing listens on port $1" >&2; exit 1
 }
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-rss_kb() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+# CPU ticks and resident KB of one forwarder: the sum over its processes (PIDs).
+cpu_ticks() { local p t=0; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+rss_kb() { local p k=0; for p in "$@"; do k=$((k + $(awk '/VmRSS/ {print $2}' "/proc/$p/status"))); done; echo $k; }
 
 nginx_conf() { # name, server block
   cat > "$work/$1.conf" <<CONF
@@ -165,20 +169,70 @@ if [ -n "${VLLM_ROUTER:-}" ]; then
   pid[vllmrt]=$!; port[vllmrt]=$p; wait_port "$p"; sleep 2
   idle[vllmrt]=$(rss_kb "${pid[vllmrt]}"); forwarders="$forwarders vllmrt"
 fi
+if [ -n "${EPP:-}" ]; then
+  envoy=$("$root/tests/envoy/setup.sh" "$root/target/envoy" | tail -1)
+  start_envoy() { # name, config file: Envoy with $threads workers; its PID in $envoy_pid
+    "$envoy" -c "$2" --disable-hot-restart --concurrency "$threads" -l error \
+      >"$work/$1.log" 2>&1 & envoy_pid=$!
+  }
+  p=$(free_port) a=$(free_port)
+  cat > "$work/envoy.yaml" <<CONF
+admin: { address: { socket_address: { address: 127.0.0.1, port_value: $a } } }
+static_resources:
+  listeners:
+  - address: { socket_address: { address: 127.0.0.1, port_value: $p } }
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: plain
+          route_config:
+            virtual_hosts:
+            - { name: all, domains: ["*"], routes: [{ match: { prefix: "/" }, route: { cluster: fleet } }] }
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }
+  clusters:
+  - name: fleet
+    type: STATIC
+    load_assignment:
+      cluster_name: fleet
+      endpoints:
+      - lb_endpoints:
+        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $up1 } } }
+        - endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: $up2 } } }
+CONF
+  start_envoy envoy "$work/envoy.yaml"
+  pid[envoy]=$envoy_pid; port[envoy]=$p; wait_port "$p"; sleep 1
+  idle[envoy]=$(rss_kb "$envoy_pid"); forwarders="$forwarders envoy"
+  p=$(free_port) a=$(free_port) g=$(free_port) ea=$(free_port)
+  RUST_LOG=warn "$root/target/release/prefix-router" epp --host 127.0.0.1 --grpc-port "$g" \
+    --admin-port "$a" --threads "$threads" --policy cache_aware \
+    --worker-urls "http://127.0.0.1:$up1,http://127.0.0.1:$up2" & epp_pid=$!
+  sed -e "s/__LISTEN_PORT__/$p/" -e "s/__EPP_PORT__/$g/" -e "s/__ADMIN_PORT__/$ea/" \
+    "$root/conf/envoy-epp.yaml" > "$work/envoy-epp.yaml"
+  start_envoy envoy-epp "$work/envoy-epp.yaml"
+  pid[envoy-epp]="$envoy_pid $epp_pid"; port[envoy-epp]=$p; wait_port "$p"; wait_port "$g"; sleep 1
+  idle[envoy-epp]=$(rss_kb "$envoy_pid" "$epp_pid"); forwarders="$forwarders envoy-epp"
+fi
 
 run() { # forwarder, body KB, connections -> one result line
   local name=$1 kb=$2 conns=$3 url="${scheme[$1]:-http}://127.0.0.1:${port[$1]}"
   BODY_KB=$kb wrk -t1 -c"$conns" -d2s -s "$here/chat.lua" "$url" >/dev/null
-  local before; before=$(cpu_ticks "${pid[$name]}") perf=""
+  # shellcheck disable=SC2086 # a forwarder may be several processes
+  local before; before=$(cpu_ticks ${pid[$name]}) perf=""
   if [ -n "${PROFILE:-}" ] && [ "$name" = router ]; then
     mkdir -p "$PROFILE"
     perf record -q -g -F 499 -p "${pid[$name]}" -o "$PROFILE/router-$kb.data" -- sleep "$duration" &
     perf=$!
   fi
   local out; out=$(BODY_KB=$kb wrk -t1 -c"$conns" -d"${duration}s" -s "$here/chat.lua" "$url" | grep '^{')
-  local ticks=$(( $(cpu_ticks "${pid[$name]}") - before ))
+  # shellcheck disable=SC2086
+  local ticks=$(( $(cpu_ticks ${pid[$name]}) - before ))
   [ -z "$perf" ] || wait "$perf"
-  echo "$name $kb $conns $ticks $(getconf CLK_TCK) $(rss_kb "${pid[$name]}") ${idle[$name]} $out"
+  # shellcheck disable=SC2086
+  echo "$name $kb $conns $ticks $(getconf CLK_TCK) $(rss_kb ${pid[$name]}) ${idle[$name]} $out"
 }
 
 results=$work/results

@@ -46,6 +46,10 @@ const OUTBOUND: usize = 16;
 /// Largest message taken from the gateway, bytes: a whole body in the buffered mode.
 const MAX_MESSAGE: usize = 256 << 20;
 
+/// HTTP/2 flow-control window of each stream and of the connection, bytes: a large body
+/// streams in without waiting for window updates.
+const WINDOW: u32 = 8 << 20;
+
 /// How often readiness is read again for the health service.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -80,6 +84,8 @@ impl BackgroundService for Epp {
         let watching = tokio::spawn(report(Arc::clone(&self.state), reporter));
         info!("endpoint picker: ext_proc gRPC on {addr}");
         let served = tonic::transport::Server::builder()
+            .initial_stream_window_size(WINDOW)
+            .initial_connection_window_size(WINDOW)
             .add_service(health)
             .add_service(processor)
             .serve_with_shutdown(addr, async move {

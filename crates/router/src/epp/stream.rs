@@ -232,7 +232,11 @@ async fn read(
         stream.send(wire::headers_continue(Side::Request)).await?;
     }
     let reading = Reading::new(limits, &state.budget);
-    let gathered = gather(stream, &mut permit, &reading);
+    // Envoy passes the client's Content-Length on: the buffer is sized once.
+    let declared = (incoming.head.headers.get(http::header::CONTENT_LENGTH))
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let buf = BytesMut::with_capacity(declared.unwrap_or(0).min(reading.limit));
+    let gathered = gather(stream, buf, &mut permit, &reading);
     let (bytes, trailers) = tokio::time::timeout(limits.client_body, gathered)
         .await
         .map_err(|_| RouterError::ClientTimeout)??;
@@ -241,15 +245,15 @@ async fn read(
     Ok(incoming)
 }
 
-/// The body's pieces until its end (or trailers: then `true`). Outside the full-duplex
+/// The body's pieces, gathered in `buf`, until its end (or trailers: then `true`). Outside the full-duplex
 /// mode, each piece but the last is let through at once; the last is answered with the
 /// endpoint.
 async fn gather(
     stream: &mut Stream,
+    mut buf: BytesMut,
     permit: &mut Permit,
     reading: &Reading<'_>,
 ) -> Result<(Bytes, bool), RouterError> {
-    let mut buf = BytesMut::new();
     loop {
         match stream.next().await.ok_or_else(gone)?.request {
             Some(Request::RequestBody(piece)) => {
