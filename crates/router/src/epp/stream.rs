@@ -173,27 +173,20 @@ async fn pick(state: &State, stream: &mut Stream, record: &mut Record) -> Result
     }
     let Answered { seat, backend, .. } = dispatched.result?;
     record.backend = Some(Arc::clone(&backend));
-    answer(stream, &incoming, backend.addr).await?;
+    if let Err(e) = answer(stream, &incoming, backend.addr).await {
+        route.released(state, backend.id);
+        return Err(e);
+    }
     drop(incoming);
     let sent = Instant::now();
     let seen = follow(stream, &seat, sent, || route.released(state, backend.id)).await;
     record.status = seen.trace.status;
-    let finished = Finished {
-        ended: match seen.trace.status {
-            0 => Ended::Answered,
-            status => Ended::of_status(status, seen.retry_after),
-        },
-        released: seen.refused,
-        // Without response processing nothing is seen: nothing says it failed.
-        served: seen.trace.status == 0 || (seen.complete && !seen.refused),
-        trace: Some(&seen.trace).filter(|t| t.status > 0),
-    };
     let held = Held {
         backend: &backend,
         seat: &seat,
         charge: charge.as_ref(),
     };
-    steps::note_end(state, limits, held, &route, finished);
+    steps::note_end(state, limits, held, &route, seen.finished());
     Ok(())
 }
 
@@ -306,6 +299,23 @@ struct Seen {
     refused: bool,
     /// Its end passed (rather than the stream ending first).
     complete: bool,
+}
+
+impl Seen {
+    /// How the exchange ended, as far as the stream showed it.
+    fn finished(&self) -> Finished<'_> {
+        let status = self.trace.status;
+        Finished {
+            ended: match status {
+                0 => Ended::Answered,
+                status => Ended::of_status(status, self.retry_after),
+            },
+            released: self.refused,
+            // Without response processing nothing is seen: nothing says it failed.
+            served: status == 0 || (self.complete && !self.refused),
+            trace: Some(&self.trace).filter(|_| status > 0),
+        }
+    }
 }
 
 /// Follows the response through the stream until its end: its status (a refusal calls
