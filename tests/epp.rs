@@ -123,13 +123,18 @@ impl Drop for Envoy {
 
 /// The picker in front of `ups`, its gRPC server on a free port.
 fn picker(ups: &[&Upstream]) -> TestRouter {
+    picker_with(ups, Settings::default())
+}
+
+/// Like [`picker`], with `extra` laid over its settings.
+fn picker_with(ups: &[&Upstream], extra: Settings) -> TestRouter {
     let grpc = free_loopback_addr().unwrap();
     let grpc_port = grpc.rsplit_once(':').unwrap().1.parse().unwrap();
     let settings = Settings {
         grpc_port: Some(grpc_port),
         ..settings(ups)
     };
-    TestRouter::start(settings, ups.len())
+    TestRouter::start(settings.overlay(extra), ups.len())
 }
 
 /// POSTs `body` to `path` through Envoy; the status, headers and whole body.
@@ -366,4 +371,52 @@ async fn the_buffered_body_mode_and_the_gateways_subset_hint_are_followed() {
         &[],
     );
     assert_eq!(cached, 50.0 * 6.0, "the streamed responses' usage was seen");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_serves_its_grpc_port_over_tls_to_an_envoy_that_verifies_it() {
+    let _heavy = heavy().await;
+    let dir = std::env::temp_dir().join(format!("prefix-router-epp-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    crate::tls::certificates(&dir, "epp");
+    let ups = four().await;
+    let refs: Vec<&Upstream> = ups.iter().collect();
+    let tls = Settings {
+        tls_cert_file: Some(dir.join("epp.pem")),
+        tls_key_file: Some(dir.join("epp.key")),
+        ..Settings::default()
+    };
+    let epp = picker_with(&refs, tls);
+    let ca = dir.join("epp-ca.pem");
+    let socket = format!(
+        r#"  - name: epp
+    type: STATIC
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          validation_context:
+            trusted_ca: {{ filename: "{}" }}
+"#,
+        ca.display()
+    );
+    let envoy = Envoy::start_with(&epp.url, &[("  - name: epp\n    type: STATIC\n", &socket)]);
+    let body = Bytes::from(chat(&[("user", "over TLS".into())]).to_string());
+    let before = counts(&ups);
+    let (status, _, answer) = send(&envoy, "/v1/chat/completions", &body).await;
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(the_one(&ups, &before).1.body, body);
+    // The port speaks TLS only: a plaintext gRPC client gets no answer.
+    let plain = tonic::transport::Channel::from_shared(epp.url.clone()).unwrap();
+    let plain = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut client = HealthClient::new(plain.connect().await?);
+        let request = HealthCheckRequest {
+            service: "liveness".into(),
+        };
+        Ok::<_, Box<dyn std::error::Error>>(client.check(request).await?)
+    });
+    assert!(!matches!(plain.await, Ok(Ok(_))), "plaintext was answered");
 }

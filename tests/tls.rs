@@ -16,7 +16,7 @@ use crate::support::*;
 
 /// A CA and a leaf it signed for `localhost` and 127.0.0.1, in `dir`, named `name`:
 /// `{name}-ca.pem`, `{name}.pem` and `{name}.key`.
-fn certificates(dir: &Path, name: &str) {
+pub fn certificates(dir: &Path, name: &str) {
     let run = |args: &[&str]| {
         let out = Command::new("openssl").args(args).current_dir(dir).output();
         let out = out.expect("openssl (Debian's openssl package) runs");

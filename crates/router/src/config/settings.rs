@@ -47,7 +47,7 @@ pub struct Settings {
     /// File holding a bearer token required by every admin request [default: none]
     #[arg(long)]
     pub admin_token_file: Option<std::path::PathBuf>,
-    /// PEM certificate chain the data listener serves TLS with (with --tls-key-file); read again on SIGHUP [default: none, plain HTTP]
+    /// PEM certificate chain the data listener (or the endpoint picker's gRPC port) serves TLS with (with --tls-key-file); read again on SIGHUP [default: none, plain HTTP]
     #[arg(long)]
     pub tls_cert_file: Option<std::path::PathBuf>,
     /// PEM private key of --tls-cert-file

@@ -12,13 +12,16 @@
 //! the process runs; `readiness` and the ext_proc service's name are serving while a
 //! backend is ready and the router is not draining.
 //!
+//! The gRPC port serves TLS (HTTP/2 by ALPN) with the data listener's certificate when
+//! `tls_cert_file` is set, reloaded as the router's is ([`listen`]).
+//!
 //! It runs as a Pingora background service in place of the HTTP data plane, so that the
 //! admin listener, health checks, metrics reading, upkeep and reloads are the router's own.
 
+mod listen;
 mod stream;
 mod wire;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +39,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::state::State;
+use crate::tls::Certificate;
 
 /// The ext_proc service's name, as health checks ask for it.
 const SERVICE: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -57,24 +61,31 @@ const HEALTH_INTERVAL: Duration = Duration::from_millis(500);
 pub struct Epp {
     state: Arc<State>,
     listen: String,
+    certificate: Option<Arc<Certificate>>,
 }
 
 impl Epp {
-    /// A picker over `state`, serving on `listen` (`host:port`).
-    pub fn new(state: Arc<State>, listen: String) -> Self {
-        Epp { state, listen }
+    /// A picker over `state`, serving on `listen` (`host:port`), over TLS with
+    /// `certificate` when there is one.
+    pub fn new(state: Arc<State>, listen: String, certificate: Option<Arc<Certificate>>) -> Self {
+        Epp {
+            state,
+            listen,
+            certificate,
+        }
     }
 }
 
 #[async_trait]
 impl BackgroundService for Epp {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let addr: SocketAddr = match tokio::net::lookup_host(&self.listen).await {
-            Ok(mut addrs) => match addrs.next() {
-                Some(addr) => addr,
-                None => return error!("endpoint picker: {} resolves to nothing", self.listen),
-            },
-            Err(e) => return error!("endpoint picker: cannot resolve {}: {e}", self.listen),
+        let listener = match tokio::net::TcpListener::bind(&self.listen).await {
+            Ok(listener) => listener,
+            Err(e) => return error!("endpoint picker: cannot listen on {}: {e}", self.listen),
+        };
+        let tls = match self.certificate {
+            Some(_) => " over TLS",
+            None => "",
         };
         let (reporter, health) = tonic_health::server::health_reporter();
         let processor = ExternalProcessorServer::new(Processor {
@@ -82,19 +93,23 @@ impl BackgroundService for Epp {
         })
         .max_decoding_message_size(MAX_MESSAGE);
         let watching = tokio::spawn(report(Arc::clone(&self.state), reporter));
-        info!("endpoint picker: ext_proc gRPC on {addr}");
+        info!("endpoint picker: ext_proc gRPC{tls} on {}", self.listen);
+        let incoming = listen::incoming(listener, self.certificate.clone());
         let served = tonic::transport::Server::builder()
             .initial_stream_window_size(WINDOW)
             .initial_connection_window_size(WINDOW)
             .add_service(health)
             .add_service(processor)
-            .serve_with_shutdown(addr, async move {
+            .serve_with_incoming_shutdown(incoming, async move {
                 let _ = shutdown.changed().await;
             })
             .await;
         watching.abort();
         if let Err(e) = served {
-            error!("endpoint picker: gRPC server on {addr} failed: {e}");
+            error!(
+                "endpoint picker: gRPC server on {} failed: {e}",
+                self.listen
+            );
         }
     }
 }

@@ -107,7 +107,8 @@ pub fn build(
     let certificates = Certificates::load(&config.boot.tls)?;
     let data_plane = match &config.boot.epp_listen {
         Some(grpc) => {
-            let epp = Epp::new(Arc::clone(&state), grpc.clone());
+            let certificate = certificates.listener.clone();
+            let epp = Epp::new(Arc::clone(&state), grpc.clone(), certificate);
             let mut epp = background_service("endpoint picker", epp);
             epp.threads = Some(config.boot.threads);
             server.add_service(epp);
