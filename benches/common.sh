@@ -20,6 +20,16 @@ wait_ok() { # URL: up to 120 s for a 200
   done
   echo "no 200 from $1" >&2; return 1
 }
+start_sims() { # 4 fresh simulated vLLM backends, time divided by $speedup (default 1); sets urls
+  urls=()
+  for i in 0 1 2 3; do
+    local p; p=$(free_port)
+    "$bin" sim --count 1 --base-port "$p" --time-scale "${speedup:-1}" >"$out/sim-$i.log" 2>&1 &
+    pids+=($!)
+    urls+=("http://127.0.0.1:$p")
+  done
+  for u in "${urls[@]}"; do wait_ok "$u/health"; done
+}
 start_router() { # POLICY URL...: the router in front of URL..., ready; sets $port. Extra flags in $ROUTER_ARGS.
   port=$(free_port); admin=$(free_port)
   local policy="$1"; shift

@@ -18,17 +18,6 @@ bench_start
 envoy=$(tests/envoy/setup.sh target/envoy | tail -1)
 speedup="${SPEEDUP:-10}"
 
-start_sims() { # 4 fresh simulated vLLM backends; sets urls
-  urls=()
-  for i in 0 1 2 3; do
-    local p; p=$(free_port)
-    "$bin" sim --count 1 --base-port "$p" --time-scale "$speedup" >"$out/sim-$i.log" 2>&1 &
-    pids+=($!)
-    urls+=("http://127.0.0.1:$p")
-  done
-  for u in "${urls[@]}"; do wait_ok "$u/health"; done
-}
-
 start_epp() { # the picker and Envoy in front of $urls; sets target and admin
   local grpc listen eadmin; grpc=$(free_port) admin=$(free_port) listen=$(free_port) eadmin=$(free_port)
   "$bin" epp --host 127.0.0.1 --grpc-port "$grpc" --admin-port "$admin" --policy kv_aware \

@@ -20,17 +20,6 @@ source benches/common.sh
 bench_start
 speedup="${SPEEDUP:-10}" t1="${T1:-15}" t2="${T2:-30}"
 
-start_sims() { # 4 fresh simulated vLLM backends; sets urls
-  urls=()
-  for i in 0 1 2 3; do
-    local p; p=$(free_port)
-    "$bin" sim --count 1 --base-port "$p" --time-scale "$speedup" >"$out/sim-$i.log" 2>&1 &
-    pids+=($!)
-    urls+=("http://127.0.0.1:$p")
-  done
-  for u in "${urls[@]}"; do wait_ok "$u/health"; done
-}
-
 start_redis() { # PORT
   redis-server --port "$1" --save '' --appendonly no >>"$out/redis.log" 2>&1 &
   redis_pid=$!
