@@ -122,17 +122,18 @@ impl Drop for Envoy {
 }
 
 /// The picker in front of `ups`, its gRPC server on a free port.
-fn picker(ups: &[&Upstream]) -> TestRouter {
+fn picker(ups: &[Upstream]) -> TestRouter {
     picker_with(ups, Settings::default())
 }
 
 /// Like [`picker`], with `extra` laid over its settings.
-fn picker_with(ups: &[&Upstream], extra: Settings) -> TestRouter {
+fn picker_with(ups: &[Upstream], extra: Settings) -> TestRouter {
+    let ups: Vec<&Upstream> = ups.iter().collect();
     let grpc = free_loopback_addr().unwrap();
     let grpc_port = grpc.rsplit_once(':').unwrap().1.parse().unwrap();
     let settings = Settings {
         grpc_port: Some(grpc_port),
-        ..settings(ups)
+        ..settings(&ups)
     };
     TestRouter::start(settings.overlay(extra), ups.len())
 }
@@ -162,6 +163,13 @@ fn the_one(ups: &[Upstream], before: &[usize]) -> (usize, Received) {
     (grew[0], received.last().unwrap().clone())
 }
 
+/// Has every backend of `ups` answer as `reply` says.
+fn reply_all(ups: &[Upstream], reply: Reply) {
+    for up in ups {
+        up.set_reply(reply.clone());
+    }
+}
+
 fn counts(ups: &[Upstream]) -> Vec<usize> {
     ups.iter().map(Upstream::count).collect()
 }
@@ -179,15 +187,15 @@ async fn four() -> [Upstream; 4] {
 async fn envoy_forwards_each_request_byte_for_byte_to_the_backend_the_picker_named() {
     let _heavy = heavy().await;
     let ups = four().await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let epp = picker(&refs);
+    let epp = picker(&ups);
     let envoy = Envoy::start(&epp.url);
-    for up in &ups {
-        up.set_reply(Reply::Usage {
+    reply_all(
+        &ups,
+        Reply::Usage {
             prompt: 1000,
             cached: 800,
-        });
-    }
+        },
+    );
     let long = "a long shared system prompt. ".repeat(14_000);
     let cases = [
         ("/v1/chat/completions", chat(&[("user", "hello".into())])),
@@ -245,12 +253,13 @@ async fn envoy_forwards_each_request_byte_for_byte_to_the_backend_the_picker_nam
         "turns went to {homes:?}"
     );
     // A streamed answer comes through whole, event by event.
-    for up in &ups {
-        up.set_reply(Reply::Trickle {
+    reply_all(
+        &ups,
+        Reply::Trickle {
             chunks: 5,
             every: Duration::from_millis(20),
-        });
-    }
+        },
+    );
     let mut body = chat(&[("user", "stream this".into())]);
     body["stream"] = json!(true);
     let body = Bytes::from(body.to_string());
@@ -271,8 +280,7 @@ async fn envoy_forwards_each_request_byte_for_byte_to_the_backend_the_picker_nam
 async fn envoy_answers_the_pickers_refusals_and_its_failure_mode() {
     let _heavy = heavy().await;
     let ups = four().await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let epp = picker(&refs);
+    let epp = picker(&ups);
     let envoy = Envoy::start(&epp.url);
     let (status, _, answer) = send(&envoy, "/v1/chat/completions", &Bytes::from("{bad")).await;
     assert_eq!(status, 400);
@@ -344,18 +352,18 @@ fn buffered_with_hint(allowed: &str) -> Vec<(&'static str, String)> {
 async fn the_buffered_body_mode_and_the_gateways_subset_hint_are_followed() {
     let _heavy = heavy().await;
     let ups = four().await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
-    let epp = picker(&refs);
+    let epp = picker(&ups);
     let allowed = ups[2].addr.to_string();
     let edits = buffered_with_hint(&allowed);
     let edits: Vec<(&str, &str)> = edits.iter().map(|(f, t)| (*f, t.as_str())).collect();
     let envoy = Envoy::start_with(&epp.url, &edits);
-    for up in &ups {
-        up.set_reply(Reply::Usage {
+    reply_all(
+        &ups,
+        Reply::Usage {
             prompt: 100,
             cached: 50,
-        });
-    }
+        },
+    );
     for i in 0..6 {
         let body = Bytes::from(chat(&[("user", format!("question {i}"))]).to_string());
         let before = counts(&ups);
@@ -380,13 +388,12 @@ async fn the_picker_serves_its_grpc_port_over_tls_to_an_envoy_that_verifies_it()
     std::fs::create_dir_all(&dir).unwrap();
     crate::tls::certificates(&dir, "epp");
     let ups = four().await;
-    let refs: Vec<&Upstream> = ups.iter().collect();
     let tls = Settings {
         tls_cert_file: Some(dir.join("epp.pem")),
         tls_key_file: Some(dir.join("epp.key")),
         ..Settings::default()
     };
-    let epp = picker_with(&refs, tls);
+    let epp = picker_with(&ups, tls);
     let ca = dir.join("epp-ca.pem");
     let socket = format!(
         r#"  - name: epp

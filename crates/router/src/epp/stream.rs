@@ -212,35 +212,34 @@ async fn read(
     };
     let head = wire::head(headers.headers.as_ref())?;
     let mut permit = Permit::new(&state.budget);
-    let mut incoming = Incoming {
-        head,
-        body: Body::new(Bytes::new(), Permit::new(&state.budget)),
-        trailers: false,
-        subset,
+    let (bytes, trailers) = match headers.end_of_stream {
+        true => (Bytes::new(), false),
+        false => {
+            if !stream.duplex.request {
+                stream.send(wire::headers_continue(Side::Request)).await?;
+            }
+            let reading = Reading::new(limits, &state.budget);
+            // Envoy passes the client's Content-Length on: the buffer is sized once.
+            let declared = (head.headers.get(http::header::CONTENT_LENGTH))
+                .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+            let buf = BytesMut::with_capacity(declared.unwrap_or(0).min(reading.limit));
+            let gathered = gather(stream, buf, &mut permit, &reading);
+            tokio::time::timeout(limits.client_body, gathered)
+                .await
+                .map_err(|_| RouterError::ClientTimeout)??
+        }
     };
-    if headers.end_of_stream {
-        return Ok(incoming);
-    }
-    if !stream.duplex.request {
-        stream.send(wire::headers_continue(Side::Request)).await?;
-    }
-    let reading = Reading::new(limits, &state.budget);
-    // Envoy passes the client's Content-Length on: the buffer is sized once.
-    let declared = (incoming.head.headers.get(http::header::CONTENT_LENGTH))
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
-    let buf = BytesMut::with_capacity(declared.unwrap_or(0).min(reading.limit));
-    let gathered = gather(stream, buf, &mut permit, &reading);
-    let (bytes, trailers) = tokio::time::timeout(limits.client_body, gathered)
-        .await
-        .map_err(|_| RouterError::ClientTimeout)??;
-    incoming.body = Body::new(bytes, permit);
-    incoming.trailers = trailers;
-    Ok(incoming)
+    Ok(Incoming {
+        head,
+        body: Body::new(bytes, permit),
+        trailers,
+        subset,
+    })
 }
 
-/// The body's pieces, gathered in `buf`, until its end (or trailers: then `true`). Outside the full-duplex
-/// mode, each piece but the last is let through at once; the last is answered with the
-/// endpoint.
+/// The body's pieces, gathered in `buf`, until its end (or trailers: then `true`).
+/// Outside the full-duplex mode, each piece but the last is let through at once; the last
+/// is answered with the endpoint.
 async fn gather(
     stream: &mut Stream,
     mut buf: BytesMut,
