@@ -164,14 +164,14 @@ impl Tenancy {
     }
 
     /// A request admitted as `charge` cost `tokens` (prompt and completion), as its answer
-    /// reported.
+    /// reported. The limits are settled before the metric counts it.
     pub fn settle(&self, charge: &Charge, tokens: u64) {
-        self.tokens
-            .with_label_values(&[&charge.tenant])
-            .inc_by(tokens);
         if charge.limited {
             (self.limits).settle(&charge.tenant, charge.estimate, tokens, now());
         }
+        self.tokens
+            .with_label_values(&[&charge.tenant])
+            .inc_by(tokens);
     }
 }
 
