@@ -13,6 +13,7 @@
 # their Retry-After, and what it is served in each of its first MINUTES (2) minutes; priority: B's sessions at x-priority high alone,
 # then beside normal and low sessions of A's size that together keep twice the fleet's
 # slots in flight, under --max-queued of half the slots),
+# B_DELAY (2: seconds the neighbours run before B starts),
 # OUT (a directory for logs, reports and the router's metrics when B finished).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,7 +48,7 @@ replay() { # KEY SESSIONS CONCURRENCY SEED REPORT [more flags]: the agent worklo
   "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent --sessions "$sessions" \
     --session-rate 100 --concurrency "$conc" --seed "$seed" --max-context-tokens "${MAX_CONTEXT:-60000}" \
     --speedup "$speedup" --stream --quiet --backends 4 --timeout 600 --api-key "$key" \
-    --model meta-llama/Llama-3.1-8B-Instruct --out "$report" "$@" >/dev/null
+    --model meta-llama/Llama-3.1-8B-Instruct --out "$report" --requests-out "${report%.json}.jsonl" "$@" >/dev/null
 }
 
 summary() { # REPORT: TTFT p50, p99 and answered requests per second
@@ -68,7 +69,7 @@ run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
   if [ "$3" = 1 ]; then
     replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-$1-$4.json" &
     a_pid=$!
-    sleep 2
+    sleep "${B_DELAY:-2}"
   fi
   replay sk-tenant-b "$b_sessions" "$b_conc" 1 "$out/b-$1-$4.json"
   curl -s "http://127.0.0.1:$admin/metrics" >"$out/metrics-$1-$4.txt"
@@ -121,7 +122,7 @@ priority_run() { # RUN: high-priority sessions alone, then beside normal and low
   local n_pid=$!
   replay sk-tenant-p "$a_sessions" "$slots" 9 "$out/low-$1.json" --priority low &
   local l_pid=$!
-  sleep 2
+  sleep "${B_DELAY:-2}"
   replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-$1.json" --priority high
   kill "$n_pid" "$l_pid" 2>/dev/null || true; wait "$n_pid" "$l_pid" 2>/dev/null || true
   echo "priority run=$1: high beside normal and low $(summary "$out/high-$1.json");" \

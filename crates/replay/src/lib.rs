@@ -80,6 +80,9 @@ pub enum ReplayError {
         /// What went wrong.
         msg: String,
     },
+    /// `--requests-out` could not be written.
+    #[error("writing the requests file: {0}")]
+    Write(#[source] std::io::Error),
 }
 
 /// Built-in workload generators.
@@ -153,6 +156,10 @@ pub struct ReplayArgs {
     /// Write the report as JSON to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Also write each request's outcome as a JSON line to this file (session, turn, when it
+    /// was sent, TTFT, end to end, backend, usage, error), in the order they were sent.
+    #[arg(long)]
+    pub requests_out: Option<PathBuf>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -229,6 +236,7 @@ impl Default for ReplayArgs {
             bound: false,
             bound_capacity: None,
             out: None,
+            requests_out: None,
             quiet: false,
             backend_metrics: Vec::new(),
             backends: None,
@@ -335,6 +343,9 @@ pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<Report, Re
     })
     .await;
     progress.finish();
+    if let Some(path) = &args.requests_out {
+        report::write_outcomes(path, &run.outcomes).map_err(ReplayError::Write)?;
+    }
     let metrics = if args.backend_metrics.is_empty() {
         None
     } else {

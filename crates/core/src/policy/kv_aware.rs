@@ -14,6 +14,8 @@
 //! - **A continuation stays home**, unless home's live conversations (those expected back,
 //!   see [`Conversations`]) overflow its KV while another backend has room: then it moves
 //!   once, as a new conversation would be placed, instead of thrashing home's cache. A
+//!   request whose flow the router keeps room for ([`Request::kept`]: a light tenant, a
+//!   higher priority) always stays. A
 //!   turn the engine refused, or that failed, holds no KV: the proxy releases it
 //!   ([`Selector::released`]) and its conversation stops counting.
 //! - **A new conversation** goes, among the backends with room for it (all of them when
@@ -208,7 +210,9 @@ impl Rule for KvAware {
         let view = View { ask, held };
         let (index, outcome) = match self.home(&view) {
             Some(home)
-                if view.overflowing(home) && (0..view.len()).any(|j| j != home && view.room(j)) =>
+                if !ask.request.kept
+                    && view.overflowing(home)
+                    && (0..view.len()).any(|j| j != home && view.room(j)) =>
             {
                 (self.place(&view), Outcome::Imbalance)
             }
@@ -341,6 +345,30 @@ mod tests {
         assert!(
             moved.index != home && moved.index != third.index,
             "{moved:?}"
+        );
+    }
+
+    #[test]
+    fn a_kept_flows_conversation_stays_on_its_overflowing_backend() {
+        let s = selector();
+        let p = PROMPT.len();
+        let fleet = fleet(3, p * 7 / 2);
+        let first = |i| conversation(user(i), &[]);
+        let home = s.select(&request(&first(0), None), &fleet).index;
+        assert_eq!(s.select(&request(&first(1), None), &fleet).index, home);
+        let output: &'static str = Box::leak("tool output ".repeat(p * 3 / 24).into_boxed_str());
+        s.select(&request(&conversation(user(0), &[output]), None), &fleet);
+        // Home overflows and the others have room: a kept flow's turn stays all the same.
+        let next = conversation(user(0), &[output, "and the next question"]);
+        let kept = Request {
+            kept: true,
+            ..request(&next, None)
+        };
+        let stayed = s.select(&kept, &fleet);
+        assert_eq!((stayed.index, stayed.outcome), (home, Outcome::PrefixHit));
+        assert_eq!(
+            s.select(&request(&next, None), &fleet).outcome,
+            Outcome::Imbalance
         );
     }
 

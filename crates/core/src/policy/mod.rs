@@ -96,6 +96,7 @@ pub struct Published {
 impl Eq for Candidate {}
 
 /// What a request offers a policy.
+#[derive(Clone, Copy)]
 pub struct Request<'r, 'a> {
     /// The model; each model has its own prefix tree.
     pub model: &'a [u8],
@@ -109,6 +110,10 @@ pub struct Request<'r, 'a> {
     /// Decide without remembering anything (`POST /route`): the index, the tables and
     /// the rotation stay as they were.
     pub explain: bool,
+    /// The router keeps room for this request's flow (a tenant below its fair share, or
+    /// a priority above others waiting): `kv_aware` keeps its conversation home even when
+    /// home's KV overflows, and moves the others' instead. Default `false`.
+    pub kept: bool,
 }
 
 /// A prompt's tokens as the index keys on them: the chained hashes of its blocks of 16
@@ -130,6 +135,7 @@ impl<'r, 'a> Request<'r, 'a> {
             session,
             tokens: None,
             explain: false,
+            kept: false,
         }
     }
 

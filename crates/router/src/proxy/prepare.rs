@@ -91,5 +91,9 @@ pub fn decide(
     request: &Request,
 ) -> Option<(usize, Decision)> {
     let recorded = Cell::new(false);
-    (state.ledger).decide(accounts, cap, |c| choose(state, request, c, &recorded))
+    let request = Request {
+        kept: cap.kept,
+        ..*request
+    };
+    (state.ledger).decide(accounts, cap, |c| choose(state, &request, c, &recorded))
 }
