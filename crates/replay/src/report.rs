@@ -351,6 +351,33 @@ pub(crate) fn imbalance(v: &[f64]) -> Option<f64> {
     ratio(max, v.iter().sum::<f64>() / v.len() as f64)
 }
 
+/// Writes `outcomes` to `path` as JSON lines, in the order they were sent: session, turn,
+/// `sent_ms` (from the start of the run), `ttft_ms`, `e2e_ms`, backend, prompt and cached
+/// tokens, error.
+pub fn write_outcomes(path: &std::path::Path, outcomes: &[Outcome]) -> std::io::Result<()> {
+    let mut order: Vec<&Outcome> = outcomes.iter().collect();
+    order.sort_by_key(|o| (o.sent, o.session, o.turn));
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut text = String::new();
+    for o in order {
+        let e = &o.exchange;
+        let line = serde_json::json!({
+            "session": o.session,
+            "turn": o.turn,
+            "sent_ms": ms(o.sent),
+            "ttft_ms": e.ttft.map(ms),
+            "e2e_ms": ms(o.e2e),
+            "backend": e.backend,
+            "prompt_tokens": e.usage.as_ref().map(|u| u.prompt_tokens),
+            "cached_tokens": e.usage.as_ref().and_then(|u| u.cached_tokens),
+            "error": e.error,
+        });
+        text.push_str(&line.to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,31 +430,4 @@ mod tests {
         assert_eq!(m.uncached_imbalance, Some(1.0));
         assert_eq!(m.rows[0].hit_rate, Some(0.6));
     }
-}
-
-/// Writes `outcomes` to `path` as JSON lines, in the order they were sent: session, turn,
-/// `sent_ms` (from the start of the run), `ttft_ms`, `e2e_ms`, backend, prompt and cached
-/// tokens, error.
-pub fn write_outcomes(path: &std::path::Path, outcomes: &[Outcome]) -> std::io::Result<()> {
-    let mut order: Vec<&Outcome> = outcomes.iter().collect();
-    order.sort_by_key(|o| (o.sent, o.session, o.turn));
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let mut text = String::new();
-    for o in order {
-        let e = &o.exchange;
-        let line = serde_json::json!({
-            "session": o.session,
-            "turn": o.turn,
-            "sent_ms": ms(o.sent),
-            "ttft_ms": e.ttft.map(ms),
-            "e2e_ms": ms(o.e2e),
-            "backend": e.backend,
-            "prompt_tokens": e.usage.as_ref().map(|u| u.prompt_tokens),
-            "cached_tokens": e.usage.as_ref().and_then(|u| u.cached_tokens),
-            "error": e.error,
-        });
-        text.push_str(&line.to_string());
-        text.push('\n');
-    }
-    std::fs::write(path, text)
 }

@@ -15,9 +15,9 @@
 //!   see [`Conversations`]) overflow its KV while another backend has room: then it moves
 //!   once, as a new conversation would be placed, instead of thrashing home's cache. A
 //!   request whose flow the router keeps room for ([`Request::kept`]: a light tenant, a
-//!   higher priority) always stays. A
-//!   turn the engine refused, or that failed, holds no KV: the proxy releases it
-//!   ([`Selector::released`]) and its conversation stops counting.
+//!   higher priority) always stays. A turn the engine refused, or that failed, holds no
+//!   KV: the proxy releases it ([`Selector::released`]) and its conversation stops
+//!   counting.
 //! - **A new conversation** goes, among the backends with room for it (all of them when
 //!   none has), to the one where its first token comes soonest: the prefill of what that
 //!   backend does not hold, plus [`QUEUE_WEIGHT`] of the prefill already queued there. A

@@ -112,7 +112,7 @@ pub struct Request<'r, 'a> {
     pub explain: bool,
     /// The router keeps room for this request's flow (a tenant below its fair share, or
     /// a priority above others waiting): `kv_aware` keeps its conversation home even when
-    /// home's KV overflows, and moves the others' instead. Default `false`.
+    /// home's KV overflows. Default `false`.
     pub kept: bool,
 }
 

@@ -247,13 +247,7 @@ fn place(
     let text = route.text();
     let recorded = Cell::new(false);
     let choose = |candidates: &[Candidate]| match route {
-        Route::Policy(request) => {
-            let request = Request {
-                kept: cap.kept,
-                ..**request
-            };
-            prepare::choose(state, &request, candidates, &recorded)
-        }
+        Route::Policy(request) => prepare::choose(state, request, cap, candidates, &recorded),
         Route::AnyBackend => Decision::new(state.ties.least_loaded(candidates), Outcome::Balanced),
     };
     let Placing::Placed { seat, index } = state.ledger.place(&ready.accounts(), cap, text, choose)

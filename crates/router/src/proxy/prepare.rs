@@ -65,14 +65,20 @@ impl<'b> Prepared<'b> {
     }
 }
 
-/// The policy's choice for `request` among `candidates`, with the engines' own records
-/// when they publish them; `recorded` says whether they did.
+/// The policy's choice for `request`, placed under `cap` (which says whether its flow is
+/// [kept](Request::kept)), among `candidates`, with the engines' own records when they
+/// publish them; `recorded` says whether they did.
 pub fn choose(
     state: &State,
     request: &Request,
+    cap: Cap,
     candidates: &[Candidate],
     recorded: &Cell<bool>,
 ) -> Decision {
+    let request = &Request {
+        kept: cap.kept,
+        ..*request
+    };
     match state.records.recorded(request, candidates) {
         Some(candidates) => {
             recorded.set(true);
@@ -91,9 +97,5 @@ pub fn decide(
     request: &Request,
 ) -> Option<(usize, Decision)> {
     let recorded = Cell::new(false);
-    let request = Request {
-        kept: cap.kept,
-        ..*request
-    };
-    (state.ledger).decide(accounts, cap, |c| choose(state, &request, c, &recorded))
+    (state.ledger).decide(accounts, cap, |c| choose(state, request, cap, c, &recorded))
 }
