@@ -322,7 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_backend_sheds_new_conversations_and_moves_one_that_overflows_it() {
+    fn a_full_backend_sheds_new_conversations_and_moves_one_that_overflows_it_unless_kept() {
         let s = selector();
         let p = PROMPT.len();
         let fleet = fleet(3, p * 7 / 2);
@@ -338,27 +338,7 @@ mod tests {
         let third = s.select(&request(&first(2), None), &fleet);
         assert_ne!(third.index, home);
         assert_eq!(third.outcome, Outcome::Placed);
-        // Conversation 0's next turn leaves the overflowing backend for one with room.
-        let next = conversation(user(0), &[output, "and the next question"]);
-        let moved = s.select(&request(&next, None), &fleet);
-        assert_eq!(moved.outcome, Outcome::Imbalance);
-        assert!(
-            moved.index != home && moved.index != third.index,
-            "{moved:?}"
-        );
-    }
-
-    #[test]
-    fn a_kept_flows_conversation_stays_on_its_overflowing_backend() {
-        let s = selector();
-        let p = PROMPT.len();
-        let fleet = fleet(3, p * 7 / 2);
-        let first = |i| conversation(user(i), &[]);
-        let home = s.select(&request(&first(0), None), &fleet).index;
-        assert_eq!(s.select(&request(&first(1), None), &fleet).index, home);
-        let output: &'static str = Box::leak("tool output ".repeat(p * 3 / 24).into_boxed_str());
-        s.select(&request(&conversation(user(0), &[output]), None), &fleet);
-        // Home overflows and the others have room: a kept flow's turn stays all the same.
+        // A kept flow's turn (a light tenant's, a higher priority's) stays all the same.
         let next = conversation(user(0), &[output, "and the next question"]);
         let kept = Request {
             kept: true,
@@ -366,9 +346,12 @@ mod tests {
         };
         let stayed = s.select(&kept, &fleet);
         assert_eq!((stayed.index, stayed.outcome), (home, Outcome::PrefixHit));
-        assert_eq!(
-            s.select(&request(&next, None), &fleet).outcome,
-            Outcome::Imbalance
+        // Any other turn of conversation 0 leaves the overflowing backend for one with room.
+        let moved = s.select(&request(&next, None), &fleet);
+        assert_eq!(moved.outcome, Outcome::Imbalance);
+        assert!(
+            moved.index != home && moved.index != third.index,
+            "{moved:?}"
         );
     }
 
