@@ -226,16 +226,10 @@ impl Account {
     }
 
     /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with
-    /// a reserve, below its ceiling less the reserve. A request the reserve is kept for
-    /// may pass the hold by the reserve: rather than leave its conversation's backend for
-    /// one that holds none of it, it waits a moment in the engine's queue.
+    /// a reserve, below its ceiling less the reserve.
     fn below(&self, load: usize, cap: Cap) -> bool {
         let (hold, ceiling) = self.held();
         let reserved = cap.reserve && hold > 0 && ceiling > 0;
-        let hold = match cap.kept && hold > 0 {
-            true => hold + self.reserve(ceiling.max(1)),
-            false => hold,
-        };
         (cap.limit == 0 || load < cap.limit)
             && (hold == 0 || load < hold)
             && (!reserved || load + self.reserve(ceiling) < ceiling.min(hold))
@@ -578,13 +572,13 @@ mod tests {
         let mut seats: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
         assert_eq!(seats.len(), 7, "one of 8 kept");
         let kept: Vec<_> = (0..3).filter_map(|_| place(light)).collect();
-        assert_eq!(
-            kept.len(),
-            2,
-            "past the full hold by the reserve (one), no further"
-        );
+        assert_eq!(kept.len(), 1, "the hold is full");
         seats.truncate(4);
-        let kept: Vec<_> = kept.into_iter().chain(place(light)).collect();
+        let kept: Vec<_> = kept
+            .into_iter()
+            .chain(place(light))
+            .chain(place(light))
+            .collect();
         assert_eq!(kept.len(), 3, "three kept-for requests at once");
         drop(kept);
         let more: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
