@@ -23,7 +23,11 @@
 //!   backend does not hold, plus [`QUEUE_WEIGHT`] of the prefill already queued there. A
 //!   hot prefix ([`Matches::hot`](crate::tree::Matches::hot)) counts as held everywhere,
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
-//!   session's own context a lot.
+//!   session's own context a lot. A kept flow's new conversation first goes where that
+//!   flow had the fewest requests in flight lately ([`Candidate::kept`](super::Candidate)):
+//!   its conversations stay home, where the reserve kept for it is a slot or two, so a
+//!   light tenant whose conversations piled onto one backend beside a heavy one waited
+//!   there for each other's slots (measured in `benches/tenants/noisy.sh`).
 //!
 //! Where each sequence has a KV of its own (llama.cpp's slots, read from its `/props`),
 //! room is also counted in live conversations, and a prefix other conversations share
@@ -193,9 +197,14 @@ impl KvAware {
             let fresh = matches.total().saturating_sub(view.reused(i));
             fresh.0 as f64 + QUEUE_WEIGHT * candidates[i].pending.0 as f64
         };
+        let kept = |i: usize| match view.ask.request.kept {
+            true => candidates[i].kept,
+            false => 0,
+        };
         self.ties.best(view.len(), |i| {
             (
                 !any_room || view.room(i),
+                Reverse(kept(i)),
                 Reverse((cost(i) * 16.0) as u64),
                 Reverse((view.fill(i) * 1e6) as u64),
                 Reverse(candidates[i].load),
@@ -281,6 +290,27 @@ mod tests {
             per_backend[s.select(&request(&t, None), &fleet).index] += 1;
         }
         assert!(per_backend.iter().all(|&n| n == 2), "{per_backend:?}");
+    }
+
+    #[test]
+    fn a_kept_flows_new_conversation_goes_where_that_flow_has_least_in_flight() {
+        let s = selector();
+        let mut fleet = fleet(3, 1000 * PROMPT.len());
+        let first = |i| conversation(user(i), &[]);
+        let held = s.select(&request(&first(0), None), &fleet).index;
+        assert_eq!(s.select(&request(&first(1), None), &fleet).index, held);
+        fleet[held].kept = 1;
+        // Another flow's follows the shared prompt to where it is held...
+        assert_eq!(s.select(&request(&first(2), None), &fleet).index, held);
+        // ...a kept flow's goes where that flow has no request in flight.
+        let fourth = first(3);
+        let kept = Request {
+            kept: true,
+            ..request(&fourth, None)
+        };
+        let d = s.select(&kept, &fleet);
+        assert_ne!(d.index, held, "{d:?}");
+        assert_eq!(d.outcome, Outcome::Placed);
     }
 
     #[test]

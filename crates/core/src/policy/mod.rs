@@ -79,6 +79,10 @@ pub struct Candidate {
     /// the unit of `Request::size`; `None` when it has no whole record (prefix policies then
     /// take what their index predicts).
     pub recorded: Option<TextBytes>,
+    /// Requests of flows the router keeps room for ([`Request::kept`]) it had in flight at
+    /// most at once lately (the ledger's window of a few seconds), or has now; 0 without
+    /// flow control.
+    pub kept: usize,
 }
 
 /// The load a backend publishes of itself (vLLM's `/metrics`), as a router last read it.

@@ -21,6 +21,7 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             hash: u64::from(i) * 7919,
             published: None,
             recorded: None,
+            kept: 0,
         })
         .collect()
 }
