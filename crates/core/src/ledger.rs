@@ -9,7 +9,7 @@
 //! Synchronous and lock-free on the request path (atomics); no I/O, no clock of its own.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -32,8 +32,6 @@ pub struct Account {
     pub hash: u64,
     inflight: AtomicUsize,
     pending: AtomicUsize,
-    /// Requests placed here and not answered yet (prefilling, or queued in the engine).
-    prefilling: AtomicUsize,
     /// KV tokens it published; 0 when unknown.
     capacity: AtomicUsize,
     /// The capacity its index budget was last sized from, tokens.
@@ -64,12 +62,6 @@ pub struct Account {
 /// the most requests it kept a reserve for at once is remembered: a window of 5, and the
 /// window before it.
 pub const KEPT_READS: usize = 5;
-
-/// Requests unanswered (prefilling, or queued in the engine) on a backend at most, past
-/// which a request that leaves the reserve waits: an engine's prefill throughput is shared
-/// by the prompts it prefills, so the requests a reserve is kept for start as soon beside
-/// one other prefill as the engine allows, and one prefill at a time keeps its throughput.
-pub const PREFILLS_BESIDE: usize = 1;
 
 /// How many requests in flight an account takes: the in-flight `limit` (0: none), and
 /// whether to leave a reserve free for others (flow control keeps it from a tenant over
@@ -108,7 +100,6 @@ impl Account {
             hash,
             inflight: AtomicUsize::new(0),
             pending: AtomicUsize::new(0),
-            prefilling: AtomicUsize::new(0),
             capacity: AtomicUsize::new(0),
             sized: AtomicUsize::new(0),
             sequences: AtomicUsize::new(0),
@@ -244,16 +235,13 @@ impl Account {
     }
 
     /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with
-    /// a reserve, below its ceiling less the reserve, with fewer than [`PREFILLS_BESIDE`]
-    /// requests unanswered.
+    /// a reserve, below its ceiling less the reserve.
     fn below(&self, load: usize, cap: Cap) -> bool {
         let (hold, ceiling) = self.held();
         let reserved = cap.reserve && hold > 0 && ceiling > 0;
         (cap.limit == 0 || load < cap.limit)
             && (hold == 0 || load < hold)
-            && (!reserved
-                || (load + self.reserve(ceiling) < ceiling.min(hold)
-                    && self.prefilling.load(Relaxed) < PREFILLS_BESIDE))
+            && (!reserved || load + self.reserve(ceiling) < ceiling.min(hold))
     }
 
     /// The backend as a policy sees it.
@@ -286,7 +274,6 @@ impl Account {
         let next = |n: usize| self.below(n, cap).then_some(n + 1);
         self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
-        self.prefilling.fetch_add(1, Relaxed);
         if cap.kept {
             let kept = self.kept.fetch_add(1, Relaxed) + 1;
             self.kept_peak.fetch_max(kept, Relaxed);
@@ -294,7 +281,6 @@ impl Account {
         Some(Seat {
             account: Arc::clone(self),
             prefill: AtomicUsize::new(prefill.0),
-            unanswered: AtomicBool::new(true),
             decision,
             kept: cap.kept,
         })
@@ -317,7 +303,6 @@ impl std::fmt::Debug for Account {
 pub struct Seat {
     account: Arc<Account>,
     prefill: AtomicUsize,
-    unanswered: AtomicBool,
     decision: Decision,
     /// Whether it counts in its backend's requests kept a reserve for.
     kept: bool,
@@ -334,25 +319,10 @@ impl Seat {
         self.decision
     }
 
-    /// The backend answered (its first response byte): its prefill is done. Where a hold
-    /// was learned, the answer that leaves fewer than [`PREFILLS_BESIDE`] unanswered opens
-    /// the backend to a request that leaves the reserve: it wakes a waiter.
+    /// The backend answered (its first response byte): its prefill is done.
     pub fn answered(&self) {
-        if self.settle() && self.account.hold.load(Relaxed) > 0 {
-            (self.account.on_free)();
-        }
-    }
-
-    /// Ends its prefill's count, once: whether that opened the prefill gate.
-    fn settle(&self) -> bool {
-        if !self.unanswered.swap(false, Relaxed) {
-            return false;
-        }
-        let account = &self.account;
-        account
-            .pending
-            .fetch_sub(self.prefill.swap(0, Relaxed), Relaxed);
-        account.prefilling.fetch_sub(1, Relaxed) == PREFILLS_BESIDE
+        let prefill = self.prefill.swap(0, Relaxed);
+        self.account.pending.fetch_sub(prefill, Relaxed);
     }
 
     /// The backend reported `cached` tokens for it: the selector's index learns how that
@@ -366,7 +336,7 @@ impl Seat {
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        self.settle();
+        self.answered();
         self.account.inflight.fetch_sub(1, Relaxed);
         if self.kept {
             self.account.kept.fetch_sub(1, Relaxed);
@@ -606,10 +576,7 @@ mod tests {
             },
         );
         let place = |cap: Cap| match ledger.place(&refs, cap, TextBytes(1), first) {
-            Placing::Placed { seat, .. } => {
-                seat.answered();
-                Some(seat)
-            }
+            Placing::Placed { seat, .. } => Some(seat),
             _ => None,
         };
         let mut seats: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
@@ -632,57 +599,6 @@ mod tests {
         }
         let more: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
         assert_eq!(more.len(), 3, "two windows later, one of 8 again");
-    }
-
-    #[test]
-    fn requests_that_leave_the_reserve_prefill_one_at_a_time_beside_others() {
-        let ledger = Ledger::new(Duration::from_secs(60));
-        let woken = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&woken);
-        let account = Account::new(BackendId(0), 0).on_free(move || {
-            counter.fetch_add(1, Relaxed);
-        });
-        let gated = [Arc::new(account)];
-        let gated: Vec<&Arc<Account>> = gated.iter().collect();
-        let (heavy, light) = (
-            Cap {
-                reserve: true,
-                ..Cap::default()
-            },
-            Cap {
-                kept: true,
-                ..Cap::default()
-            },
-        );
-        let place = |cap: Cap| match ledger.place(&gated, cap, TextBytes(1), first) {
-            Placing::Placed { seat, .. } => Some(seat),
-            _ => None,
-        };
-        let before: Vec<_> = (0..3).filter_map(|_| place(heavy)).collect();
-        assert_eq!(before.len(), 3, "no hold learned: no reserve, no gate");
-        drop(before);
-        gated[0].learn_hold(load(8, 3));
-        let first_heavy = place(heavy).expect("one prefill");
-        assert!(
-            place(heavy).is_none(),
-            "a second waits for the first's answer"
-        );
-        let kept: Vec<_> = (0..2).filter_map(|_| place(light)).collect();
-        assert_eq!(
-            kept.len(),
-            2,
-            "the requests the reserve is for are not held"
-        );
-        let woken_before = woken.load(Relaxed);
-        kept.iter().for_each(Seat::answered);
-        assert_eq!(woken.load(Relaxed), woken_before, "still one unanswered");
-        first_heavy.answered();
-        assert_eq!(
-            woken.load(Relaxed),
-            woken_before + 1,
-            "the last answer wakes"
-        );
-        assert!(place(heavy).is_some(), "answered: the next prefill starts");
     }
 
     #[test]
