@@ -23,10 +23,10 @@
 //!   backend does not hold, plus [`QUEUE_WEIGHT`] of the prefill already queued there. A
 //!   hot prefix ([`Matches::hot`](crate::tree::Matches::hot)) counts as held everywhere,
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
-//!   session's own context a lot. A kept flow's new conversation first goes where that
-//!   flow had the fewest requests in flight lately ([`Candidate::kept`](super::Candidate)):
-//!   its conversations stay home, where the reserve kept for it is a slot or two, so a
-//!   light tenant whose conversations piled onto one backend beside a heavy one waited
+//!   session's own context a lot. A kept flow's new conversation first goes where the
+//!   kept flows had the fewest requests in flight lately ([`Candidate::kept`](super::Candidate)):
+//!   their conversations stay home, where the reserve kept for them is a slot or two, so
+//!   a light tenant whose conversations piled onto one backend beside a heavy one waited
 //!   there for each other's slots (measured in `benches/tenants/noisy.sh`).
 //!
 //! Where each sequence has a KV of its own (llama.cpp's slots, read from its `/props`),
@@ -197,9 +197,12 @@ impl KvAware {
             let fresh = matches.total().saturating_sub(view.reused(i));
             fresh.0 as f64 + QUEUE_WEIGHT * candidates[i].pending.0 as f64
         };
-        let kept = |i: usize| match view.ask.request.kept {
-            true => candidates[i].kept,
-            false => 0,
+        let kept = |i: usize| {
+            if view.ask.request.kept {
+                candidates[i].kept
+            } else {
+                0
+            }
         };
         self.ties.best(view.len(), |i| {
             (
