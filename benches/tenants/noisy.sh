@@ -13,7 +13,8 @@
 # their Retry-After, and what it is served in each of its first MINUTES (2) minutes; priority: B's sessions at x-priority high alone,
 # then beside normal and low sessions of A's size that together keep twice the fleet's
 # slots in flight, under --max-queued of half the slots),
-# B_DELAY (2: seconds the neighbours run before B starts),
+# B_DELAY (2: seconds the neighbours run before B starts), STANDING_SLOTS (0: the tenants
+# files' standing_slots),
 # OUT (a directory for logs, reports and the router's metrics when B finished).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +25,9 @@ b_sessions="${B_SESSIONS:-8}" a_sessions="${A_SESSIONS:-128}"
 b_conc="${B_CONCURRENCY:-$b_sessions}" a_conc="${A_CONCURRENCY:-$a_sessions}"
 
 hash() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
+standing="standing_slots = ${STANDING_SLOTS:-0}"
 cat >"$out/tenants.toml" <<TOML
+$standing
 [tenants.a]
 keys = ["sha256:$(hash sk-tenant-a)"]
 [tenants.b]
@@ -89,7 +92,7 @@ metric() { # NAME: the sum of a metric's series on the router's admin listener
 
 rate_run() { # RUN: tenant A alone at TPM tokens a minute, retrying its 429s after Retry-After; what it is served in each of its first MINUTES minutes
   local tpm="${TPM:-6000000}" minutes="${MINUTES:-2}"
-  printf '[tenants.a]\nkeys = ["sha256:%s"]\ntokens_per_minute = %s\n' "$(hash sk-tenant-a)" "$tpm" >"$out/rate.toml"
+  printf '%s\n[tenants.a]\nkeys = ["sha256:%s"]\ntokens_per_minute = %s\n' "$standing" "$(hash sk-tenant-a)" "$tpm" >"$out/rate.toml"
   start_sims
   ROUTER_ARGS="--tenants-file $out/rate.toml" start_router kv_aware "${urls[@]}"
   replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-rate-$1.json" --retry-rate-limited &
@@ -109,7 +112,7 @@ rate_run() { # RUN: tenant A alone at TPM tokens a minute, retrying its 429s aft
 
 priority_run() { # RUN: high-priority sessions alone, then beside normal and low ones that offer twice what the fleet runs
   local slots=$((4 * ${MAX_NUM_SEQS:-2}))
-  printf '[tenants.p]\nkeys = ["sha256:%s"]\nmax_priority = "high"\n' "$(hash sk-tenant-p)" >"$out/priority.toml"
+  printf '%s\n[tenants.p]\nkeys = ["sha256:%s"]\nmax_priority = "high"\n' "$standing" "$(hash sk-tenant-p)" >"$out/priority.toml"
   local args="--tenants-file $out/priority.toml --max-queued $((slots / 2))"
   start_sims
   ROUTER_ARGS="$args" start_router kv_aware "${urls[@]}"

@@ -81,6 +81,11 @@ pub struct Cap {
     /// Whether this request is one the reserve is kept for (counted in how many of
     /// those a backend had at once).
     pub kept: bool,
+    /// Slots this request leaves free while it leaves no reserve and is not one the
+    /// reserve is kept for (the tenants file's `standing_slots`), so that a light flow or
+    /// a higher priority arriving at a full fleet finds them at once; never a backend's
+    /// every slot.
+    pub standing: usize,
 }
 
 impl From<usize> for Cap {
@@ -235,13 +240,17 @@ impl Account {
     }
 
     /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with
-    /// a reserve, below its ceiling less the reserve.
+    /// a reserve or standing slots, below its ceiling less those.
     fn below(&self, load: usize, cap: Cap) -> bool {
         let (hold, ceiling) = self.held();
-        let reserved = cap.reserve && hold > 0 && ceiling > 0;
+        let free = match cap.reserve {
+            true => self.reserve(ceiling),
+            false => cap.standing.min(ceiling.saturating_sub(1)),
+        };
+        let reserved = free > 0 && hold > 0 && ceiling > 0;
         (cap.limit == 0 || load < cap.limit)
             && (hold == 0 || load < hold)
-            && (!reserved || load + self.reserve(ceiling) < ceiling.min(hold))
+            && (!reserved || load + free < ceiling.min(hold))
     }
 
     /// The backend as a policy sees it.
@@ -599,6 +608,37 @@ mod tests {
         }
         let more: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
         assert_eq!(more.len(), 3, "two windows later, one of 8 again");
+    }
+
+    #[test]
+    fn standing_slots_stay_free_on_a_held_backend_and_never_all_of_them() {
+        let all = accounts(2);
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let standing = |n| Cap {
+            standing: n,
+            ..Cap::default()
+        };
+        let place = |account: &Arc<Account>, cap: Cap| {
+            let one = [account];
+            (0..8)
+                .map_while(|_| match ledger.place(&one, cap, TextBytes(1), first) {
+                    Placing::Placed { seat, .. } => Some(seat),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(place(&all[0], standing(1)).len(), 8, "no hold: none kept");
+        all[0].learn_hold(load(4, 2));
+        assert_eq!(place(&all[0], standing(1)).len(), 3, "one of 4 stays free");
+        let kept = Cap {
+            kept: true,
+            ..Cap::default()
+        };
+        let held = place(&all[0], standing(1));
+        assert_eq!(place(&all[0], kept).len(), 1, "an arrival takes it");
+        drop(held);
+        all[1].learn_hold(load(1, 2));
+        assert_eq!(place(&all[1], standing(1)).len(), 1, "never the only slot");
     }
 
     #[test]

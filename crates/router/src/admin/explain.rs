@@ -57,6 +57,7 @@ pub async fn explain(
         priority: identity.priority,
         tenant: identity.tenant.map_or("", |t| t.name.as_str()),
         shares: state.tenancy.shares(identity),
+        standing: identity.tenant.map_or(0, |t| t.standing_slots),
         ..Ticket::default()
     });
     let cap = ticket.map_or(Cap::from(limit), |t| t.cap(limit));

@@ -75,13 +75,15 @@ pub struct Ticket<'t> {
     pub cost: u64,
     /// The tenants' fair shares (with a tenants file).
     pub shares: Option<&'t Shares>,
+    /// Slots of each held backend it leaves free for an arrival (`standing_slots`).
+    pub standing: usize,
 }
 
 impl Ticket<'_> {
     /// What it may take of a backend under the in-flight `limit` (0: none), with the
     /// reserve its tenant's share asks, as it stands now.
     pub fn cap(&self, limit: usize) -> Cap {
-        let cap = |s: &Shares| s.cap(self.tenant, self.priority, limit);
+        let cap = |s: &Shares| s.cap(self.tenant, self.priority, limit, self.standing);
         self.shares.map_or(Cap::from(limit), cap)
     }
 
@@ -102,6 +104,7 @@ impl Default for Ticket<'_> {
             weight: 1,
             cost: 1,
             shares: None,
+            standing: 0,
         }
     }
 }
@@ -340,9 +343,8 @@ mod tests {
         Ticket {
             priority,
             tenant,
-            weight: 1,
             cost,
-            shares: None,
+            ..Ticket::default()
         }
     }
 

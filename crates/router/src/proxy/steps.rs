@@ -69,6 +69,7 @@ pub fn ticket<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Ticke
         weight: identity.tenant.map_or(1, |t| t.weight),
         cost,
         shares: state.tenancy.shares(identity),
+        standing: identity.tenant.map_or(0, |t| t.standing_slots),
     }
 }
 

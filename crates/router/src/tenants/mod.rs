@@ -60,6 +60,10 @@ pub struct Tenant {
     pub requests_per_minute: u64,
     /// The highest `x-priority` honoured. Default `normal`.
     pub max_priority: Priority,
+    /// Slots of each held backend its requests leave free for a light flow or a higher
+    /// priority to arrive at, while none is active: the file's `standing_slots`, the same
+    /// for every tenant. Default 0.
+    pub standing_slots: usize,
 }
 
 /// The tenants of the file, by the SHA-256 of their keys.
@@ -99,6 +103,8 @@ pub struct TenantsError(String);
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
+    #[serde(default)]
+    standing_slots: usize,
     #[serde(default)]
     tenants: BTreeMap<String, Entry>,
 }
@@ -161,6 +167,7 @@ impl Tenants {
                 tokens_per_minute: entry.tokens_per_minute.unwrap_or(0),
                 requests_per_minute: entry.requests_per_minute.unwrap_or(0),
                 max_priority: entry.max_priority.unwrap_or(Priority::Normal),
+                standing_slots: file.standing_slots,
             });
         }
         Ok(tenants)

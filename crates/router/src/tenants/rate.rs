@@ -206,6 +206,7 @@ mod tests {
             tokens_per_minute: tpm,
             requests_per_minute: rpm,
             max_priority: Priority::Normal,
+            standing_slots: 0,
         }
     }
 

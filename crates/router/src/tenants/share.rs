@@ -148,14 +148,15 @@ impl Shares {
 
     /// What a request of `tenant` at `priority` may take of a backend under the in-flight
     /// `limit`: less the reserve while it is not [`Self::light`] and a higher priority or
-    /// another tenant below its share is active; counted among those the reserve is kept
-    /// for while it is.
-    pub fn cap(&self, tenant: &str, priority: Priority, limit: usize) -> Cap {
+    /// another tenant below its share is active, else less `standing` slots (the file's
+    /// `standing_slots`); counted among those the reserve is kept for while it is.
+    pub fn cap(&self, tenant: &str, priority: Priority, limit: usize, standing: usize) -> Cap {
         let s = self.standing(tenant, priority);
         Cap {
             limit,
             reserve: (s.higher || s.other_light) && !s.kept_for(),
             kept: s.kept_for(),
+            standing: if s.kept_for() { 0 } else { standing },
         }
     }
 }
@@ -191,22 +192,24 @@ mod tests {
             .map(|_| shares.enter("a", 1, Priority::Normal))
             .collect();
         assert_eq!(
-            shares.cap("a", Priority::Normal, 0),
+            shares.cap("a", Priority::Normal, 0, 0),
             Cap::default(),
             "alone, no reserve"
         );
         assert!(!shares.light("a", Priority::Normal));
+        assert_eq!(shares.cap("a", Priority::Normal, 0, 1).standing, 1);
         let b = shares.enter("b", 1, Priority::Normal);
         assert!(
             shares.light("b", Priority::Normal),
             "1 of 7 held, below half"
         );
-        assert!(!shares.cap("b", Priority::Normal, 0).reserve);
-        assert!(shares.cap("b", Priority::Normal, 0).kept);
-        assert!(shares.cap("a", Priority::Normal, 0).reserve);
+        assert!(!shares.cap("b", Priority::Normal, 0, 0).reserve);
+        assert!(shares.cap("b", Priority::Normal, 0, 0).kept);
+        assert_eq!(shares.cap("b", Priority::Normal, 0, 1).standing, 0, "kept for");
+        assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
         drop(b);
         assert!(
-            shares.cap("a", Priority::Normal, 0).reserve,
+            shares.cap("a", Priority::Normal, 0, 0).reserve,
             "b stays active between its requests"
         );
     }
@@ -224,7 +227,7 @@ mod tests {
             shares.light("b", Priority::Normal),
             "5 of 8 is below three quarters"
         );
-        assert!(shares.cap("a", Priority::Normal, 0).reserve);
+        assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
         drop(a);
         assert!(!shares.light("b", Priority::Normal));
     }
@@ -235,13 +238,13 @@ mod tests {
         let _normal: Vec<_> = (0..6)
             .map(|_| shares.enter("a", 1, Priority::Normal))
             .collect();
-        assert!(!shares.cap("a", Priority::Normal, 0).reserve);
+        assert!(!shares.cap("a", Priority::Normal, 0, 0).reserve);
         let _high = shares.enter("a", 1, Priority::High);
         assert!(shares.light("a", Priority::High));
-        assert!(!shares.cap("a", Priority::High, 0).reserve);
+        assert!(!shares.cap("a", Priority::High, 0, 0).reserve);
         assert!(!shares.light("a", Priority::Normal));
-        assert!(shares.cap("a", Priority::Normal, 0).reserve);
+        assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
         let _low = shares.enter("a", 1, Priority::Low);
-        assert!(shares.cap("a", Priority::Low, 0).reserve);
+        assert!(shares.cap("a", Priority::Low, 0, 0).reserve);
     }
 }
