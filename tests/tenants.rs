@@ -230,7 +230,7 @@ async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
 async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     let up = Upstream::start("a").await;
     let file = format!(
-        "[tenants.acme]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        "standing_slots = 2\n[tenants.acme]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
         sha256_entry("sk-acme")
     );
     let router = with_tenants(&up, "route", &file);
@@ -254,6 +254,10 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     assert_eq!(admission["priority"], "high");
     assert_eq!(admission["wait"], Value::Null, "the fleet has room");
     assert_eq!(admission["reserve"], false);
+    assert_eq!(
+        admission["standing_slots"], 2,
+        "the file's, while no one else is active"
+    );
     assert_eq!(explained["backend"], up.url());
     assert_eq!(explained["backends"][0]["open"], true);
     let refused = explain("sk-unknown").await;

@@ -92,6 +92,7 @@ pub async fn explain(
             "tenant": identity.tenant.map(|t| t.name.clone()),
             "priority": identity.priority.label(),
             "reserve": cap.reserve,
+            "standing_slots": cap.standing,
             "queued": state.queue.len(),
             "wait": dispatch::wait(state, limits, &ready, &ticket).map(Wait::label),
         }),

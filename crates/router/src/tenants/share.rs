@@ -205,7 +205,11 @@ mod tests {
         );
         assert!(!shares.cap("b", Priority::Normal, 0, 0).reserve);
         assert!(shares.cap("b", Priority::Normal, 0, 0).kept);
-        assert_eq!(shares.cap("b", Priority::Normal, 0, 1).standing, 0, "kept for");
+        assert_eq!(
+            shares.cap("b", Priority::Normal, 0, 1).standing,
+            0,
+            "kept for"
+        );
         assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
         drop(b);
         assert!(

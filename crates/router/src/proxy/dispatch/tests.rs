@@ -407,3 +407,60 @@ async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
     let waited = "prefix_router_tenant_queue_wait_seconds_count{tenant=\"a\"} 1";
     assert!(metrics.contains(waited), "a's wait is counted: {metrics}");
 }
+
+#[tokio::test]
+async fn a_standing_slot_waits_free_for_a_tenant_that_was_not_active() {
+    use crate::tenants::{Priority, Shares};
+    use prefix_router_core::policy::Published;
+    let state = state(1, true);
+    let published = Published {
+        running: 4,
+        waiting: 1,
+        kv_usage: 0.5,
+    };
+    state.fleet.snapshot().accounts()[0].learn_hold(published);
+    let _running: Vec<Seat> = (0..3).map(|_| occupy(&state)).collect();
+    let shares = Shares::default();
+    let _a: Vec<_> = (0..4)
+        .map(|_| shares.enter("a", 1, Priority::Normal))
+        .collect();
+    let ticket = |tenant| Ticket {
+        tenant,
+        shares: Some(&shares),
+        standing: 1,
+        ..Ticket::default()
+    };
+    let limits = limits(0, Duration::from_millis(200));
+    let (mut heavy, mut light) = (Fake::new([Step::Answer]), Fake::new([Step::Answer]));
+    let trace = RequestTrace::default();
+    let a = run(
+        &state,
+        &limits,
+        &mut heavy,
+        &Route::AnyBackend,
+        ticket("a"),
+        &trace,
+    );
+    let b = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            state.queue.len(),
+            1,
+            "a, alone, waits: one slot stands free"
+        );
+        let _b = shares.enter("b", 1, Priority::Normal);
+        let b = run(
+            &state,
+            &limits,
+            &mut light,
+            &Route::AnyBackend,
+            ticket("b"),
+            &trace,
+        );
+        b.await
+    };
+    let (a, b) = tokio::join!(a, b);
+    assert!(b.result.is_ok(), "b, arriving, took the standing slot");
+    assert!(a.result.is_err(), "a never got it");
+    assert!(heavy.sent.is_empty());
+}
