@@ -243,9 +243,10 @@ impl Account {
     /// a reserve or standing slots, below its ceiling less those.
     fn below(&self, load: usize, cap: Cap) -> bool {
         let (hold, ceiling) = self.held();
-        let free = match cap.reserve {
-            true => self.reserve(ceiling),
-            false => cap.standing.min(ceiling.saturating_sub(1)),
+        let free = if cap.reserve {
+            self.reserve(ceiling)
+        } else {
+            cap.standing.min(ceiling.saturating_sub(1))
         };
         let reserved = free > 0 && hold > 0 && ceiling > 0;
         (cap.limit == 0 || load < cap.limit)

@@ -346,23 +346,32 @@ async fn sick_answers_in_a_row_eject_a_backend_and_the_fleet_keeps_one_open() {
     assert_eq!(state.fleet.ready(&[]).len(), 1);
 }
 
-#[tokio::test]
-async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
-    use crate::tenants::{Priority, Shares};
+/// One backend that ran 4 requests when it last queued, 3 of them in flight now (the
+/// seats), and tenant `a` holding 4 requests in `shares` (its shares): one slot left.
+fn one_slot_left(
+    shares: &crate::tenants::Shares,
+) -> (State, Vec<Seat>, Vec<crate::tenants::Share<'_>>) {
+    use crate::tenants::Priority;
     use prefix_router_core::policy::Published;
     let state = state(1, true);
-    let snapshot = state.fleet.snapshot();
     let published = Published {
         running: 4,
         waiting: 1,
         kv_usage: 0.5,
     };
-    snapshot.accounts()[0].learn_hold(published);
-    let _running: Vec<Seat> = (0..3).map(|_| occupy(&state)).collect();
-    let shares = Shares::default();
-    let _a: Vec<_> = (0..4)
+    state.fleet.snapshot().accounts()[0].learn_hold(published);
+    let running = (0..3).map(|_| occupy(&state)).collect();
+    let a = (0..4)
         .map(|_| shares.enter("a", 1, Priority::Normal))
         .collect();
+    (state, running, a)
+}
+
+#[tokio::test]
+async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
+    use crate::tenants::{Priority, Shares};
+    let shares = Shares::default();
+    let (state, _running, _a) = one_slot_left(&shares);
     let _b = shares.enter("b", 1, Priority::Normal);
     let ticket = |tenant| Ticket {
         tenant,
@@ -411,19 +420,8 @@ async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
 #[tokio::test]
 async fn a_standing_slot_waits_free_for_a_tenant_that_was_not_active() {
     use crate::tenants::{Priority, Shares};
-    use prefix_router_core::policy::Published;
-    let state = state(1, true);
-    let published = Published {
-        running: 4,
-        waiting: 1,
-        kv_usage: 0.5,
-    };
-    state.fleet.snapshot().accounts()[0].learn_hold(published);
-    let _running: Vec<Seat> = (0..3).map(|_| occupy(&state)).collect();
     let shares = Shares::default();
-    let _a: Vec<_> = (0..4)
-        .map(|_| shares.enter("a", 1, Priority::Normal))
-        .collect();
+    let (state, _running, _a) = one_slot_left(&shares);
     let ticket = |tenant| Ticket {
         tenant,
         shares: Some(&shares),
