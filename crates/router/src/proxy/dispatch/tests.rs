@@ -367,15 +367,28 @@ fn one_slot_left(
     (state, running, a)
 }
 
-#[tokio::test]
-async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
+/// Tenant `a`'s request on [`one_slot_left`] (200 ms of queue timeout), then, once it
+/// waits in the router's queue (checked), tenant `b`'s; `b` counts in the shares from the
+/// start, or from its request when `b_arrives`. Both leave `standing` slots. Returns both
+/// results and whether `a`'s request never reached a backend.
+async fn a_then_b(
+    standing: usize,
+    b_arrives: bool,
+) -> (
+    Result<Answered<(BackendId, u16)>, RouterError>,
+    Result<Answered<(BackendId, u16)>, RouterError>,
+    bool,
+    String,
+) {
     use crate::tenants::{Priority, Shares};
     let shares = Shares::default();
     let (state, _running, _a) = one_slot_left(&shares);
-    let _b = shares.enter("b", 1, Priority::Normal);
+    let enter = || shares.enter("b", 1, Priority::Normal);
+    let _b = (!b_arrives).then(enter);
     let ticket = |tenant| Ticket {
         tenant,
         shares: Some(&shares),
+        standing,
         ..Ticket::default()
     };
     let limits = limits(0, Duration::from_millis(200));
@@ -391,62 +404,8 @@ async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
     );
     let b = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(state.queue.len(), 1, "a waits: the last slot is kept");
-        run(
-            &state,
-            &limits,
-            &mut light,
-            &Route::AnyBackend,
-            ticket("b"),
-            &trace,
-        )
-        .await
-    };
-    let (a, b) = tokio::join!(a, b);
-    assert!(b.result.is_ok(), "b took the kept slot past a");
-    assert!(matches!(
-        a.result,
-        Err(RouterError::Overloaded {
-            shed: Shed::QueueTimeout,
-            ..
-        })
-    ));
-    assert!(heavy.sent.is_empty());
-    let metrics = String::from_utf8(state.stats.render()).unwrap();
-    let waited = "prefix_router_tenant_queue_wait_seconds_count{tenant=\"a\"} 1";
-    assert!(metrics.contains(waited), "a's wait is counted: {metrics}");
-}
-
-#[tokio::test]
-async fn a_standing_slot_waits_free_for_a_tenant_that_was_not_active() {
-    use crate::tenants::{Priority, Shares};
-    let shares = Shares::default();
-    let (state, _running, _a) = one_slot_left(&shares);
-    let ticket = |tenant| Ticket {
-        tenant,
-        shares: Some(&shares),
-        standing: 1,
-        ..Ticket::default()
-    };
-    let limits = limits(0, Duration::from_millis(200));
-    let (mut heavy, mut light) = (Fake::new([Step::Answer]), Fake::new([Step::Answer]));
-    let trace = RequestTrace::default();
-    let a = run(
-        &state,
-        &limits,
-        &mut heavy,
-        &Route::AnyBackend,
-        ticket("a"),
-        &trace,
-    );
-    let b = async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            state.queue.len(),
-            1,
-            "a, alone, waits: one slot stands free"
-        );
-        let _b = shares.enter("b", 1, Priority::Normal);
+        assert_eq!(state.queue.len(), 1, "a waits: its last slot is left free");
+        let _b = b_arrives.then(enter);
         let b = run(
             &state,
             &limits,
@@ -458,7 +417,30 @@ async fn a_standing_slot_waits_free_for_a_tenant_that_was_not_active() {
         b.await
     };
     let (a, b) = tokio::join!(a, b);
-    assert!(b.result.is_ok(), "b, arriving, took the standing slot");
-    assert!(a.result.is_err(), "a never got it");
-    assert!(heavy.sent.is_empty());
+    let metrics = String::from_utf8(state.stats.render()).unwrap();
+    (a.result, b.result, heavy.sent.is_empty(), metrics)
+}
+
+#[tokio::test]
+async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
+    let (a, b, a_unsent, metrics) = a_then_b(0, false).await;
+    assert!(b.is_ok(), "b took the kept slot past a");
+    assert!(matches!(
+        a,
+        Err(RouterError::Overloaded {
+            shed: Shed::QueueTimeout,
+            ..
+        })
+    ));
+    assert!(a_unsent);
+    let waited = "prefix_router_tenant_queue_wait_seconds_count{tenant=\"a\"} 1";
+    assert!(metrics.contains(waited), "a's wait is counted: {metrics}");
+}
+
+#[tokio::test]
+async fn a_standing_slot_waits_free_for_a_tenant_that_was_not_active() {
+    let (a, b, a_unsent, _) = a_then_b(1, true).await;
+    assert!(b.is_ok(), "b, arriving, took the standing slot");
+    assert!(a.is_err(), "a never got it");
+    assert!(a_unsent);
 }
