@@ -271,3 +271,86 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     assert!(text.contains("prefix_router_queued_requests_by_priority{priority=\"high\"} 0"));
     assert!(!text.contains("sk-acme"));
 }
+
+/// A chat request of the tenant keyed `key` asking `text`: its status and body.
+async fn ask_as(url: String, key: &'static str, text: String) -> (u16, Value) {
+    let response = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .json(
+            &serde_json::json!({"model": prefix_router_sim::DEFAULT_MODEL,
+            "max_tokens": 4, "messages": [{"role": "user", "content": text}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_light_tenants_request_stops_a_heavy_ones_prefill_which_is_answered_after() {
+    // A simulated vLLM instance prefilling 2,000 tokens a second: each heavy prompt of
+    // about 4,000 tokens would take it 2 s alone, 6 s shared by three.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let config = prefix_router_sim::SimConfig {
+        prefill_tokens_per_s: 2_000.0,
+        ..Default::default()
+    };
+    let sim = prefix_router_sim::start(config, listener).await.unwrap();
+    let file = format!(
+        "[tenants.a]\nkeys = [\"{}\"]\n[tenants.b]\nkeys = [\"{}\"]\n",
+        sha256_entry("sk-heavy"),
+        sha256_entry("sk-light")
+    );
+    let settings = Settings {
+        worker_urls: Some(vec![format!("http://{}", sim.addr)]),
+        tenants_file: Some(tenants_file("preempt", &file)),
+        max_inflight_per_backend: Some(8),
+        ..settings(&[])
+    };
+    let router = TestRouter::start(settings, 1);
+    let heavy: Vec<_> = (0..3)
+        .map(|i| {
+            let text = format!("heavy prompt {i}: ").repeat(1_000);
+            tokio::spawn(ask_as(router.url.clone(), "sk-heavy", text))
+        })
+        .collect();
+    let prefilling = |_: &TestRouter| sim.stats().running == 3;
+    router
+        .wait_until("the heavy requests prefill", prefilling)
+        .await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let (status, _) = ask_as(router.url.clone(), "sk-light", "a short question".into()).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        sim.stats().finished,
+        1,
+        "the light request was answered first"
+    );
+    let metrics = router.metrics().await;
+    let stopped = sum(
+        &metrics,
+        "prefix_router_tenant_preempted_total",
+        &[("tenant", "a")],
+    );
+    assert_eq!(stopped, 3.0, "every heavy request had no answer yet");
+    for h in heavy {
+        let (status, body) = h.await.unwrap();
+        assert_eq!(status, 200, "nothing accepted is lost: {body}");
+        let usage = &body["usage"];
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        let prompt = usage["prompt_tokens"].as_u64().unwrap();
+        assert!(
+            0 < cached && cached < prompt / 2,
+            "sent again, it found cached what its first prefill computed: {cached} of {prompt}"
+        );
+    }
+    assert_eq!(
+        sim.stats().requests,
+        7,
+        "3 heavy, the light, the 3 heavy again"
+    );
+}

@@ -80,7 +80,7 @@ run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
   if [ -n "$a_pid" ]; then
     local a_done; a_done=$(curl -s "http://127.0.0.1:$admin/metrics" | awk '/^prefix_router_requests_total/ {n += $2} END {print n + 0}')
     kill "$a_pid" 2>/dev/null || true; wait "$a_pid" 2>/dev/null || true
-    a_line=" (requests answered by then, both tenants: $a_done)"
+    a_line=" (requests answered by then, both tenants: $a_done; preempted: $(metric prefix_router_tenant_preempted_total))"
   fi
   echo "$1 run=$4: B $(summary "$out/b-$1-$4.json")$a_line"
   stop
@@ -129,6 +129,7 @@ priority_run() { # RUN: high-priority sessions alone, then beside normal and low
   replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-$1.json" --priority high
   kill "$n_pid" "$l_pid" 2>/dev/null || true; wait "$n_pid" "$l_pid" 2>/dev/null || true
   echo "priority run=$1: high beside normal and low $(summary "$out/high-$1.json");" \
+    "preempted: $(metric prefix_router_tenant_preempted_total);" \
     "shed: $(curl -s "http://127.0.0.1:$admin/metrics" | grep '^prefix_router_tenant_shed_total' | tr '\n' ' ')"
   stop
 }

@@ -58,6 +58,10 @@ pub enum RouterError {
     /// The backend did not answer in time; says whether while connecting or waiting.
     #[error("upstream did not answer in time ({0})")]
     UpstreamTimeout(&'static str),
+    /// Stopped before its answer by a request that outranks it; the dispatch loop places
+    /// it again, so no client sees this.
+    #[error("stopped before its answer for a request that outranks it")]
+    Preempted,
     /// The response had started when the exchange failed; the client sees a cut stream.
     #[error("response aborted after it started: {0}")]
     Aborted(String),
@@ -94,7 +98,7 @@ impl RouterError {
             RouterError::NotFound(_) | RouterError::ModelNotFound(_) => 404,
             RouterError::BodyTooLarge { .. } => 413,
             RouterError::ClientTimeout => 408,
-            RouterError::NoBackend | RouterError::Overloaded { .. } => 503,
+            RouterError::NoBackend | RouterError::Overloaded { .. } | RouterError::Preempted => 503,
             RouterError::Upstream(_) => 502,
             RouterError::UpstreamTimeout(_) => 504,
             RouterError::ClientGone(_) | RouterError::Aborted(_) => 0,
@@ -128,6 +132,7 @@ impl RouterError {
             RouterError::ModelRequired(_) => "model_required",
             RouterError::NoBackend => "no_healthy_backend",
             RouterError::Overloaded { .. } => "overloaded",
+            RouterError::Preempted => "preempted",
             RouterError::Upstream(_) => "upstream_failed",
             RouterError::UpstreamTimeout(_) => "upstream_timeout",
             RouterError::Aborted(_) => "response_aborted",

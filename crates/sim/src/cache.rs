@@ -291,6 +291,29 @@ impl BlockCache {
         }
     }
 
+    /// Unpins an aborted request's blocks, as [`Self::release`], after forgetting the
+    /// hashes of those from position `computed` on: their KV was never computed, so
+    /// only its first `computed` blocks stay cached (like vLLM, which caches a block
+    /// once its prefill step computed it).
+    pub fn release_computed(&mut self, allocation: Allocation, computed: usize) {
+        for &id in allocation.blocks.iter().skip(computed) {
+            let slot = &mut self.slots[id as usize];
+            if slot.refs > 1 {
+                continue;
+            }
+            if let Some(hash) = slot.hash.take() {
+                self.index.remove(&hash);
+                if let Some(log) = &mut self.log {
+                    match log.last_mut() {
+                        Some(Change::Removed(hashes)) => hashes.push(hash),
+                        _ => log.push(Change::Removed(vec![hash])),
+                    }
+                }
+            }
+        }
+        self.release(allocation);
+    }
+
     /// Unpins a finished (or aborted) request's blocks; those no longer used by any
     /// request go to the back of the free queue, tail block first.
     pub fn release(&mut self, allocation: Allocation) {

@@ -197,12 +197,21 @@ impl EngineCore {
         self.admit();
     }
 
-    /// Drops a request wherever it is (client gone); its blocks are released.
-    /// Unknown or finished ids are ignored.
+    /// Drops a request wherever it is (client gone); its blocks are released, and only
+    /// those its prefill computed stay cached. Unknown or finished ids are ignored.
     pub fn abort(&mut self, id: u64) {
         if let Some(running) = self.running.remove(&id) {
+            let left = (self.prefilling.iter().find(|&&(other, _)| other == id))
+                .map_or(0.0, |&(_, left)| left);
+            let uncomputed = match running.phase {
+                Phase::Overhead => running.uncached_tokens,
+                Phase::Prefill => left.ceil() as usize,
+                Phase::Decode => 0,
+            };
+            let prompt = running.cached_tokens + running.uncached_tokens;
+            let computed = prompt.saturating_sub(uncomputed) / self.timing.block_tokens.max(1);
             self.prefilling.retain(|&(other, _)| other != id);
-            self.cache.release(running.allocation);
+            self.cache.release_computed(running.allocation, computed);
             self.admit();
         } else {
             self.waiting.retain(|(request, _)| request.id != id);

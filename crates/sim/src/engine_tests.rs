@@ -246,3 +246,23 @@ fn many_requests_all_finish_in_order_and_free_everything() {
     assert_eq!(core.cache().pinned(), 0);
     assert_eq!(core.cache().free(), 2_000);
 }
+
+#[test]
+fn an_aborted_prefill_leaves_only_the_blocks_it_computed_cached() {
+    let mut core = EngineCore::new(timing(), 26_000);
+    core.submit(req(1, 1, 3_200, 10));
+    // The overhead, then 1,500 of its 3,200 tokens prefilled.
+    core.advance(0.020 + 0.05);
+    core.abort(1);
+    core.submit(req(2, 1, 3_200, 10));
+    let out = run_to_idle(&mut core);
+    let cached = out.iter().find_map(|o| match *o {
+        Output::Admitted {
+            id: 2,
+            cached_tokens,
+            ..
+        } => Some(cached_tokens),
+        _ => None,
+    });
+    assert_eq!(cached, Some(1_500 / 16 * 16), "{out:?}");
+}

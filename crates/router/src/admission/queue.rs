@@ -22,9 +22,11 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use prefix_router_core::BackendId;
 use prefix_router_core::ledger::Cap;
 
 use crate::fleet::Fleet;
+use crate::tenants::preempt::Preemptible;
 use crate::tenants::{Priority, Shares};
 
 impl Order {
@@ -79,12 +81,26 @@ pub struct Ticket<'t> {
     pub standing: usize,
 }
 
-impl Ticket<'_> {
+impl<'t> Ticket<'t> {
     /// What it may take of a backend under the in-flight `limit` (0: none), with the
     /// reserve its tenant's share asks, as it stands now.
     pub fn cap(&self, limit: usize) -> Cap {
         let cap = |s: &Shares| s.cap(self.tenant, self.priority, limit, self.standing);
         self.shares.map_or(Cap::from(limit), cap)
+    }
+
+    /// Placed on `backend` under `cap`, a request the reserve is not kept for may be
+    /// stopped, until its answer, by one that outranks it ([`crate::tenants::preempt`]).
+    pub fn preemptible(&self, cap: Cap, backend: BackendId) -> Option<Preemptible<'t>> {
+        let shares = self.shares.filter(|_| !cap.kept)?;
+        Some(shares.preemptible(backend, self.tenant, self.priority))
+    }
+
+    /// Placed on `backend` under `cap`, a request the reserve is kept for stops those
+    /// there that it outranks and that have no answer yet; returns how many.
+    pub fn preempt(&self, cap: Cap, backend: BackendId) -> usize {
+        let shares = self.shares.filter(|_| cap.kept);
+        shares.map_or(0, |s| s.preempt(backend, self.tenant, self.priority))
     }
 
     /// Whether it may pass the waiters of `queue` to a slot open for it: its tenant is

@@ -22,6 +22,7 @@ use http::Method;
 use log::debug;
 use prefix_router_core::ledger::Seat;
 use prefix_router_core::request::Endpoint;
+use tokio::sync::Notify;
 use tokio::sync::mpsc::Sender;
 use tonic::{Status, Streaming};
 
@@ -380,7 +381,8 @@ struct Choosing<'s> {
 impl Exchange for Choosing<'_> {
     type Answer = ();
 
-    async fn send(&mut self, _: &Backend) -> Result<(), Failure> {
+    /// Never stopped: the gateway relays the request, so nothing here can preempt it.
+    async fn send(&mut self, _: &Backend, _: Option<&Notify>) -> Result<(), Failure> {
         Ok(())
     }
 

@@ -3,7 +3,9 @@
 //! ledger places it by the policy → the exchange sends it → outlier detection notes how it
 //! ended → another backend while the attempt may be retried (nothing reached the first, or
 //! a replayable request got no answer or a 5xx; within `retries` and the retry budget),
-//! until a backend's response head is relayed.
+//! until a backend's response head is relayed. With a tenants file, a request stopped
+//! before its answer for one that outranks it ([`crate::tenants::preempt`]) waits and is
+//! placed again, as if it had just arrived.
 //! Generic over the [`Exchange`], so that the loop is tested with a fake one.
 
 use std::cell::Cell;
@@ -111,6 +113,7 @@ pub async fn run<E: Exchange>(
 ) -> Dispatched<E::Answer> {
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
     let mut placed = None;
+    let mut preempted = false;
     let mut last_error = RouterError::NoBackend;
     let mut retry = Retry {
         state,
@@ -134,8 +137,9 @@ pub async fn run<E: Exchange>(
             backend: Arc::clone(&backend),
             decision,
         });
-        let sent = exchange.send(&backend).await;
+        let sent = send(state, exchange, &ticket, cap, &backend, &mut preempted).await;
         let (retried, error) = match sent {
+            Err(Failure::Preempted) => continue,
             Ok(answer)
                 if E::ended(&answer) == Ended::Sick
                     && retry.allows(RetryReason::Status, &tried, &backend) =>
@@ -159,7 +163,7 @@ pub async fn run<E: Exchange>(
                 let reason = match &failure {
                     Failure::Unsent(_) => Some(RetryReason::ConnectFailure),
                     Failure::Unanswered(_) => Some(RetryReason::Reset),
-                    Failure::Final(_) => None,
+                    Failure::Final(_) | Failure::Preempted => None,
                 };
                 let retried = reason.is_some_and(|r| retry.allows(r, &tried, &backend));
                 (retried, failure.into_error())
@@ -178,6 +182,32 @@ pub async fn run<E: Exchange>(
         retries: tried.len(),
         result,
     }
+}
+
+/// Sends the request of `exchange`, placed on `backend` under `cap`: one the reserve is
+/// kept for first stops those there that it outranks and that have no answer yet; one it
+/// is not kept for may be stopped so until its answer, unless it was once (`preempted`,
+/// set when it is).
+async fn send<E: Exchange>(
+    state: &State,
+    exchange: &mut E,
+    ticket: &Ticket<'_>,
+    cap: Cap,
+    backend: &Backend,
+    preempted: &mut bool,
+) -> Result<E::Answer, Failure> {
+    ticket.preempt(cap, backend.id);
+    let preemptible = (!*preempted)
+        .then(|| ticket.preemptible(cap, backend.id))
+        .flatten();
+    let sent = exchange
+        .send(backend, preemptible.as_ref().map(|p| p.stop()))
+        .await;
+    if let Err(Failure::Preempted) = sent {
+        *preempted = true;
+        state.tenancy.preempted(ticket.tenant, ticket.priority);
+    }
+    sent
 }
 
 /// Whether a failed attempt may be tried on another backend.
@@ -334,6 +364,7 @@ async fn admitted<E: Exchange>(
     };
     let place = (state.queue).join(bounds, ticket, promote_after);
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
+    make_room(state, &ticket, &ready, route);
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
         Some(within(f).serving(route.model())).filter(open)
@@ -350,6 +381,41 @@ async fn admitted<E: Exchange>(
         Left::TimedOut => overloaded(Shed::QueueTimeout),
         Left::Shed => overloaded(Shed::QueueFull),
     })
+}
+
+/// A request the reserve is kept for, waiting for a slot, stops the requests it outranks
+/// that have no answer yet where the policy would place it if there were room (asked
+/// without remembering anything; for a
+/// text mostly cached nowhere, less than half of it matched, on the first backend of
+/// `ready` with such requests, that one first): it takes a slot they free, ahead of
+/// them.
+fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
+    let cap = ticket.cap(0);
+    let Route::Policy(request) = route else {
+        return;
+    };
+    if !cap.kept {
+        return;
+    }
+    let accounts = ready.accounts();
+    let candidates: SmallVec<[Candidate; 16]> = accounts.iter().map(|a| a.candidate()).collect();
+    let asking = Request {
+        explain: true,
+        ..**request
+    };
+    let decision = prepare::choose(state, &asking, cap, &candidates, &Cell::new(false));
+    let Some(chosen) = accounts.get(decision.index) else {
+        return;
+    };
+    let mostly_uncached = decision.matched.0 < request.size().0 / 2;
+    if ticket.preempt(cap, chosen.id) > 0 || !mostly_uncached {
+        return;
+    }
+    for account in &accounts {
+        if ticket.preempt(cap, account.id) > 0 {
+            return;
+        }
+    }
 }
 
 /// Those of `ready` (every ready backend) that serve the request's model: 404

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use tokio::sync::Notify;
 
 use crate::error::RouterError;
 use crate::fleet::{Backend, Ended};
@@ -23,6 +24,9 @@ pub enum Failure {
     Unanswered(RouterError),
     /// The client has part of the response, or left.
     Final(RouterError),
+    /// Stopped before its answer by a request that outranks it
+    /// ([`crate::tenants::preempt`]): placed again once a slot opens.
+    Preempted,
 }
 
 impl Failure {
@@ -30,6 +34,7 @@ impl Failure {
     pub fn error(&self) -> &RouterError {
         match self {
             Failure::Unsent(e) | Failure::Unanswered(e) | Failure::Final(e) => e,
+            Failure::Preempted => &RouterError::Preempted,
         }
     }
 
@@ -37,6 +42,7 @@ impl Failure {
     pub fn into_error(self) -> RouterError {
         match self {
             Failure::Unsent(e) | Failure::Unanswered(e) | Failure::Final(e) => e,
+            Failure::Preempted => RouterError::Preempted,
         }
     }
 }
@@ -47,8 +53,14 @@ pub trait Exchange: Send {
     /// A backend's answer: its response head, ready to be relayed.
     type Answer: Send;
 
-    /// Sends the request to `backend` and waits for its final response head.
-    async fn send(&mut self, backend: &Backend) -> Result<Self::Answer, Failure>;
+    /// Sends the request to `backend` and waits for its final response head; with a
+    /// `stop` signal, also for the first body byte of a success, and fails with
+    /// [`Failure::Preempted`] when `stop` is notified first.
+    async fn send(
+        &mut self,
+        backend: &Backend,
+        stop: Option<&Notify>,
+    ) -> Result<Self::Answer, Failure>;
 
     /// Resolves when the client has gone away (never, while it stays).
     async fn client_gone(&mut self) -> RouterError;

@@ -20,6 +20,7 @@ use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 use prefix_router_core::ledger::Seat;
 use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
 
 use super::body::Body;
 use super::exchange::{Exchange, Failure};
@@ -56,13 +57,17 @@ pub struct Upstream<'s> {
 impl Exchange for Upstream<'_> {
     type Answer = Answering;
 
-    async fn send(&mut self, backend: &Backend) -> Result<Answering, Failure> {
+    async fn send(
+        &mut self,
+        backend: &Backend,
+        stop: Option<&Notify>,
+    ) -> Result<Answering, Failure> {
         let body = self
             .body
             .as_ref()
             .map_or_else(Bytes::new, |b| b.bytes.clone());
         let span = self.trace.exchange(&backend.authority);
-        match self.attempt(backend, &body, &span).await {
+        match self.attempt(backend, &body, &span, stop).await {
             Ok(mut answering) => {
                 answering.span = span;
                 Ok(answering)
@@ -95,12 +100,14 @@ impl Exchange for Upstream<'_> {
 
 impl Upstream<'_> {
     /// Sends the request to `backend`, with `span` as its trace parent, and waits for its
-    /// final response head.
+    /// final response head (and, with `stop`, a success's first body bytes, unless `stop`
+    /// is notified first).
     async fn attempt(
         &mut self,
         backend: &Backend,
         body: &Bytes,
         span: &ExchangeSpan,
+        stop: Option<&Notify>,
     ) -> Result<Answering, Failure> {
         let timeouts = self.timeouts;
         let (mut stream, reused) = (self.connector)
@@ -127,16 +134,18 @@ impl Upstream<'_> {
                 .await
                 .map_err(Failure::Unsent)?;
         }
-        let head = until_client_gone(self.session, read_final_header(&mut upstream)).await;
-        match head.map_err(Failure::Final)? {
-            Ok(()) => Ok(Answering {
+        let answer = read_answer(&mut upstream, sent, stop.is_some());
+        let answer = until_client_gone(self.session, until_stopped(stop, answer)).await;
+        match answer.map_err(Failure::Final)?? {
+            Ok(first) => Ok(Answering {
                 upstream,
                 sent,
+                first,
                 reuse: backend.peer.reuse_hash(),
                 span: ExchangeSpan::default(),
             }),
-            Err(e) if reused => Err(Failure::Unsent(upstream_error(&e))),
-            Err(e) => Err(Failure::Unanswered(upstream_error(&e))),
+            Err(Read::Head(e)) if reused => Err(Failure::Unsent(upstream_error(&e))),
+            Err(Read::Head(e) | Read::Body(e)) => Err(Failure::Unanswered(upstream_error(&e))),
         }
     }
 }
@@ -167,6 +176,8 @@ pub struct Exchanged {
 pub struct Answering {
     upstream: HttpSession,
     sent: Instant,
+    /// Its first body bytes, when they were read with the head.
+    first: First,
     /// The backend's connection pool key.
     reuse: u64,
     /// The attempt's trace span, ended with the response.
@@ -206,6 +217,7 @@ impl Answering {
         let mut response = Response {
             seat,
             sent: self.sent,
+            first: self.first.take(),
             seen: &mut seen,
             usage: UsageScanner::default(),
             idle: timeouts.idle,
@@ -303,6 +315,49 @@ async fn send_request(
     upstream.finish_request_body().await.map_err(error)
 }
 
+/// A response's first body bytes (`None`: the body ended at once), read before its head
+/// is relayed, and when they arrived after the request was sent.
+type First = Option<(Option<Bytes>, Duration)>;
+
+/// Where reading an answer failed.
+enum Read {
+    /// Before its final head.
+    Head(Box<Error>),
+    /// After its head, before any body byte reached the client.
+    Body(Box<Error>),
+}
+
+/// Reads a response's final head and, when `first` and it is a success, its first body
+/// bytes.
+async fn read_answer(
+    upstream: &mut HttpSession,
+    sent: Instant,
+    first: bool,
+) -> Result<First, Read> {
+    read_final_header(upstream).await.map_err(Read::Head)?;
+    let success = (upstream.response_header()).is_some_and(|h| h.status.is_success());
+    if !first || !success {
+        return Ok(None);
+    }
+    let chunk = upstream.read_response_body().await.map_err(Read::Body)?;
+    Ok(Some((chunk, sent.elapsed())))
+}
+
+/// Runs `work` unless `stop` is notified first ([`Failure::Preempted`]).
+async fn until_stopped<T>(
+    stop: Option<&Notify>,
+    work: impl Future<Output = T>,
+) -> Result<T, Failure> {
+    let Some(stop) = stop else {
+        return Ok(work.await);
+    };
+    tokio::select! {
+        biased;
+        () = stop.notified() => Err(Failure::Preempted),
+        out = work => Ok(out),
+    }
+}
+
 /// Reads response headers until a final (non-1xx) one.
 async fn read_final_header(upstream: &mut HttpSession) -> pingora_core::Result<()> {
     loop {
@@ -320,6 +375,7 @@ async fn read_final_header(upstream: &mut HttpSession) -> pingora_core::Result<(
 struct Response<'r> {
     seat: &'r Seat,
     sent: Instant,
+    first: First,
     seen: &'r mut Trace,
     usage: UsageScanner,
     idle: Duration,
@@ -344,27 +400,47 @@ impl Response<'_> {
             .write_response_header(resp, false)
             .await
             .map_err(client_gone)?;
+        if let Some((chunk, at)) = self.first.take() {
+            self.answered(upstream, at);
+            if self.forward(session, chunk).await? {
+                return Ok(());
+            }
+        }
         loop {
             let chunk = until_client_gone(session, upstream.read_response_body()).await?;
             if self.seen.first_byte.is_none() {
-                self.seat.answered();
-                self.seen.first_byte = Some(self.sent.elapsed());
-                upstream.set_read_timeout(Some(self.idle));
+                self.answered(upstream, self.sent.elapsed());
             }
-            match chunk.map_err(|e| aborted(&crate::error::reason(&e)))? {
-                Some(bytes) => {
-                    self.usage.feed(&bytes);
-                    session.write_response_body(Some(bytes), false).await
-                }
-                None => {
-                    return session
-                        .write_response_body(None, true)
-                        .await
-                        .map_err(client_gone);
-                }
+            let chunk = chunk.map_err(|e| aborted(&crate::error::reason(&e)))?;
+            if self.forward(session, chunk).await? {
+                return Ok(());
             }
-            .map_err(client_gone)?;
         }
+    }
+
+    /// The first body bytes arrived `at` after the request was sent.
+    fn answered(&mut self, upstream: &mut HttpSession, at: Duration) {
+        self.seat.answered();
+        self.seen.first_byte = Some(at);
+        upstream.set_read_timeout(Some(self.idle));
+    }
+
+    /// Writes `chunk` to the client, or ends the response (`None`); whether it ended.
+    async fn forward(
+        &mut self,
+        session: &mut Session,
+        chunk: Option<Bytes>,
+    ) -> Result<bool, RouterError> {
+        let Some(bytes) = chunk else {
+            session
+                .write_response_body(None, true)
+                .await
+                .map_err(client_gone)?;
+            return Ok(true);
+        };
+        self.usage.feed(&bytes);
+        (session.write_response_body(Some(bytes), false).await).map_err(client_gone)?;
+        Ok(false)
     }
 }
 

@@ -5,6 +5,7 @@
 //! every table is bounded by it. With no file every request is one tenant and nothing
 //! changes.
 
+pub mod preempt;
 pub mod rate;
 pub mod share;
 mod tenancy;

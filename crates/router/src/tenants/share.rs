@@ -19,9 +19,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use prefix_router_core::BackendId;
 use prefix_router_core::ledger::Cap;
 
 use super::Priority;
+use super::preempt::{Preemptible, Preemptions};
 
 /// How long a tenant counts as active after its last request ended.
 pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
@@ -84,6 +86,7 @@ impl Standing {
 #[derive(Debug, Default)]
 pub struct Shares {
     flows: Mutex<Flows>,
+    preemptions: Preemptions,
 }
 
 impl Shares {
@@ -129,6 +132,23 @@ impl Shares {
             }
         }
         standing
+    }
+
+    /// Registers a request of `tenant` at `priority` placed on `backend`, with no answer
+    /// yet, as one a request outranking it may stop, until the guard drops.
+    pub fn preemptible(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+    ) -> Preemptible<'_> {
+        self.preemptions.enter(backend, tenant, priority)
+    }
+
+    /// Stops the requests on `backend` with no answer yet that a request of `tenant` at
+    /// `priority` outranks; returns how many.
+    pub fn preempt(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
+        self.preemptions.preempt(backend, tenant, priority, self)
     }
 
     /// Each known tenant's requests held now (in flight or waiting).

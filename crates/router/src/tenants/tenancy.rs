@@ -31,6 +31,7 @@ pub struct Tenancy {
     limited: IntCounterVec,
     tokens: IntCounterVec,
     shed: IntCounterVec,
+    preempted: IntCounterVec,
     held: IntGaugeVec,
     queued: IntGaugeVec,
     waits: HistogramVec,
@@ -62,6 +63,12 @@ impl Tenancy {
                 "tenant_shed_total",
                 "Requests shed with 503 before reaching a backend, by tenant, priority and reason",
                 &["tenant", "priority", "reason"],
+            ),
+            preempted: registry.counter_vec(
+                "tenant_preempted_total",
+                "Requests stopped before their answer for one that outranks them (and placed \
+                 again), by tenant and priority",
+                &["tenant", "priority"],
             ),
             held: registry.gauge_vec(
                 "tenant_held_requests",
@@ -137,6 +144,14 @@ impl Tenancy {
         if !tenant.is_empty() {
             (self.waits.with_label_values(&[tenant])).observe(waited.as_secs_f64());
         }
+    }
+
+    /// A request of `tenant` at `priority` was stopped for one that outranks it.
+    pub fn preempted(&self, tenant: &str, priority: Priority) {
+        (self
+            .preempted
+            .with_label_values(&[tenant, priority.label()]))
+        .inc();
     }
 
     /// A request of `identity` was shed for `reason` (a label of admission's sheds).

@@ -11,6 +11,7 @@ use prefix_router_core::clock::Monotonic;
 use prefix_router_core::ledger::{Ledger, Placing};
 use prefix_router_core::policy::{self, PolicyParams};
 use prefix_router_core::tree::TreeConfig;
+use tokio::sync::Notify;
 
 use super::*;
 use crate::admission::AdmissionMetrics;
@@ -30,6 +31,9 @@ enum Step {
     Refused,
     /// Closed after the request was sent, before any answer.
     Cut,
+    /// No answer until stopped by a request that outranks it (answered at once when it
+    /// cannot be).
+    UntilStopped,
 }
 
 /// An exchange that answers as scripted, and whose client leaves after `gone_after`.
@@ -63,11 +67,19 @@ impl Exchange for Fake {
     /// The backend that answered, and its status.
     type Answer = (BackendId, u16);
 
-    async fn send(&mut self, backend: &Backend) -> Result<(BackendId, u16), Failure> {
+    async fn send(
+        &mut self,
+        backend: &Backend,
+        stop: Option<&Notify>,
+    ) -> Result<(BackendId, u16), Failure> {
         self.sent.push(backend.id);
         let error = |what: &str| RouterError::Upstream(what.into());
         match self.steps.pop_front().unwrap_or(Step::Answer) {
-            Step::Answer => Ok((backend.id, 200)),
+            Step::UntilStopped if let Some(stop) = stop => {
+                stop.notified().await;
+                Err(Failure::Preempted)
+            }
+            Step::Answer | Step::UntilStopped => Ok((backend.id, 200)),
             Step::Status(status) => Ok((backend.id, status)),
             Step::Refused => Err(Failure::Unsent(error("connection refused"))),
             Step::Cut => Err(Failure::Unanswered(error(
@@ -443,4 +455,69 @@ async fn a_standing_slot_waits_free_for_a_tenant_that_was_not_active() {
     assert!(b.is_ok(), "b, arriving, took the standing slot");
     assert!(a.is_err(), "a never got it");
     assert!(a_unsent);
+}
+
+#[tokio::test]
+async fn a_light_tenants_request_stops_an_unanswered_heavy_one_which_is_placed_again() {
+    use crate::tenants::{Priority, Shares};
+    let shares = Shares::default();
+    let state = state(1, true);
+    let _a: Vec<_> = (0..4)
+        .map(|_| shares.enter("a", 1, Priority::Normal))
+        .collect();
+    let _b = shares.enter("b", 1, Priority::Normal);
+    let ticket = |tenant| Ticket {
+        tenant,
+        shares: Some(&shares),
+        ..Ticket::default()
+    };
+    let limits = Limits::default();
+    let mut heavy = Fake::new([Step::UntilStopped, Step::UntilStopped]);
+    let mut light = Fake::new([Step::UntilStopped]);
+    let trace = RequestTrace::default();
+    let a = run(
+        &state,
+        &limits,
+        &mut heavy,
+        &Route::AnyBackend,
+        ticket("a"),
+        &trace,
+    );
+    let b = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let b = run(
+            &state,
+            &limits,
+            &mut light,
+            &Route::AnyBackend,
+            ticket("b"),
+            &trace,
+        );
+        let b = b.await;
+        let mut again = Fake::new([]);
+        let c = run(
+            &state,
+            &limits,
+            &mut again,
+            &Route::AnyBackend,
+            ticket("b"),
+            &trace,
+        );
+        (b, c.await)
+    };
+    let (a, (b, _)) = tokio::join!(a, b);
+    assert!(b.result.is_ok(), "b is never stopped: it outranks a");
+    assert!(
+        a.result.is_ok(),
+        "a, stopped, was placed again and answered"
+    );
+    assert_eq!(
+        heavy.sent.len(),
+        2,
+        "stopped once only: b's second request left it"
+    );
+    assert_eq!(a.retries, 0, "not a retry");
+    let metrics = String::from_utf8(state.stats.render()).unwrap();
+    let stopped = "prefix_router_tenant_preempted_total{priority=\"normal\",tenant=\"a\"} 1";
+    assert!(metrics.contains(stopped), "{metrics}");
 }

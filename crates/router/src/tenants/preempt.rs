@@ -1,0 +1,147 @@
+//! Preemption before the first byte. Engines split their prefill compute among the
+//! requests prefilling at once, so a light tenant's (or a higher priority's) request
+//! placed beside a heavy tenant's fresh ones prefills at a fraction of the speed it would
+//! alone, however many slots the reserve kept for it. When such a request (one the
+//! reserve is kept for) is placed, the requests on its backend that it outranks and that
+//! have no answer yet are stopped: their connections close (the engine aborts them, its
+//! slot and prefill compute free) and they go back to the router's queue, to be placed
+//! again, by the policy, when a slot opens. Their clients see only the delay: nothing
+//! accepted is lost. A request is stopped at most once.
+//!
+//! It outranks a lower priority, and, at its own priority, another tenant at or over its
+//! fair share. Only with a tenants file: the table holds the requests in flight that have
+//! not answered yet, each until its first response byte.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+use prefix_router_core::BackendId;
+use tokio::sync::Notify;
+
+use super::Priority;
+use super::share::Shares;
+
+/// A request in flight, not answered yet, that a request outranking it may stop.
+#[derive(Debug)]
+struct Flight {
+    serial: u64,
+    backend: BackendId,
+    tenant: String,
+    priority: Priority,
+    stop: Arc<Notify>,
+}
+
+/// The requests that may be stopped, by backend.
+#[derive(Debug, Default)]
+pub struct Preemptions {
+    flights: Mutex<Vec<Flight>>,
+    serial: AtomicU64,
+}
+
+impl Preemptions {
+    /// Registers a request of `tenant` at `priority` placed on `backend`, until the
+    /// returned guard drops (its answer arrived, or it ended).
+    pub fn enter(&self, backend: BackendId, tenant: &str, priority: Priority) -> Preemptible<'_> {
+        let serial = self.serial.fetch_add(1, Relaxed);
+        let stop = Arc::new(Notify::new());
+        self.flights.lock().push(Flight {
+            serial,
+            backend,
+            tenant: tenant.to_string(),
+            priority,
+            stop: Arc::clone(&stop),
+        });
+        Preemptible {
+            preemptions: self,
+            serial,
+            stop,
+        }
+    }
+
+    /// Stops the requests on `backend` that a request of `tenant` at `priority`
+    /// outranks (weighed by `shares` now); returns how many.
+    pub fn preempt(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        shares: &Shares,
+    ) -> usize {
+        let mut flights = self.flights.lock();
+        let outranked = |f: &Flight| {
+            f.backend == backend
+                && (f.priority < priority
+                    || (f.priority == priority
+                        && f.tenant != tenant
+                        && !shares.light(&f.tenant, f.priority)))
+        };
+        let before = flights.len();
+        flights.retain(|f| {
+            let stop = outranked(f);
+            if stop {
+                f.stop.notify_one();
+            }
+            !stop
+        });
+        before - flights.len()
+    }
+}
+
+/// A registered request: stopped when [`Preemptible::stop`] resolves; unregistered when
+/// dropped.
+#[derive(Debug)]
+pub struct Preemptible<'p> {
+    preemptions: &'p Preemptions,
+    serial: u64,
+    stop: Arc<Notify>,
+}
+
+impl Preemptible<'_> {
+    /// What resolves when the request is stopped (at once if it was already).
+    pub fn stop(&self) -> &Notify {
+        &self.stop
+    }
+}
+
+impl Drop for Preemptible<'_> {
+    fn drop(&mut self) {
+        let mut flights = self.preemptions.flights.lock();
+        if let Some(i) = flights.iter().position(|f| f.serial == self.serial) {
+            flights.swap_remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_stops_only_those_it_outranks_on_its_backend_once() {
+        let shares = Shares::default();
+        let preemptions = Preemptions::default();
+        let (one, two) = (BackendId(1), BackendId(2));
+        let _a: Vec<_> = (0..6)
+            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .collect();
+        let _b = shares.enter("b", 1, Priority::Normal);
+        let heavy = preemptions.enter(one, "a", Priority::Normal);
+        let elsewhere = preemptions.enter(two, "a", Priority::Normal);
+        let light = preemptions.enter(one, "b", Priority::Normal);
+        let low = preemptions.enter(one, "b", Priority::Low);
+        assert_eq!(preemptions.preempt(one, "b", Priority::Normal, &shares), 2);
+        heavy.stop().notified().await;
+        low.stop().notified().await;
+        assert_eq!(
+            preemptions.preempt(one, "b", Priority::Normal, &shares),
+            0,
+            "each once; b's own, a light tenant's, and another backend's stay"
+        );
+        assert_eq!(preemptions.preempt(two, "a", Priority::Normal, &shares), 0);
+        assert_eq!(preemptions.preempt(two, "b", Priority::High, &shares), 1);
+        elsewhere.stop().notified().await;
+        drop(light);
+        assert!(preemptions.flights.lock().is_empty());
+    }
+}
