@@ -379,6 +379,26 @@ fn one_slot_left(
     (state, running, a)
 }
 
+/// Dispatches a request of `tenant` (weighed by `shares`, leaving `standing` slots) placed
+/// on any backend, without a trace.
+async fn as_tenant(
+    state: &State,
+    limits: &Limits,
+    fake: &mut Fake,
+    shares: &crate::tenants::Shares,
+    tenant: &str,
+    standing: usize,
+) -> Dispatched<(BackendId, u16)> {
+    let ticket = Ticket {
+        tenant,
+        shares: Some(shares),
+        standing,
+        ..Ticket::default()
+    };
+    let trace = RequestTrace::default();
+    run(state, limits, fake, &Route::AnyBackend, ticket, &trace).await
+}
+
 /// Tenant `a`'s request on [`one_slot_left`] (200 ms of queue timeout), then, once it
 /// waits in the router's queue (checked), tenant `b`'s; `b` counts in the shares from the
 /// start, or from its request when `b_arrives`. Both leave `standing` slots. Returns both
@@ -397,36 +417,14 @@ async fn a_then_b(
     let (state, _running, _a) = one_slot_left(&shares);
     let enter = || shares.enter("b", 1, Priority::Normal);
     let _b = (!b_arrives).then(enter);
-    let ticket = |tenant| Ticket {
-        tenant,
-        shares: Some(&shares),
-        standing,
-        ..Ticket::default()
-    };
     let limits = limits(0, Duration::from_millis(200));
     let (mut heavy, mut light) = (Fake::new([Step::Answer]), Fake::new([Step::Answer]));
-    let trace = RequestTrace::default();
-    let a = run(
-        &state,
-        &limits,
-        &mut heavy,
-        &Route::AnyBackend,
-        ticket("a"),
-        &trace,
-    );
+    let a = as_tenant(&state, &limits, &mut heavy, &shares, "a", standing);
     let b = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(state.queue.len(), 1, "a waits: its last slot is left free");
         let _b = b_arrives.then(enter);
-        let b = run(
-            &state,
-            &limits,
-            &mut light,
-            &Route::AnyBackend,
-            ticket("b"),
-            &trace,
-        );
-        b.await
+        as_tenant(&state, &limits, &mut light, &shares, "b", standing).await
     };
     let (a, b) = tokio::join!(a, b);
     let metrics = String::from_utf8(state.stats.render()).unwrap();
@@ -466,44 +464,16 @@ async fn a_light_tenants_request_stops_an_unanswered_heavy_one_which_is_placed_a
         .map(|_| shares.enter("a", 1, Priority::Normal))
         .collect();
     let _b = shares.enter("b", 1, Priority::Normal);
-    let ticket = |tenant| Ticket {
-        tenant,
-        shares: Some(&shares),
-        ..Ticket::default()
-    };
     let limits = Limits::default();
     let mut heavy = Fake::new([Step::UntilStopped, Step::UntilStopped]);
     let mut light = Fake::new([Step::UntilStopped]);
-    let trace = RequestTrace::default();
-    let a = run(
-        &state,
-        &limits,
-        &mut heavy,
-        &Route::AnyBackend,
-        ticket("a"),
-        &trace,
-    );
+    let a = as_tenant(&state, &limits, &mut heavy, &shares, "a", 0);
     let b = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let b = run(
-            &state,
-            &limits,
-            &mut light,
-            &Route::AnyBackend,
-            ticket("b"),
-            &trace,
-        );
-        let b = b.await;
+        let b = as_tenant(&state, &limits, &mut light, &shares, "b", 0).await;
         let mut again = Fake::new([]);
-        let c = run(
-            &state,
-            &limits,
-            &mut again,
-            &Route::AnyBackend,
-            ticket("b"),
-            &trace,
-        );
-        (b, c.await)
+        let c = as_tenant(&state, &limits, &mut again, &shares, "b", 0).await;
+        (b, c)
     };
     let (a, (b, _)) = tokio::join!(a, b);
     assert!(b.result.is_ok(), "b is never stopped: it outranks a");
