@@ -234,20 +234,7 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
         sha256_entry("sk-acme")
     );
     let router = with_tenants(&up, "route", &file);
-    let explain = |key: &'static str| {
-        let url = format!("{}/route", router.admin_url);
-        async move {
-            let response = client()
-                .post(url)
-                .header("authorization", format!("Bearer {key}"))
-                .header("x-priority", "high")
-                .json(&chat(&[("user", "a question for the fleet".into())]))
-                .send()
-                .await
-                .unwrap();
-            response.json::<Value>().await.unwrap()
-        }
-    };
+    let explain = |key| route_as(&router, key, "high", "test-model");
     let explained = explain("sk-acme").await;
     let admission = &explained["admission"];
     assert_eq!(admission["tenant"], "acme");
@@ -270,6 +257,22 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     assert!(text.contains("prefix_router_tenant_held_requests{tenant=\"acme\"}"));
     assert!(text.contains("prefix_router_queued_requests_by_priority{priority=\"high\"} 0"));
     assert!(!text.contains("sk-acme"));
+}
+
+/// What `POST /route` says of a chat request for `model` of the tenant keyed `key` at
+/// `priority`.
+async fn route_as(router: &TestRouter, key: &str, priority: &str, model: &str) -> Value {
+    let mut body = chat(&[("user", "a question for the fleet".into())]);
+    body["model"] = model.into();
+    let response = client()
+        .post(format!("{}/route", router.admin_url))
+        .header("authorization", format!("Bearer {key}"))
+        .header("x-priority", priority)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    response.json::<Value>().await.unwrap()
 }
 
 /// A chat request of the tenant keyed `key` asking `text`: its status and body.
@@ -321,6 +324,20 @@ async fn a_light_tenants_request_stops_a_heavy_ones_prefill_which_is_answered_af
         .wait_until("the heavy requests prefill", prefilling)
         .await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let model = prefix_router_sim::DEFAULT_MODEL;
+    let explained = route_as(&router, "sk-light", "normal", model).await;
+    assert_eq!(
+        explained["admission"]["kept"], true,
+        "b is below its share: {explained}"
+    );
+    assert_eq!(
+        explained["backends"][0]["would_stop"], 3,
+        "POST /route says what it would stop, and stops nothing"
+    );
+    assert_eq!(
+        route_as(&router, "sk-heavy", "normal", model).await["backends"][0]["would_stop"],
+        0
+    );
     let (status, _) = ask_as(router.url.clone(), "sk-light", "a short question".into()).await;
     assert_eq!(status, 200);
     assert_eq!(

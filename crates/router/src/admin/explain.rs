@@ -10,7 +10,9 @@
 //! `admission` says whose request it is (the tenant and priority its headers give) and
 //! whether it would wait in the router's queue (`wait`: `full` when no backend is open
 //! for it, `behind` when others wait ahead of it); `backend` is null when it would wait
-//! for a full fleet.
+//! for a full fleet. With a tenants file, `kept` says whether the reserve is kept for it,
+//! and each backend's `would_stop` how many requests there with no answer yet it would
+//! stop if placed there ([`crate::tenants::preempt`]).
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -24,6 +26,7 @@ use crate::admission::Ticket;
 use crate::error::RouterError;
 use crate::proxy::dispatch::{self, Route, Wait};
 use crate::proxy::prepare::{self, Prepared};
+use crate::proxy::steps;
 use crate::state::State;
 use crate::stats::Label;
 use crate::tokens::Tokenizing;
@@ -54,11 +57,8 @@ pub async fn explain(
     let live_config = state.live();
     let identity = live_config.tenants.identify(headers);
     let ticket = identity.as_ref().ok().map(|identity| Ticket {
-        priority: identity.priority,
-        tenant: identity.tenant.map_or("", |t| t.name.as_str()),
-        shares: state.tenancy.shares(identity),
-        standing: identity.tenant.map_or(0, |t| t.standing_slots),
-        ..Ticket::default()
+        arriving: true,
+        ..steps::ticket(state, identity, 1)
     });
     let cap = ticket.map_or(Cap::from(limit), |t| t.cap(limit));
     let decided = prepare::decide(state, &accounts, cap, &request);
@@ -79,6 +79,7 @@ pub async fn explain(
                 "capacity_tokens": a.capacity().map(|t| t.0),
                 "slots": a.sequences(),
                 "open": a.open(cap),
+                "would_stop": ticket.map_or(0, |t| t.outranked(cap, a.id)),
                 "hold": a.hold(),
                 "home": home == Some(a.id),
                 "live_conversations": live.map(|l| l.conversations),
@@ -92,6 +93,7 @@ pub async fn explain(
             "tenant": identity.tenant.map(|t| t.name.clone()),
             "priority": identity.priority.label(),
             "reserve": cap.reserve,
+            "kept": cap.kept,
             "standing_slots": cap.standing,
             "queued": state.queue.len(),
             "wait": dispatch::wait(state, limits, &ready, &ticket).map(Wait::label),

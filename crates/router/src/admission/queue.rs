@@ -79,13 +79,20 @@ pub struct Ticket<'t> {
     pub shares: Option<&'t Shares>,
     /// Slots of each held backend it leaves free for an arrival (`standing_slots`).
     pub standing: usize,
+    /// Not counted in its tenant's share (`POST /route` asks about a request that has
+    /// not arrived): weighed as if it were.
+    pub arriving: bool,
 }
 
 impl<'t> Ticket<'t> {
     /// What it may take of a backend under the in-flight `limit` (0: none), with the
     /// reserve its tenant's share asks, as it stands now.
     pub fn cap(&self, limit: usize) -> Cap {
-        let cap = |s: &Shares| s.cap(self.tenant, self.priority, limit, self.standing);
+        let (tenant, priority, standing) = (self.tenant, self.priority, self.standing);
+        let cap = |s: &Shares| match self.arriving {
+            true => s.cap_arriving(tenant, self.weight, priority, limit, standing),
+            false => s.cap(tenant, priority, limit, standing),
+        };
         self.shares.map_or(Cap::from(limit), cap)
     }
 
@@ -103,12 +110,16 @@ impl<'t> Ticket<'t> {
         shares.map_or(0, |s| s.preempt(backend, self.tenant, self.priority))
     }
 
-    /// Whether it may pass the waiters of `queue` to a slot open for it: its tenant is
-    /// below its share, and no waiter has a higher priority.
+    /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).
+    pub fn outranked(&self, cap: Cap, backend: BackendId) -> usize {
+        let shares = self.shares.filter(|_| cap.kept);
+        shares.map_or(0, |s| s.outranked(backend, self.tenant, self.priority))
+    }
+
+    /// Whether it may pass the waiters of `queue` to a slot open for it: the reserve is
+    /// kept for it ([`Shares::light`]), and no waiter has a higher priority.
     pub fn passes(&self, queue: &Queue) -> bool {
-        self.shares
-            .is_some_and(|s| s.light(self.tenant, self.priority))
-            && queue.first_priority().is_none_or(|p| p <= self.priority)
+        self.cap(0).kept && queue.first_priority().is_none_or(|p| p <= self.priority)
     }
 }
 
@@ -121,6 +132,7 @@ impl Default for Ticket<'_> {
             cost: 1,
             shares: None,
             standing: 0,
+            arriving: false,
         }
     }
 }

@@ -114,6 +114,7 @@ pub async fn run<E: Exchange>(
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
     let mut placed = None;
     let mut preempted = false;
+    let mut refused = 0;
     let mut last_error = RouterError::NoBackend;
     let mut retry = Retry {
         state,
@@ -130,8 +131,11 @@ pub async fn run<E: Exchange>(
         let cap = ticket.cap(limits.max_inflight_per_backend);
         let Some((seat, backend)) = place(state, cap, &ready, route, trace) else {
             // Another request took the last slot since the backends were read.
+            refused += 1;
+            back_off(refused).await;
             continue;
         };
+        refused = 0;
         let decision = seat.decision();
         placed = Some(Placed {
             backend: Arc::clone(&backend),
@@ -181,6 +185,23 @@ pub async fn run<E: Exchange>(
         placed,
         retries: tried.len(),
         result,
+    }
+}
+
+/// Placements refused in a row before each next one waits [`REFUSED_PAUSE`].
+const REFUSED_IN_A_ROW: u32 = 8;
+
+/// The pause before placing again after [`REFUSED_IN_A_ROW`] refusals.
+const REFUSED_PAUSE: Duration = Duration::from_millis(1);
+
+/// After the `refused`th placement refused in a row (a backend found open was full when
+/// placed on): lets the other tasks run, and past [`REFUSED_IN_A_ROW`] pauses, so that
+/// the loop cannot spin should the ledger's view and its placement disagree.
+async fn back_off(refused: u32) {
+    if refused > REFUSED_IN_A_ROW {
+        tokio::time::sleep(REFUSED_PAUSE).await;
+    } else {
+        tokio::task::yield_now().await;
     }
 }
 

@@ -70,6 +70,7 @@ pub fn ticket<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Ticke
         cost,
         shares: state.tenancy.shares(identity),
         standing: identity.tenant.map_or(0, |t| t.standing_slots),
+        arriving: false,
     }
 }
 

@@ -69,22 +69,50 @@ impl Preemptions {
         shares: &Shares,
     ) -> usize {
         let mut flights = self.flights.lock();
-        let outranked = |f: &Flight| {
-            f.backend == backend
-                && (f.priority < priority
-                    || (f.priority == priority
-                        && f.tenant != tenant
-                        && !shares.light(&f.tenant, f.priority)))
-        };
         let before = flights.len();
         flights.retain(|f| {
-            let stop = outranked(f);
+            let stop = f.outranked_by(backend, tenant, priority, shares);
             if stop {
                 f.stop.notify_one();
             }
             !stop
         });
         before - flights.len()
+    }
+
+    /// How many requests on `backend` a request of `tenant` at `priority` outranks now
+    /// (what [`Self::preempt`] would stop), stopping none.
+    pub fn outranked(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        shares: &Shares,
+    ) -> usize {
+        let flights = self.flights.lock();
+        let outranked = flights
+            .iter()
+            .filter(|f| f.outranked_by(backend, tenant, priority, shares));
+        outranked.count()
+    }
+}
+
+impl Flight {
+    /// Whether a request of `tenant` at `priority` on `backend` outranks this one: it is
+    /// there, of a lower priority, or of the same priority and another tenant at or over
+    /// its share.
+    fn outranked_by(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        shares: &Shares,
+    ) -> bool {
+        self.backend == backend
+            && (self.priority < priority
+                || (self.priority == priority
+                    && self.tenant != tenant
+                    && !shares.light(&self.tenant, self.priority)))
     }
 }
 

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use prefix_router_core::BackendId;
 use prefix_router_core::ledger::Cap;
+use smallvec::SmallVec;
 
 use super::Priority;
 use super::preempt::{Preemptible, Preemptions};
@@ -110,13 +111,24 @@ impl Shares {
         }
     }
 
-    fn standing(&self, tenant: &str, priority: Priority) -> Standing {
+    /// Where a request of `tenant` at `priority` stands; `arriving` (its tenant's
+    /// weight) when it is not counted yet, weighed as if it were.
+    fn standing(&self, tenant: &str, priority: Priority, arriving: Option<u32>) -> Standing {
         let now = Instant::now();
         let flows = self.flows.lock();
-        let active = || flows.tenants.iter().filter(|(_, f)| f.active(now));
-        let weights: u64 = active().map(|(_, f)| u64::from(f.weight)).sum();
-        let held: u64 = active().map(|(_, f)| f.held as u64).sum();
-        let below = |f: &Flow| (f.held as u64) * weights < held * u64::from(f.weight);
+        let mut active: SmallVec<[(&str, u64, u64); 8]> = (flows.tenants.iter())
+            .filter(|(_, f)| f.active(now))
+            .map(|(name, f)| (name.as_str(), u64::from(f.weight), f.held as u64))
+            .collect();
+        if let Some(weight) = arriving {
+            match active.iter_mut().find(|(name, ..)| *name == tenant) {
+                Some((_, _, held)) => *held += 1,
+                None => active.push((tenant, u64::from(weight.max(1)), 1)),
+            }
+        }
+        let weights: u64 = active.iter().map(|&(_, w, _)| w).sum();
+        let held: u64 = active.iter().map(|&(_, _, h)| h).sum();
+        let below = |(_, w, h): (&str, u64, u64)| h * weights < held * w;
         let band_active = |i: usize| flows.bands[i].as_ref().is_some_and(|f| f.active(now));
         let mine = priority as usize;
         let mut standing = Standing {
@@ -124,8 +136,8 @@ impl Shares {
             lower: (0..mine).any(band_active),
             ..Standing::default()
         };
-        for (name, flow) in active() {
-            if name == tenant {
+        for &flow in &active {
+            if flow.0 == tenant {
                 standing.light = below(flow);
             } else {
                 standing.other_light |= below(flow);
@@ -151,6 +163,12 @@ impl Shares {
         self.preemptions.preempt(backend, tenant, priority, self)
     }
 
+    /// How many requests on `backend` with no answer yet a request of `tenant` at
+    /// `priority` outranks now, stopping none.
+    pub fn outranked(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
+        self.preemptions.outranked(backend, tenant, priority, self)
+    }
+
     /// Each known tenant's requests held now (in flight or waiting).
     pub fn held(&self) -> Vec<(String, usize)> {
         let flows = self.flows.lock();
@@ -163,7 +181,7 @@ impl Shares {
     /// priority is active, and its tenant is below its share or a lower priority is
     /// active.
     pub fn light(&self, tenant: &str, priority: Priority) -> bool {
-        self.standing(tenant, priority).kept_for()
+        self.standing(tenant, priority, None).kept_for()
     }
 
     /// What a request of `tenant` at `priority` may take of a backend under the in-flight
@@ -171,7 +189,24 @@ impl Shares {
     /// another tenant below its share is active, else less `standing` slots (the file's
     /// `standing_slots`); counted among those the reserve is kept for while it is.
     pub fn cap(&self, tenant: &str, priority: Priority, limit: usize, standing: usize) -> Cap {
-        let s = self.standing(tenant, priority);
+        self.cap_of(self.standing(tenant, priority, None), limit, standing)
+    }
+
+    /// [`Self::cap`] for a request of `tenant` (of `weight`) not counted yet, as if it
+    /// were (`POST /route`).
+    pub fn cap_arriving(
+        &self,
+        tenant: &str,
+        weight: u32,
+        priority: Priority,
+        limit: usize,
+        standing: usize,
+    ) -> Cap {
+        let s = self.standing(tenant, priority, Some(weight));
+        self.cap_of(s, limit, standing)
+    }
+
+    fn cap_of(&self, s: Standing, limit: usize, standing: usize) -> Cap {
         Cap {
             limit,
             reserve: (s.higher || s.other_light) && !s.kept_for(),
