@@ -112,9 +112,9 @@ impl Flight {
         shares: &Shares,
     ) -> bool {
         self.backend == backend
-            && (self.priority == priority
-                && self.tenant != tenant
-                && !shares.light(&self.tenant, self.priority))
+            && self.priority == priority
+            && self.tenant != tenant
+            && !shares.light(&self.tenant, self.priority)
     }
 }
 

@@ -81,6 +81,16 @@ impl Standing {
     fn kept_for(&self) -> bool {
         !self.higher && (self.light || self.lower)
     }
+
+    /// What it may take under the in-flight `limit`, leaving `standing` slots.
+    fn cap(&self, limit: usize, standing: usize) -> Cap {
+        Cap {
+            limit,
+            reserve: (self.higher || self.other_light) && !self.kept_for(),
+            kept: self.kept_for(),
+            standing: if self.kept_for() { 0 } else { standing },
+        }
+    }
 }
 
 /// The tenants' and priorities' requests held by the router.
@@ -189,7 +199,7 @@ impl Shares {
     /// another tenant below its share is active, else less `standing` slots (the file's
     /// `standing_slots`); counted among those the reserve is kept for while it is.
     pub fn cap(&self, tenant: &str, priority: Priority, limit: usize, standing: usize) -> Cap {
-        self.cap_of(self.standing(tenant, priority, None), limit, standing)
+        self.standing(tenant, priority, None).cap(limit, standing)
     }
 
     /// [`Self::cap`] for a request of `tenant` (of `weight`) not counted yet, as if it
@@ -202,17 +212,7 @@ impl Shares {
         limit: usize,
         standing: usize,
     ) -> Cap {
-        let s = self.standing(tenant, priority, Some(weight));
-        self.cap_of(s, limit, standing)
-    }
-
-    fn cap_of(&self, s: Standing, limit: usize, standing: usize) -> Cap {
-        Cap {
-            limit,
-            reserve: (s.higher || s.other_light) && !s.kept_for(),
-            kept: s.kept_for(),
-            standing: if s.kept_for() { 0 } else { standing },
-        }
+        (self.standing(tenant, priority, Some(weight))).cap(limit, standing)
     }
 }
 
