@@ -13,7 +13,9 @@
 # their Retry-After, and what it is served in each of its first MINUTES (2) minutes; priority: B's sessions at x-priority high alone,
 # then beside normal and low sessions of A's size that together keep twice the fleet's
 # slots in flight, under --max-queued of half the slots),
-# B_DELAY (2: seconds the neighbours run before B starts), STANDING_SLOTS (0: the tenants
+# B_DELAY (2: seconds the neighbours run before B starts), B_SESSION_RATE (100: new
+# sessions a second of B, and of `high` in the priority runs, in simulated time; the
+# neighbours' start at 100 a second), STANDING_SLOTS (0: the tenants
 # files' standing_slots),
 # OUT (a directory for logs, reports and the router's metrics when B finished).
 set -euo pipefail
@@ -46,10 +48,10 @@ start_sims() {
   for u in "${urls[@]}"; do wait_ok "$u/health"; done
 }
 
-replay() { # KEY SESSIONS CONCURRENCY SEED REPORT [more flags]: the agent workload as tenant KEY
+replay() { # KEY SESSIONS CONCURRENCY SEED REPORT [more flags]: the agent workload as tenant KEY, $rate new sessions a second (100)
   local key=$1 sessions=$2 conc=$3 seed=$4 report=$5; shift 5
   "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent --sessions "$sessions" \
-    --session-rate 100 --concurrency "$conc" --seed "$seed" --max-context-tokens "${MAX_CONTEXT:-60000}" \
+    --session-rate "${rate:-100}" --concurrency "$conc" --seed "$seed" --max-context-tokens "${MAX_CONTEXT:-60000}" \
     --speedup "$speedup" --stream --quiet --backends 4 --timeout 600 --api-key "$key" \
     --model meta-llama/Llama-3.1-8B-Instruct --out "$report" --requests-out "${report%.json}.jsonl" "$@" >/dev/null
 }
@@ -74,7 +76,7 @@ run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
     a_pid=$!
     sleep "${B_DELAY:-2}"
   fi
-  replay sk-tenant-b "$b_sessions" "$b_conc" 1 "$out/b-$1-$4.json"
+  rate="${B_SESSION_RATE:-100}" replay sk-tenant-b "$b_sessions" "$b_conc" 1 "$out/b-$1-$4.json"
   curl -s "http://127.0.0.1:$admin/metrics" >"$out/metrics-$1-$4.txt"
   local a_line=""
   if [ -n "$a_pid" ]; then
@@ -116,7 +118,7 @@ priority_run() { # RUN: high-priority sessions alone, then beside normal and low
   local args="--tenants-file $out/priority.toml --max-queued $((slots / 2))"
   start_sims
   ROUTER_ARGS="$args" start_router kv_aware "${urls[@]}"
-  replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-alone-$1.json" --priority high
+  rate="${B_SESSION_RATE:-100}" replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-alone-$1.json" --priority high
   echo "priority run=$1: high alone $(summary "$out/high-alone-$1.json")"
   stop
   start_sims
@@ -126,7 +128,7 @@ priority_run() { # RUN: high-priority sessions alone, then beside normal and low
   replay sk-tenant-p "$a_sessions" "$slots" 9 "$out/low-$1.json" --priority low &
   local l_pid=$!
   sleep "${B_DELAY:-2}"
-  replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-$1.json" --priority high
+  rate="${B_SESSION_RATE:-100}" replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-$1.json" --priority high
   kill "$n_pid" "$l_pid" 2>/dev/null || true; wait "$n_pid" "$l_pid" 2>/dev/null || true
   echo "priority run=$1: high beside normal and low $(summary "$out/high-$1.json");" \
     "preempted: $(metric prefix_router_tenant_preempted_total);" \
