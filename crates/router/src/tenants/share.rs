@@ -253,6 +253,15 @@ mod tests {
         );
         assert!(!shares.light("a", Priority::Normal));
         assert_eq!(shares.cap("a", Priority::Normal, 0, 1).standing, 1);
+        assert!(
+            !shares.cap("b", Priority::Normal, 0, 0).kept,
+            "b is not active"
+        );
+        assert!(
+            shares.cap_arriving("b", 1, Priority::Normal, 0, 0).kept,
+            "as if its request had arrived"
+        );
+        assert!(!shares.cap_arriving("a", 1, Priority::Normal, 0, 0).kept);
         let b = shares.enter("b", 1, Priority::Normal);
         assert!(
             shares.light("b", Priority::Normal),
