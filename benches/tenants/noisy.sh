@@ -4,7 +4,8 @@
 # (--max-num-seqs MAX_NUM_SEQS). B's TTFT alone, then beside A without a tenants file (the
 # engines' own FCFS queues decide), then beside A with a tenants file of equal weights (the
 # router holds the excess in its queue and serves the tenants' fair shares). Prints B's
-# TTFT p50/p99 and the requests each tenant got answered per second.
+# TTFT p50/p99, its slowest first turn, its later turns' p99 and its hit rate, and the
+# requests each tenant got answered per second.
 #
 # Env: SPEEDUP (5), MAX_NUM_SEQS (2), B_SESSIONS (8), A_SESSIONS (128), B_CONCURRENCY and
 # A_CONCURRENCY (requests in flight, default: the sessions), MAX_CONTEXT (60000 tokens a
@@ -56,14 +57,25 @@ replay() { # KEY SESSIONS CONCURRENCY SEED REPORT [more flags]: the agent worklo
     --model meta-llama/Llama-3.1-8B-Instruct --out "$report" --requests-out "${report%.json}.jsonl" "$@" >/dev/null
 }
 
-summary() { # REPORT: TTFT p50, p99 and answered requests per second
+summary() { # REPORT: TTFT p50, p99, answered requests per second; from the requests written
+  # next to it, the slowest first turn, the p99 of later turns, and the hit rate
   python3 - "$1" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r["ttft_ms"] or {}
 q = r["requests"]
-print(f"ttft_p50={t.get('p50', 0) / 1000:.3f}s ttft_p99={t.get('p99', 0) / 1000:.3f}s "
-      f"ok={q['ok']} failed={q['failed']} req/s={q['ok'] / r['elapsed_s']:.2f}")
+line = (f"ttft_p50={t.get('p50', 0) / 1000:.3f}s ttft_p99={t.get('p99', 0) / 1000:.3f}s "
+        f"ok={q['ok']} failed={q['failed']} req/s={q['ok'] / r['elapsed_s']:.2f}")
+rows = [json.loads(l) for l in open(sys.argv[1][:-len(".json")] + ".jsonl")]
+rows = [x for x in rows if x.get("ttft_ms") is not None]
+first = [x["ttft_ms"] for x in rows if x["turn"] == 0]
+later = sorted(x["ttft_ms"] for x in rows if x["turn"] > 0)
+prompt = sum(x["prompt_tokens"] for x in rows)
+if first and later and prompt:
+    line += (f" first_turns_max={max(first) / 1000:.3f}s"
+             f" later_turns_p99={later[int(0.99 * (len(later) - 1))] / 1000:.3f}s"
+             f" hit={sum(x['cached_tokens'] for x in rows) / prompt:.3f}")
+print(line)
 PY
 }
 
