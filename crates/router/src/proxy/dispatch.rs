@@ -114,7 +114,7 @@ pub async fn run<E: Exchange>(
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
     let mut placed = None;
     let mut preempted = false;
-    let mut refused = 0;
+    let mut refused = Refused::default();
     let mut last_error = RouterError::NoBackend;
     let mut retry = Retry {
         state,
@@ -131,11 +131,12 @@ pub async fn run<E: Exchange>(
         let cap = ticket.cap(limits.max_inflight_per_backend);
         let Some((seat, backend)) = place(state, cap, &ready, route, trace) else {
             // Another request took the last slot since the backends were read.
-            refused += 1;
-            back_off(refused).await;
-            continue;
+            match refused.back_off(limits.queue_timeout).await {
+                Ok(()) => continue,
+                Err(e) => break Err(e),
+            }
         };
-        refused = 0;
+        refused = Refused::default();
         let decision = seat.decision();
         placed = Some(Placed {
             backend: Arc::clone(&backend),
@@ -194,14 +195,36 @@ const REFUSED_IN_A_ROW: u32 = 8;
 /// The pause before placing again after [`REFUSED_IN_A_ROW`] refusals.
 const REFUSED_PAUSE: Duration = Duration::from_millis(1);
 
-/// After the `refused`th placement refused in a row (a backend found open was full when
-/// placed on): lets the other tasks run, and past [`REFUSED_IN_A_ROW`] pauses, so that
-/// the loop cannot spin should the ledger's view and its placement disagree.
-async fn back_off(refused: u32) {
-    if refused > REFUSED_IN_A_ROW {
+/// Placements refused in a row (a backend found open was full when placed on), and since
+/// when: the loop must neither spin nor last, should the ledger's view and its placement
+/// disagree.
+#[derive(Default)]
+struct Refused {
+    count: u32,
+    since: Option<Instant>,
+}
+
+impl Refused {
+    /// After one more refusal: lets the other tasks run, and past [`REFUSED_IN_A_ROW`]
+    /// pauses; pausing for longer than `timeout` (`queue_timeout`) ends the request as a
+    /// wait in the queue would, with 503 `overloaded`.
+    async fn back_off(&mut self, timeout: Duration) -> Result<(), RouterError> {
+        self.count += 1;
+        if self.count <= REFUSED_IN_A_ROW {
+            tokio::task::yield_now().await;
+            return Ok(());
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() > timeout {
+            let count = self.count;
+            warn!("placement refused {count} times in a row; answering 503");
+            return Err(RouterError::Overloaded {
+                shed: Shed::QueueTimeout,
+                retry_after: timeout.as_secs().max(1),
+            });
+        }
         tokio::time::sleep(REFUSED_PAUSE).await;
-    } else {
-        tokio::task::yield_now().await;
+        Ok(())
     }
 }
 

@@ -491,3 +491,31 @@ async fn a_light_tenants_request_stops_an_unanswered_heavy_one_which_is_placed_a
     let stopped = "prefix_router_tenant_preempted_total{priority=\"normal\",tenant=\"a\"} 1";
     assert!(metrics.contains(stopped), "{metrics}");
 }
+
+#[tokio::test]
+async fn placements_refused_in_a_row_pause_and_end_after_the_queue_timeout() {
+    let mut refused = Refused::default();
+    for _ in 0..REFUSED_IN_A_ROW {
+        assert!(
+            refused.back_off(Duration::ZERO).await.is_ok(),
+            "a race: at once"
+        );
+    }
+    let ended = refused.back_off(Duration::ZERO).await;
+    assert!(matches!(
+        ended,
+        Err(RouterError::Overloaded {
+            shed: Shed::QueueTimeout,
+            ..
+        })
+    ));
+    let mut refused = Refused::default();
+    let started = Instant::now();
+    for _ in 0..REFUSED_IN_A_ROW + 5 {
+        assert!(refused.back_off(Duration::from_secs(60)).await.is_ok());
+    }
+    assert!(
+        started.elapsed() >= 5 * REFUSED_PAUSE,
+        "the last five paused"
+    );
+}
