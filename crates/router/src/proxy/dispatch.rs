@@ -429,10 +429,8 @@ async fn admitted<E: Exchange>(
 
 /// A request the reserve is kept for, waiting for a slot, stops the requests it outranks
 /// that have no answer yet where the policy would place it if there were room (asked
-/// without remembering anything; for a
-/// text mostly cached nowhere, less than half of it matched, on the first backend of
-/// `ready` with such requests, that one first): it takes a slot they free, ahead of
-/// them.
+/// without remembering anything), or, for a text less than half matched there, on the
+/// first backend of `ready` with such requests: it takes a slot they free, ahead of them.
 fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
     let cap = ticket.cap(0);
     let Route::Policy(request) = route else {
