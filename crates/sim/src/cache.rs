@@ -19,6 +19,11 @@
 //!   appended to the back in reverse order (a request's tail block first), so the
 //!   least recently released blocks, and within one request the block covering the
 //!   most tokens, are evicted first.
+//! - A newly allocated block is *pending* until its request's prefill computed it
+//!   ([`BlockCache::computed`]). Its hash is registered at once (vLLM caches a block
+//!   when the step that computes it is scheduled), so a concurrent request may hit it,
+//!   but that request's first token waits until no block it hit is pending
+//!   ([`BlockCache::waits`]); it never gets ahead of the prefill it shares.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -109,6 +114,8 @@ impl Allocation {
 struct Slot {
     hash: Option<BlockHash>,
     refs: u32,
+    /// Allocated to a request whose prefill has not computed it yet.
+    pending: bool,
     prev: u32,
     next: u32,
 }
@@ -155,6 +162,7 @@ impl BlockCache {
             .map(|_| Slot {
                 hash: None,
                 refs: 0,
+                pending: false,
                 prev: NIL,
                 next: NIL,
             })
@@ -278,6 +286,20 @@ impl BlockCache {
         })
     }
 
+    /// Whether a block `allocation` hit is still pending: its request's first token
+    /// must wait for the prefill computing it.
+    pub fn waits(&self, allocation: &Allocation) -> bool {
+        (allocation.blocks.iter().take(allocation.hit_blocks))
+            .any(|&id| self.slots[id as usize].pending)
+    }
+
+    /// Marks the blocks `allocation` newly allocated as computed (its prefill ended).
+    pub fn computed(&mut self, allocation: &Allocation) {
+        for &id in allocation.blocks.iter().skip(allocation.hit_blocks) {
+            self.slots[id as usize].pending = false;
+        }
+    }
+
     /// Forgets every cached hash at once, as an engine restart or vLLM's
     /// `/reset_prefix_cache` does; blocks pinned by running requests stay theirs,
     /// anonymous. Counts nothing as evicted.
@@ -294,7 +316,8 @@ impl BlockCache {
     /// Unpins an aborted request's blocks, as [`Self::release`], after forgetting the
     /// hashes of those from position `computed` on: their KV was never computed, so
     /// only its first `computed` blocks stay cached (like vLLM, which caches a block
-    /// once its prefill step computed it).
+    /// once its prefill step computed it). A block another request hit stays cached and
+    /// counts as computed, so that request does not wait for it forever.
     pub fn release_computed(&mut self, allocation: Allocation, computed: usize) {
         for &id in allocation.blocks.iter().skip(computed) {
             let slot = &mut self.slots[id as usize];
@@ -314,9 +337,11 @@ impl BlockCache {
         self.release(allocation);
     }
 
-    /// Unpins a finished (or aborted) request's blocks; those no longer used by any
-    /// request go to the back of the free queue, tail block first.
+    /// Unpins a finished (or aborted) request's blocks, all of them computed from now
+    /// on; those no longer used by any request go to the back of the free queue, tail
+    /// block first.
     pub fn release(&mut self, allocation: Allocation) {
+        self.computed(&allocation);
         for &id in allocation.blocks.iter().rev() {
             let slot = &mut self.slots[id as usize];
             slot.refs = slot.refs.saturating_sub(1);
@@ -350,7 +375,8 @@ impl BlockCache {
                 }
             }
         }
-        self.slots[id as usize].refs = 1;
+        let slot = &mut self.slots[id as usize];
+        (slot.refs, slot.pending) = (1, true);
         Some(id)
     }
 

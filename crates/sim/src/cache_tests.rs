@@ -236,3 +236,22 @@ fn capped_duplicate_block_stays_anonymous() {
     assert_eq!(cache.cached(), 2);
     assert_eq!(cache.free(), 10);
 }
+
+#[test]
+fn a_hit_waits_while_its_blocks_are_pending() {
+    let mut cache = BlockCache::new(10);
+    let p = prompt(b"abc");
+    let a = admit(&mut cache, &p).unwrap();
+    let b = admit(&mut cache, &p).unwrap();
+    assert_eq!(b.hit_blocks(), 2);
+    assert!(!cache.waits(&a), "a hit nothing");
+    assert!(cache.waits(&b), "b hit a's blocks before a computed them");
+    cache.computed(&a);
+    assert!(!cache.waits(&b));
+    // Released blocks count as computed: a later hit on them does not wait.
+    cache.release(b);
+    let c = admit(&mut cache, &prompt(b"xy")).unwrap();
+    cache.release(c);
+    let d = admit(&mut cache, &p).unwrap();
+    assert!(!cache.waits(&d));
+}

@@ -17,6 +17,10 @@
 //!   prefills its uncached tokens. Prefill is processor sharing: all requests
 //!   prefilling at a moment split `prefill_tokens_per_s` equally. Alone, a request
 //!   takes `overhead + uncached / prefill_tokens_per_s`.
+//! - A request that hit blocks another request is still prefilling (they are cached
+//!   from that request's admission on, as vLLM caches a block once the step computing it
+//!   is scheduled) does not compute them again, but its first token waits for them: it
+//!   is out when its own prefill and theirs have ended.
 //! - Its first output token is out when its prefill ends; each further one every
 //!   `decode_s_per_token` (independent of load). It finishes with its last token,
 //!   releasing its blocks to the cache.
@@ -113,6 +117,8 @@ pub struct EngineCore {
     running: HashMap<u64, Running>,
     /// Requests prefilling now, with their remaining tokens as of `clock`.
     prefilling: Vec<(u64, f64)>,
+    /// Requests whose prefill ended while a block they hit is still being computed.
+    blocked: Vec<u64>,
     /// Wake-ups `(at.to_bits(), id)`: the end of a request's overhead or its last
     /// token, by its phase. Times are >= 0, and the bits of non-negative floats
     /// order like the floats.
@@ -132,6 +138,7 @@ impl EngineCore {
             waiting: VecDeque::new(),
             running: HashMap::new(),
             prefilling: Vec::new(),
+            blocked: Vec::new(),
             timers: BinaryHeap::new(),
             outputs: Vec::new(),
             changes: Vec::new(),
@@ -211,7 +218,9 @@ impl EngineCore {
             let prompt = running.cached_tokens + running.uncached_tokens;
             let computed = prompt.saturating_sub(uncomputed) / self.timing.block_tokens.max(1);
             self.prefilling.retain(|&(other, _)| other != id);
+            self.blocked.retain(|&other| other != id);
             self.cache.release_computed(running.allocation, computed);
+            self.unblock();
             self.admit();
         } else {
             self.waiting.retain(|(request, _)| request.id != id);
@@ -307,6 +316,24 @@ impl EngineCore {
             !finished
         });
         for id in done {
+            let waits = (self.running.get(&id)).is_some_and(|r| self.cache.waits(&r.allocation));
+            if waits {
+                self.blocked.push(id);
+            } else {
+                self.first_token(id);
+            }
+        }
+    }
+
+    /// Gives their first token to the blocked requests no longer waiting for a block.
+    fn unblock(&mut self) {
+        let cache = &self.cache;
+        let running = &self.running;
+        let (ready, blocked): (Vec<u64>, Vec<u64>) = (self.blocked.iter()).partition(|id| {
+            (running.get(id)).is_none_or(|r| !cache.waits(&r.allocation))
+        });
+        self.blocked = blocked;
+        for id in ready {
             self.first_token(id);
         }
     }
@@ -331,6 +358,7 @@ impl EngineCore {
             return;
         };
         running.phase = Phase::Decode;
+        self.cache.computed(&running.allocation);
         let (at, output_tokens) = (self.clock, running.output_tokens);
         let (ttft, cached_tokens) = (at - running.arrival, running.cached_tokens);
         self.outputs.push(Output::FirstToken {
@@ -345,6 +373,7 @@ impl EngineCore {
             let at = at + (output_tokens - 1) as f64 * self.timing.decode_s_per_token;
             self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
         }
+        self.unblock();
     }
 
     fn finish(&mut self, id: u64) {

@@ -266,3 +266,34 @@ fn an_aborted_prefill_leaves_only_the_blocks_it_computed_cached() {
     });
     assert_eq!(cached, Some(1_500 / 16 * 16), "{out:?}");
 }
+
+#[test]
+fn a_hit_on_blocks_still_prefilling_waits_for_them() {
+    let mut core = EngineCore::new(timing(), 26_000);
+    core.submit(req(1, 7, 30_000, 1));
+    core.advance(0.1);
+    // The same prompt while the first prefills: a hit, computed by the first alone.
+    core.submit(req(2, 7, 30_000, 1));
+    let out = run_to_idle(&mut core);
+    let (first, _, _) = first_token(&out, 1);
+    let (second, _, cached) = first_token(&out, 2);
+    assert_eq!(cached, 30_000 - 16);
+    // The second computes its last block in 20 ms + a moment, long before the first
+    // ends; its first token waits for the first's.
+    assert!(close(second, first), "{second} {first}");
+    assert!(first > 1.0, "{first}");
+}
+
+#[test]
+fn an_aborted_prefill_frees_the_requests_waiting_on_its_blocks() {
+    let mut core = EngineCore::new(timing(), 26_000);
+    core.submit(req(1, 7, 30_000, 1));
+    core.advance(0.1);
+    core.submit(req(2, 7, 30_000, 1));
+    core.advance(0.2);
+    assert!(core.take_outputs().iter().all(|o| !matches!(o, Output::FirstToken { .. })));
+    core.abort(1);
+    let out = run_to_idle(&mut core);
+    let (at, _, _) = first_token(&out, 2);
+    assert!(close(at, 0.2), "{at}");
+}
