@@ -371,3 +371,63 @@ async fn a_light_tenants_request_stops_a_heavy_ones_prefill_which_is_answered_af
         "3 heavy, the light, the 3 heavy again"
     );
 }
+
+/// Posts a chat request as the tenant `sk-p` at `priority`: a conversation whose first
+/// message is `history`, continued by `turn` when there is one; its status.
+async fn converse(url: String, priority: &'static str, history: String, turn: &'static str) -> u16 {
+    let mut messages = vec![("user", history)];
+    if !turn.is_empty() {
+        messages.extend([("assistant", "noted".into()), ("user", turn.into())]);
+    }
+    let response = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-p")
+        .header("x-priority", priority)
+        .json(&chat(&messages))
+        .send()
+        .await
+        .unwrap();
+    response.status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_priority_turn_waits_for_its_full_home_rather_than_move() {
+    let (one, two) = (Upstream::start("one").await, Upstream::start("two").await);
+    let file = format!(
+        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        sha256_entry("sk-p")
+    );
+    let settings = Settings {
+        tenants_file: Some(tenants_file("home", &file)),
+        max_inflight_per_backend: Some(2),
+        ..settings(&[&one, &two])
+    };
+    let router = TestRouter::start(settings, 1);
+    let url = router.url.clone();
+    let history = "a long history of this conversation, its own and no other's. ".repeat(20);
+    assert_eq!(
+        converse(url.clone(), "high", history.clone(), "").await,
+        200
+    );
+    let (home, away) = if one.count() == 1 {
+        (&one, &two)
+    } else {
+        (&two, &one)
+    };
+    home.set_reply(Reply::Slow(std::time::Duration::from_millis(600)));
+    // Home fills: a normal request continuing the conversation, then a high one.
+    let normal = tokio::spawn(converse(url.clone(), "normal", history.clone(), "n"));
+    router
+        .wait_until("normal is at home", |_| home.count() == 2)
+        .await;
+    let busy = tokio::spawn(converse(url.clone(), "high", history.clone(), "h"));
+    router
+        .wait_until("home is full", |_| home.count() == 3)
+        .await;
+    let started = std::time::Instant::now();
+    assert_eq!(converse(url.clone(), "high", history, "again").await, 200);
+    assert_eq!(away.count(), 0, "the turn did not move to the open backend");
+    assert_eq!(home.count(), 4, "it waited for a slot at home");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(500));
+    assert_eq!((normal.await.unwrap(), busy.await.unwrap()), (200, 200));
+}

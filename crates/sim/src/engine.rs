@@ -329,9 +329,8 @@ impl EngineCore {
     fn unblock(&mut self) {
         let cache = &self.cache;
         let running = &self.running;
-        let (ready, blocked): (Vec<u64>, Vec<u64>) = (self.blocked.iter()).partition(|id| {
-            (running.get(id)).is_none_or(|r| !cache.waits(&r.allocation))
-        });
+        let (ready, blocked): (Vec<u64>, Vec<u64>) = (self.blocked.iter())
+            .partition(|id| (running.get(id)).is_none_or(|r| !cache.waits(&r.allocation)));
         self.blocked = blocked;
         for id in ready {
             self.first_token(id);

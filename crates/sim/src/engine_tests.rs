@@ -291,7 +291,11 @@ fn an_aborted_prefill_frees_the_requests_waiting_on_its_blocks() {
     core.advance(0.1);
     core.submit(req(2, 7, 30_000, 1));
     core.advance(0.2);
-    assert!(core.take_outputs().iter().all(|o| !matches!(o, Output::FirstToken { .. })));
+    assert!(
+        core.take_outputs()
+            .iter()
+            .all(|o| !matches!(o, Output::FirstToken { .. }))
+    );
     core.abort(1);
     let out = run_to_idle(&mut core);
     let (at, _, _) = first_token(&out, 2);

@@ -267,8 +267,9 @@ const HOME_WAIT: Duration = Duration::from_secs(1);
 /// How often a request waiting for its home looks again.
 const HOME_POLL: Duration = Duration::from_millis(2);
 
-/// A request the reserve is kept for, whose home (where the policy would place it with
-/// every backend open, holding at least half its text) is full, waits there up to
+/// A request the reserve is kept for, whose conversation's home (where the policy would
+/// continue it with every backend open, holding at least half its text) is full, waits
+/// for it up to
 /// [`HOME_WAIT`] rather than move at once: a move recomputes its whole context elsewhere,
 /// and leaves it to be evicted at home. It looks every [`HOME_POLL`] rather than take the
 /// fleet's wake-ups, which belong to the router's queue.
@@ -289,7 +290,8 @@ async fn wait_for_home(state: &State, cap: Cap, ready: &Ready, route: &Route<'_,
     let Some(home) = accounts.get(decision.index) else {
         return;
     };
-    if home.open(cap) || decision.matched.0 < request.size().0 / 2 {
+    let continues = matches!(decision.outcome, Outcome::PrefixHit | Outcome::Session);
+    if home.open(cap) || !continues || decision.matched.0 < request.size().0 / 2 {
         return;
     }
     let deadline = Instant::now() + HOME_WAIT;
