@@ -15,8 +15,7 @@
 //!   see [`Conversations`]) overflow its KV while another backend has room: then it moves
 //!   once, as a new conversation would be placed, instead of thrashing home's cache. A
 //!   request whose flow the router keeps room for ([`Request::kept`]: a light tenant, a
-//!   higher priority) always stays (when home is full, the proxy waits a moment for a
-//!   slot there rather than place it elsewhere). A turn the engine refused, or that failed, holds no
+//!   higher priority) always stays. A turn the engine refused, or that failed, holds no
 //!   KV: the proxy releases it ([`Selector::released`]) and its conversation stops
 //!   counting.
 //! - **A new conversation** goes, among the backends with room for it (all of them when

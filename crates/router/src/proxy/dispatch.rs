@@ -129,13 +129,6 @@ pub async fn run<E: Exchange>(
             Err(e) => break Err(e),
         };
         let cap = ticket.cap(limits.max_inflight_per_backend);
-        if tried.is_empty() && !preempted {
-            tokio::select! {
-                biased;
-                () = wait_for_home(state, cap, &ready, route) => {}
-                gone = exchange.client_gone() => break Err(gone),
-            }
-        }
         let Some((seat, backend)) = place(state, cap, &ready, route, trace) else {
             // Another request took the last slot since the backends were read.
             match refused.back_off(limits.queue_timeout).await {
@@ -259,45 +252,6 @@ async fn send<E: Exchange>(
         state.tenancy.preempted(ticket.tenant, ticket.priority);
     }
     sent
-}
-
-/// Longest a request waits for its conversation's home to open ([`wait_for_home`]).
-const HOME_WAIT: Duration = Duration::from_secs(1);
-
-/// How often a request waiting for its home looks again.
-const HOME_POLL: Duration = Duration::from_millis(2);
-
-/// A request the reserve is kept for, whose conversation's home (where the policy would
-/// continue it with every backend open, holding at least half its text) is full, waits
-/// for it up to
-/// [`HOME_WAIT`] rather than move at once: a move recomputes its whole context elsewhere,
-/// and leaves it to be evicted at home. It looks every [`HOME_POLL`] rather than take the
-/// fleet's wake-ups, which belong to the router's queue.
-async fn wait_for_home(state: &State, cap: Cap, ready: &Ready, route: &Route<'_, '_>) {
-    let Route::Policy(request) = route else {
-        return;
-    };
-    if !cap.kept {
-        return;
-    }
-    let accounts = ready.accounts();
-    let candidates: SmallVec<[Candidate; 16]> = accounts.iter().map(|a| a.candidate()).collect();
-    let asking = Request {
-        explain: true,
-        ..**request
-    };
-    let decision = prepare::choose(state, &asking, cap, &candidates, &Cell::new(false));
-    let Some(home) = accounts.get(decision.index) else {
-        return;
-    };
-    let continues = matches!(decision.outcome, Outcome::PrefixHit | Outcome::Session);
-    if home.open(cap) || !continues || decision.matched.0 < request.size().0 / 2 {
-        return;
-    }
-    let deadline = Instant::now() + HOME_WAIT;
-    while !home.open(cap) && Instant::now() < deadline {
-        tokio::time::sleep(HOME_POLL).await;
-    }
 }
 
 /// Whether a failed attempt may be tried on another backend.
