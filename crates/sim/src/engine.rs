@@ -315,17 +315,12 @@ impl EngineCore {
             }
             !finished
         });
-        for id in done {
-            let waits = (self.running.get(&id)).is_some_and(|r| self.cache.waits(&r.allocation));
-            if waits {
-                self.blocked.push(id);
-            } else {
-                self.first_token(id);
-            }
-        }
+        self.blocked.extend(done);
+        self.unblock();
     }
 
-    /// Gives their first token to the blocked requests no longer waiting for a block.
+    /// Gives their first token to the requests whose prefill ended and which no longer
+    /// wait for a block they hit; the others stay blocked.
     fn unblock(&mut self) {
         let cache = &self.cache;
         let running = &self.running;
