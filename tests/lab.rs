@@ -72,19 +72,28 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
     for (r, v) in real.iter().zip(&virtual_time) {
         let (real_hit, lab_hit) = (r.report.hit_rate.unwrap(), v.report.hit_rate.unwrap());
         eprintln!("{}: real time {real_hit:.3}, lab {lab_hit:.3}", r.policy);
-        assert_eq!(r.report.requests.ok, 120);
-        assert_eq!(v.report.requests.ok, 120);
-        // How far one real-time run strays on this workload: kv_aware measured 0.716-0.734
+        assert_eq!(
+            r.report.requests.ok, 120,
+            "{}: answered in real time",
+            r.policy
+        );
+        assert_eq!(
+            v.report.requests.ok, 120,
+            "{}: answered in the lab",
+            r.policy
+        );
+        // How far one real-time run strays on this workload: kv_aware measured 0.716-0.754
         // (lab 0.744); cache_aware, whose imbalance bound trips at moments that depend on
-        // timing, 0.599-0.727 (lab 0.699) over ten runs of this test (the lowest under the
-        // load of `make test`).
-        let tolerance = if r.policy == "cache_aware" {
-            0.12
+        // timing, 0.599-0.727 (lab 0.699), lower the busier the machine: 0.615 once in
+        // three runs beside three busy loops on the two cores. So cache_aware may fall
+        // further below the lab than above it.
+        let (below, above) = if r.policy == "cache_aware" {
+            (0.15, 0.05)
         } else {
-            0.05
+            (0.05, 0.05)
         };
         assert!(
-            (real_hit - lab_hit).abs() <= tolerance,
+            (lab_hit - below..=lab_hit + above).contains(&real_hit),
             "{}: real time {real_hit:.3} vs lab {lab_hit:.3}",
             r.policy
         );
