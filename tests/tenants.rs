@@ -160,11 +160,13 @@ async fn tokens_are_counted_from_what_the_answers_report() {
     );
 }
 
-/// Posts a chat request whose message is `name`, with `priority`; its status.
+/// Posts a chat request whose message is `name`, with `priority` (and the API key
+/// `sk-priority`, which tenants files of these tests list); its status.
 async fn post_named(url: String, name: &'static str, priority: &'static str) -> u16 {
     client()
         .post(format!("{url}/v1/chat/completions"))
         .header("x-priority", priority)
+        .bearer_auth("sk-priority")
         .json(&chat(&[("user", name.into())]))
         .send()
         .await
@@ -224,6 +226,49 @@ async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
         arrivals(&up),
         vec!["busy", "high", "first normal", "second normal"]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_of_high_stops_a_low_request_in_flight_rather_than_shed_high() {
+    let up = Upstream::start("a").await;
+    up.set_reply(Reply::Slow(std::time::Duration::from_millis(500)));
+    let file = format!(
+        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        sha256_entry("sk-priority")
+    );
+    let settings = Settings {
+        max_inflight_per_backend: Some(1),
+        max_queued: Some(1),
+        queue_timeout: Some(10.0),
+        tenants_file: Some(tenants_file("displace", &file)),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    let url = router.url.clone();
+    let low = tokio::spawn(post_named(url.clone(), "low", "low"));
+    router
+        .wait_until("low is placed", |_| up.count() == 1)
+        .await;
+    let first = tokio::spawn(post_named(url.clone(), "first high", "high"));
+    router
+        .wait_until("the first high waits", |r| r.state().queue.len() == 1)
+        .await;
+    let second = post_named(url.clone(), "second high", "high").await;
+    assert_eq!(second, 200, "high is not shed while low runs unanswered");
+    assert_eq!(first.await.unwrap(), 200);
+    assert_eq!(
+        low.await.unwrap(),
+        503,
+        "low, stopped, found the queue full"
+    );
+    assert_eq!(arrivals(&up), vec!["low", "first high", "second high"]);
+    let metrics = router.metrics().await;
+    let stopped = sum(
+        &metrics,
+        "prefix_router_tenant_preempted_total",
+        &[("priority", "low")],
+    );
+    assert_eq!(stopped, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,6 +110,13 @@ impl<'t> Ticket<'t> {
         shares.map_or(0, |s| s.preempt(backend, self.tenant, self.priority))
     }
 
+    /// Stops, for want of a place in a full queue, the last placed request with no
+    /// answer yet at the lowest priority below its own (with a tenants file); whether
+    /// there was one.
+    pub fn displace(&self) -> bool {
+        self.shares.is_some_and(|s| s.displace(self.priority))
+    }
+
     /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).
     pub fn outranked(&self, cap: Cap, backend: BackendId) -> usize {
         let shares = self.shares.filter(|_| cap.kept);

@@ -22,7 +22,7 @@ use smallvec::SmallVec;
 
 use super::exchange::{Exchange, Failure};
 use super::prepare;
-use crate::admission::{Bounds, Left, Retrying, Ticket};
+use crate::admission::{Bounds, Left, Place, Queue, Retrying, Ticket};
 use crate::error::{RouterError, Shed};
 use crate::fleet::{Backend, Ended, Fleet, Ready};
 use crate::limits::Limits;
@@ -407,6 +407,7 @@ async fn admitted<E: Exchange>(
         per_priority: limits.max_queued_per_priority,
     };
     let place = (state.queue).join(bounds, ticket, promote_after);
+    let place = place.or_else(|| displaced(&state.queue, bounds, ticket, promote_after));
     let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
     make_room(state, &ticket, &ready, route);
     let (started, since) = (Instant::now(), SystemTime::now());
@@ -425,6 +426,27 @@ async fn admitted<E: Exchange>(
         Left::TimedOut => overloaded(Shed::QueueTimeout),
         Left::Shed => overloaded(Shed::QueueFull),
     })
+}
+
+/// A place for `ticket` that the queue, full of waiters it may not shed, refused: it
+/// stops the last placed request with no answer yet at the lowest priority below its own
+/// (which, sent back to the queue, finds it full in turn and gets 503), and waits past
+/// the queue's bound for the slot that frees. Lowest priority is shed first, whether it
+/// waits or runs; the excess is bounded by the requests stopped.
+fn displaced<'q>(
+    queue: &'q Queue,
+    bounds: Bounds,
+    ticket: Ticket,
+    promote_after: Duration,
+) -> Option<Place<'q>> {
+    if queue.len() < bounds.all || !ticket.displace() {
+        return None;
+    }
+    let unbounded = Bounds {
+        all: usize::MAX,
+        ..bounds
+    };
+    queue.join(unbounded, ticket, promote_after)
 }
 
 /// A request the reserve is kept for, waiting for a slot, stops the requests it outranks

@@ -5,16 +5,21 @@
 //! placed, the requests on its backend that it outranks and that have no answer yet are
 //! stopped: their connections close (the engine aborts them, its slot and prefill compute
 //! free) and they go back to the router's queue, to be placed again, by the policy, when
-//! a slot opens. Their clients see only the delay: nothing accepted is lost. A request is
-//! stopped at most once.
+//! a slot opens. Their clients see only the delay, or, if the queue is full, 503
+//! `overloaded` with `Retry-After` and nothing sent: nothing accepted is lost. A request
+//! is stopped at most once.
 //!
 //! It outranks another tenant's request at its own priority whose tenant is at or over
 //! its fair share. A higher priority stops no lower one: measured in
 //! `benches/tenants/noisy.sh` (`MODES=priority`), the work a stopped `normal` or `low`
 //! request does again, and the cache it churns, cost `high` more than sharing the prefill
-//! did. Only with a tenants file: the table holds the requests in flight that have not
-//! answered yet, each until its first response byte.
+//! did, except when the queue is full of requests it may not shed: then a request stops
+//! the last placed request of the lowest priority below its own, on any backend
+//! ([`Preemptions::displace`]), rather than be shed itself. Only with a tenants file: the
+//! table holds the requests in flight that have not answered yet, each until its first
+//! response byte.
 
+use std::cmp::Reverse;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -81,6 +86,21 @@ impl Preemptions {
             !stop
         });
         before - flights.len()
+    }
+
+    /// Stops, on any backend, the last placed of the requests with no answer yet at the
+    /// lowest priority below `priority`; whether there was one.
+    pub fn displace(&self, priority: Priority) -> bool {
+        let mut flights = self.flights.lock();
+        let lowest = (flights.iter().enumerate())
+            .filter(|(_, f)| f.priority < priority)
+            .min_by_key(|(_, f)| (f.priority, Reverse(f.serial)))
+            .map(|(i, _)| i);
+        let Some(i) = lowest else {
+            return false;
+        };
+        flights.swap_remove(i).stop.notify_one();
+        true
     }
 
     /// How many requests on `backend` a request of `tenant` at `priority` outranks now
@@ -176,6 +196,27 @@ mod tests {
         assert_eq!(preemptions.preempt(two, "b", Priority::Normal, &shares), 1);
         elsewhere.stop().notified().await;
         drop((light, low));
+        assert!(preemptions.flights.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_displaces_the_last_placed_of_the_lowest_priority_anywhere() {
+        let preemptions = Preemptions::default();
+        let (one, two) = (BackendId(1), BackendId(2));
+        let first_low = preemptions.enter(one, "a", Priority::Low);
+        let normal = preemptions.enter(one, "a", Priority::Normal);
+        let last_low = preemptions.enter(two, "a", Priority::Low);
+        assert!(!preemptions.displace(Priority::Low), "nothing is below low");
+        assert!(preemptions.displace(Priority::High));
+        last_low.stop().notified().await;
+        assert!(preemptions.displace(Priority::Normal));
+        first_low.stop().notified().await;
+        assert!(
+            !preemptions.displace(Priority::Normal),
+            "normal displaces no normal"
+        );
+        assert!(preemptions.displace(Priority::High));
+        normal.stop().notified().await;
         assert!(preemptions.flights.lock().is_empty());
     }
 }

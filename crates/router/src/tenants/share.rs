@@ -173,6 +173,12 @@ impl Shares {
         self.preemptions.preempt(backend, tenant, priority, self)
     }
 
+    /// Stops the last placed request with no answer yet at the lowest priority below
+    /// `priority`, on any backend; whether there was one.
+    pub fn displace(&self, priority: Priority) -> bool {
+        self.preemptions.displace(priority)
+    }
+
     /// How many requests on `backend` with no answer yet a request of `tenant` at
     /// `priority` outranks now, stopping none.
     pub fn outranked(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
