@@ -32,7 +32,7 @@ use crate::fleet::Ended;
 use crate::limits::Limits;
 use crate::state::{Active, State};
 use crate::stats::Label;
-use crate::tenants::Charge;
+use crate::tenants::{Charge, Priority};
 use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
 use relay::{Answering, Reply, Upstream};
@@ -64,6 +64,8 @@ pub struct Ctx {
     /// The prompt's size (0 bytes for paths not routed on a prompt).
     prompt: PromptSize,
     placed: Option<Placed>,
+    /// Its priority (`x-priority`), once its tenant is known.
+    priority: Option<Priority>,
     failure: Option<RouterError>,
 }
 
@@ -81,6 +83,7 @@ impl ProxyHttp for Router {
             endpoint: None,
             prompt: PromptSize::default(),
             placed: None,
+            priority: None,
             failure: None,
         }
     }
@@ -168,6 +171,7 @@ impl Router {
             return Err(RouterError::NotFound(path.to_string()));
         }
         let identity = steps::identify(state, &live, &head.headers)?;
+        ctx.priority = Some(identity.priority);
         if head.method == Method::GET
             && path == "/v1/models"
             && let Some(body) = steps::models_answer(state)
@@ -342,8 +346,9 @@ fn log_request(session: &Session, ctx: &Ctx, status: u16) {
         None => ("-", "-", TextBytes(0)),
     };
     let (matched, size, unit) = ctx.prompt.shown(matched);
+    let priority = ctx.priority.map_or("-", Label::label);
     let line = format_args!(
-        "[{}] {} {} -> {backend} {outcome} matched {matched}/{size} {unit}, status {status}, {:.1} ms",
+        "[{}] {} {} {priority} -> {backend} {outcome} matched {matched}/{size} {unit}, status {status}, {:.1} ms",
         ctx.request_id,
         head.method,
         head.uri.path(),
