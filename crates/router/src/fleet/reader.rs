@@ -4,7 +4,8 @@
 //! and again after a round it could not be read in. A backend that cannot be read this
 //! round has no published load until the next one; its last known capacity stays. With
 //! flow control on (a tenants file), each published queue teaches the backend's account
-//! where to hold work back in the router ([`Account::learn_hold`]).
+//! where to hold work back in the router ([`Account::learn_hold`]); a backend that never
+//! queued takes the hold its peers learned.
 //!
 //! The models each backend lists ([`models`](super::models)) are read with its first
 //! metrics and then every `models_interval`; not llama.cpp's, which answers any `model`.
@@ -87,6 +88,9 @@ impl MetricsReader {
             }
         });
         futures_util::future::join_all(reads).await;
+        if (self.flow_control)() {
+            share_holds(&snapshot.backends);
+        }
     }
 
     /// Reads `backend`'s `/v1/models`, when due.
@@ -147,6 +151,19 @@ impl MetricsReader {
             Engine::Other
         })
     }
+}
+
+/// Each backend that published its load but never queued takes the largest hold and
+/// ceiling the others learned ([`Account::adopt_hold`]).
+///
+/// [`Account::adopt_hold`]: prefix_router_core::ledger::Account::adopt_hold
+fn share_holds(backends: &[Arc<Backend>]) {
+    let held = backends.iter().map(|b| b.account.held());
+    let peers = held.fold((0, 0), |(h, c), (hold, ceiling)| {
+        (h.max(hold), c.max(ceiling))
+    });
+    let published = backends.iter().filter(|b| b.account.published().is_some());
+    published.for_each(|b| b.account.adopt_hold(peers));
 }
 
 #[async_trait]
