@@ -54,6 +54,8 @@ pub struct Account {
     kept: AtomicUsize,
     kept_peak: AtomicUsize,
     kept_before: AtomicUsize,
+    /// Requests in flight that a reserve was kept for, by [`Cap::band`].
+    kept_in: [AtomicUsize; BANDS],
     reads: AtomicUsize,
     on_free: Box<dyn Fn() + Send + Sync>,
 }
@@ -62,6 +64,9 @@ pub struct Account {
 /// the most requests it kept a reserve for at once is remembered: a window of 5, and the
 /// window before it.
 pub const KEPT_READS: usize = 5;
+
+/// Bands of requests a reserve is kept for ([`Cap::band`]): one per priority.
+pub const BANDS: usize = 3;
 
 /// How many requests in flight an account takes: the in-flight `limit` (0: none), and
 /// whether to leave a reserve free for others (flow control keeps it from a tenant over
@@ -86,6 +91,10 @@ pub struct Cap {
     /// a higher priority arriving at a full fleet finds them at once; never a backend's
     /// every slot.
     pub standing: usize,
+    /// The band a request the reserve is kept for counts in (its priority, 0 lowest,
+    /// below [`BANDS`]): its new conversations spread by the requests of its own band in
+    /// flight ([`Candidate::kept`]), not by those of a band kept before it.
+    pub band: usize,
 }
 
 impl From<usize> for Cap {
@@ -116,6 +125,7 @@ impl Account {
             kept: AtomicUsize::new(0),
             kept_peak: AtomicUsize::new(0),
             kept_before: AtomicUsize::new(0),
+            kept_in: Default::default(),
             reads: AtomicUsize::new(0),
             on_free: Box::new(|| {}),
         }
@@ -296,15 +306,17 @@ impl Account {
         let next = |n: usize| self.below(n, cap).then_some(n + 1);
         self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
-        if cap.kept {
+        let band = cap.kept.then(|| cap.band.min(BANDS - 1));
+        if let Some(band) = band {
             let kept = self.kept.fetch_add(1, Relaxed) + 1;
             self.kept_peak.fetch_max(kept, Relaxed);
+            self.kept_in[band].fetch_add(1, Relaxed);
         }
         Some(Seat {
             account: Arc::clone(self),
             prefill: AtomicUsize::new(prefill.0),
             decision,
-            kept: cap.kept,
+            band,
         })
     }
 }
@@ -326,8 +338,8 @@ pub struct Seat {
     account: Arc<Account>,
     prefill: AtomicUsize,
     decision: Decision,
-    /// Whether it counts in its backend's requests kept a reserve for.
-    kept: bool,
+    /// The band it counts in among its backend's requests kept a reserve for, if it does.
+    band: Option<usize>,
 }
 
 impl Seat {
@@ -360,8 +372,9 @@ impl Drop for Seat {
     fn drop(&mut self) {
         self.answered();
         self.account.inflight.fetch_sub(1, Relaxed);
-        if self.kept {
+        if let Some(band) = self.band {
             self.account.kept.fetch_sub(1, Relaxed);
+            self.account.kept_in[band].fetch_sub(1, Relaxed);
         }
         (self.account.on_free)();
     }
@@ -488,8 +501,14 @@ impl Ledger {
         if open.is_empty() {
             return None;
         }
-        let candidates: SmallVec<[Candidate; 16]> =
-            open.iter().map(|&i| accounts[i].candidate()).collect();
+        let candidate = |i: usize| {
+            let mut candidate = accounts[i].candidate();
+            if cap.kept {
+                candidate.kept = accounts[i].kept_in[cap.band.min(BANDS - 1)].load(Relaxed);
+            }
+            candidate
+        };
+        let candidates: SmallVec<[Candidate; 16]> = open.iter().map(|&i| candidate(i)).collect();
         let decision = choose(&candidates);
         Some(open.get(decision.index).map(|&index| (index, decision)))
     }
@@ -636,6 +655,45 @@ mod tests {
         }
         let more: Vec<_> = (0..8).map_while(|_| place(heavy)).collect();
         assert_eq!(more.len(), 3, "two windows later, one of 8 again");
+    }
+
+    #[test]
+    fn a_kept_request_sees_the_kept_requests_of_its_own_band_in_flight() {
+        let all = accounts(2);
+        let refs: Vec<&Arc<Account>> = all.iter().collect();
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let kept = |band| Cap {
+            kept: true,
+            band,
+            ..Cap::default()
+        };
+        let on = |i: usize| {
+            move |_: &[Candidate]| Decision {
+                index: i,
+                ..first(&[])
+            }
+        };
+        let seen = |cap: Cap| {
+            let mut seen = Vec::new();
+            ledger.decide(&refs, cap, |c| {
+                seen = c.iter().map(|c| c.kept).collect();
+                first(c)
+            });
+            seen
+        };
+        let normal: Vec<_> = (0..3)
+            .map(|_| ledger.place(&refs, kept(1), TextBytes(1), on(0)))
+            .collect();
+        let high = ledger.place(&refs, kept(2), TextBytes(1), on(1));
+        assert_eq!(
+            seen(kept(2)),
+            [0, 1],
+            "normal's requests kept before do not count"
+        );
+        assert_eq!(seen(kept(1)), [3, 0]);
+        assert_eq!(seen(Cap::default()), [3, 1], "every band, lately");
+        drop((normal, high));
+        assert_eq!(seen(kept(1)), [0, 0]);
     }
 
     #[test]

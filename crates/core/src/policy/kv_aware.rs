@@ -23,8 +23,9 @@
 //!   backend does not hold, plus [`QUEUE_WEIGHT`] of the prefill already queued there. A
 //!   hot prefix ([`Matches::hot`](crate::tree::Matches::hot)) counts as held everywhere,
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
-//!   session's own context a lot. A kept flow's new conversation first goes where the
-//!   kept flows had the fewest requests in flight lately ([`Candidate::kept`](super::Candidate)):
+//!   session's own context a lot. A kept flow's new conversation, and its opening turn
+//!   whatever prompt that shares, first goes where the kept requests of its priority
+//!   have the fewest in flight ([`Candidate::kept`](super::Candidate)), before KV room:
 //!   their conversations stay home, where the reserve kept for them is a slot or two, so
 //!   a light tenant whose conversations piled onto one backend beside a heavy one waited
 //!   there for each other's slots (measured in `benches/tenants/noisy.sh`).
@@ -206,8 +207,8 @@ impl KvAware {
         };
         self.ties.best(view.len(), |i| {
             (
-                !any_room || view.room(i),
                 Reverse(kept(i)),
+                !any_room || view.room(i),
                 Reverse((cost(i) * 16.0) as u64),
                 Reverse((view.fill(i) * 1e6) as u64),
                 Reverse(candidates[i].load),
@@ -220,7 +221,11 @@ impl Rule for KvAware {
     fn decide(&self, ask: &Ask) -> Decision {
         let held = (self.conversations).held(ask.candidates.iter().map(|c| c.id));
         let view = View { ask, held };
-        let (index, outcome) = match self.home(&view) {
+        // A kept flow's opening turn starts a conversation, whatever prompt it shares.
+        let request = ask.request;
+        let opening = request.kept && request.session.is_none() && request.text.is_opening();
+        let home = if opening { None } else { self.home(&view) };
+        let (index, outcome) = match home {
             Some(home)
                 if !ask.request.kept
                     && view.overflowing(home)

@@ -79,8 +79,9 @@ pub struct Candidate {
     /// the unit of `Request::size`; `None` when it has no whole record (prefix policies then
     /// take what their index predicts).
     pub recorded: Option<TextBytes>,
-    /// Requests of flows the router keeps room for ([`Request::kept`]) it had in flight at
-    /// most at once lately (the ledger's window of a few seconds), or has now; 0 without
+    /// Requests of flows the router keeps room for ([`Request::kept`]): asked for such a
+    /// request, those of its own band (priority) in flight now; else those of every band
+    /// at most at once lately (the ledger's window of a few seconds), or now. 0 without
     /// flow control.
     pub kept: usize,
 }

@@ -25,7 +25,7 @@ pub fn push_prompt<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(
     if text.is_empty() {
         return Err(ParseError::Empty(PROMPT));
     }
-    text.mark_anchor();
+    // No anchor: a prompt names no turns, and the whole of it names its conversation.
     Ok(())
 }
 

@@ -93,6 +93,14 @@ fn anchor_ends_at_first_user_message() {
     let parsed = parse(Endpoint::Chat, &bytes).unwrap();
     let text = parsed.text.to_vec();
     assert!(text[..parsed.text.anchor_len()].ends_with(b"U"));
+    assert!(!parsed.text.is_opening(), "a later turn");
+    let opening = json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+        "messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]});
+    let bytes = serde_json::to_vec(&opening).unwrap();
+    assert!(parse(Endpoint::Chat, &bytes).unwrap().text.is_opening());
+    let prompt = serde_json::to_vec(&json!({"prompt": "P"})).unwrap();
+    let completion = parse(Endpoint::Completions, &prompt).unwrap();
+    assert!(!completion.text.is_opening(), "a prompt names no turns");
 }
 
 #[test]

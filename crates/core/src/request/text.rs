@@ -170,6 +170,11 @@ impl<'a> RoutingText<'a> {
         self.len == 0
     }
 
+    /// Whether the text ends at its first user message: a conversation's opening turn.
+    pub fn is_opening(&self) -> bool {
+        self.anchor == Some(self.len)
+    }
+
     /// Length of the anchor prefix in bytes: up to the end of the first user message, or the
     /// whole text when there is none.
     pub fn anchor_len(&self) -> usize {

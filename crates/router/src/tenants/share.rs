@@ -83,12 +83,13 @@ impl Standing {
     }
 
     /// What it may take under the in-flight `limit`, leaving `standing` slots.
-    fn cap(&self, limit: usize, standing: usize) -> Cap {
+    fn cap(&self, limit: usize, standing: usize, priority: Priority) -> Cap {
         Cap {
             limit,
             reserve: (self.higher || self.other_light) && !self.kept_for(),
             kept: self.kept_for(),
             standing: if self.kept_for() { 0 } else { standing },
+            band: priority as usize,
         }
     }
 }
@@ -205,7 +206,8 @@ impl Shares {
     /// another tenant below its share is active, else less `standing` slots (the file's
     /// `standing_slots`); counted among those the reserve is kept for while it is.
     pub fn cap(&self, tenant: &str, priority: Priority, limit: usize, standing: usize) -> Cap {
-        self.standing(tenant, priority, None).cap(limit, standing)
+        self.standing(tenant, priority, None)
+            .cap(limit, standing, priority)
     }
 
     /// [`Self::cap`] for a request of `tenant` (of `weight`) not counted yet, as if it
@@ -218,7 +220,7 @@ impl Shares {
         limit: usize,
         standing: usize,
     ) -> Cap {
-        (self.standing(tenant, priority, Some(weight))).cap(limit, standing)
+        (self.standing(tenant, priority, Some(weight))).cap(limit, standing, priority)
     }
 }
 
@@ -254,7 +256,10 @@ mod tests {
             .collect();
         assert_eq!(
             shares.cap("a", Priority::Normal, 0, 0),
-            Cap::default(),
+            Cap {
+                band: Priority::Normal as usize,
+                ..Cap::default()
+            },
             "alone, no reserve"
         );
         assert!(!shares.light("a", Priority::Normal));
