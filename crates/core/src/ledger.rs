@@ -49,13 +49,12 @@ pub struct Account {
     /// What it ran when it last queued (0: never): the hold before it grew, which a
     /// reserve is kept under.
     ceiling: AtomicUsize,
-    /// Requests in flight that a reserve was kept for, and the most of them at once in
-    /// this window and the one before ([`KEPT_READS`] reads of its load each).
-    kept: AtomicUsize,
+    /// Requests in flight that a reserve was kept for, by [`Cap::band`], and the most of
+    /// them at once in this window and the one before ([`KEPT_READS`] reads of its load
+    /// each).
+    kept_in: [AtomicUsize; BANDS],
     kept_peak: AtomicUsize,
     kept_before: AtomicUsize,
-    /// Requests in flight that a reserve was kept for, by [`Cap::band`].
-    kept_in: [AtomicUsize; BANDS],
     reads: AtomicUsize,
     on_free: Box<dyn Fn() + Send + Sync>,
 }
@@ -122,7 +121,6 @@ impl Account {
             kv_usage: AtomicU64::new(0),
             hold: AtomicUsize::new(0),
             ceiling: AtomicUsize::new(0),
-            kept: AtomicUsize::new(0),
             kept_peak: AtomicUsize::new(0),
             kept_before: AtomicUsize::new(0),
             kept_in: Default::default(),
@@ -207,7 +205,7 @@ impl Account {
         };
         self.hold.store(next, Relaxed);
         if self.reads.fetch_add(1, Relaxed) % KEPT_READS == KEPT_READS - 1 {
-            let peak = self.kept_peak.swap(self.kept.load(Relaxed), Relaxed);
+            let peak = self.kept_peak.swap(self.kept(), Relaxed);
             self.kept_before.store(peak, Relaxed);
         }
     }
@@ -224,6 +222,11 @@ impl Account {
         }
     }
 
+    /// Requests in flight that a reserve was kept for, every band.
+    fn kept(&self) -> usize {
+        self.kept_in.iter().map(|k| k.load(Relaxed)).sum()
+    }
+
     /// The most requests it kept a reserve for at once in this window and the one before.
     fn kept_peak(&self) -> usize {
         (self.kept_peak.load(Relaxed)).max(self.kept_before.load(Relaxed))
@@ -231,12 +234,12 @@ impl Account {
 
     /// Requests it kept a reserve for, at most at once lately or now.
     fn kept_lately(&self) -> usize {
-        self.kept_peak().max(self.kept.load(Relaxed))
+        self.kept_peak().max(self.kept())
     }
 
     /// The slots a request that leaves the reserve keeps free under `ceiling`.
     fn reserve(&self, ceiling: usize) -> usize {
-        let wanted = self.kept_peak().saturating_sub(self.kept.load(Relaxed));
+        let wanted = self.kept_peak().saturating_sub(self.kept());
         (ceiling / 8).max(1).max(wanted.min(ceiling / 2))
     }
 
@@ -308,9 +311,8 @@ impl Account {
         self.pending.fetch_add(prefill.0, Relaxed);
         let band = cap.kept.then(|| cap.band.min(BANDS - 1));
         if let Some(band) = band {
-            let kept = self.kept.fetch_add(1, Relaxed) + 1;
-            self.kept_peak.fetch_max(kept, Relaxed);
             self.kept_in[band].fetch_add(1, Relaxed);
+            self.kept_peak.fetch_max(self.kept(), Relaxed);
         }
         Some(Seat {
             account: Arc::clone(self),
@@ -373,7 +375,6 @@ impl Drop for Seat {
         self.answered();
         self.account.inflight.fetch_sub(1, Relaxed);
         if let Some(band) = self.band {
-            self.account.kept.fetch_sub(1, Relaxed);
             self.account.kept_in[band].fetch_sub(1, Relaxed);
         }
         (self.account.on_free)();
