@@ -69,9 +69,19 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         .await
         .unwrap()
         .unwrap();
-    for (r, v) in real.iter().zip(&virtual_time) {
-        let (real_hit, lab_hit) = (r.report.hit_rate.unwrap(), v.report.hit_rate.unwrap());
+    let rates: Vec<(f64, f64)> = (real.iter().zip(&virtual_time))
+        .map(|(r, v)| {
+            (
+                r.report.hit_rate.unwrap_or(0.0),
+                v.report.hit_rate.unwrap_or(0.0),
+            )
+        })
+        .collect();
+    // Every figure first, so that a failure on CI shows them all.
+    for (r, (real_hit, lab_hit)) in real.iter().zip(&rates) {
         eprintln!("{}: real time {real_hit:.3}, lab {lab_hit:.3}", r.policy);
+    }
+    for ((r, v), &(real_hit, lab_hit)) in real.iter().zip(&virtual_time).zip(&rates) {
         assert_eq!(
             r.report.requests.ok, 120,
             "{}: answered in real time",
@@ -82,15 +92,15 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
             "{}: answered in the lab",
             r.policy
         );
-        // How far one real-time run strays on this workload: kv_aware measured 0.716-0.754
-        // (lab 0.744); cache_aware, whose imbalance bound trips at moments that depend on
-        // timing, 0.599-0.727 (lab 0.699), lower the busier the machine: 0.615 once in
-        // three runs beside three busy loops on the two cores. So cache_aware may fall
-        // further below the lab than above it.
+        // How far one real-time run strays below the lab on this workload, lower the busier
+        // the machine: kv_aware 0.701-0.734 in 8 runs (4 beside a busy loop; lab 0.744),
+        // and once below 0.694 on CI beside the other tests; cache_aware, whose imbalance
+        // bound trips at moments that depend on timing, 0.599-0.727 (lab 0.699), 0.616 beside
+        // a busy loop.
         let (below, above) = if r.policy == "cache_aware" {
             (0.15, 0.05)
         } else {
-            (0.05, 0.05)
+            (0.08, 0.05)
         };
         assert!(
             (lab_hit - below..=lab_hit + above).contains(&real_hit),
