@@ -104,6 +104,10 @@ struct Running {
     cached_tokens: usize,
     output_tokens: usize,
     arrival: f64,
+    /// When it was admitted (simulated seconds).
+    admitted: f64,
+    /// The most requests prefilling at once while it prefilled, itself included.
+    beside: usize,
     phase: Phase,
 }
 
@@ -340,10 +344,21 @@ impl EngineCore {
             Phase::Overhead => {
                 running.phase = Phase::Prefill;
                 let work = running.uncached_tokens as f64;
-                self.prefilling.push((id, work));
+                self.prefill(id, work);
             }
             Phase::Decode => self.finish(id),
             Phase::Prefill => {}
+        }
+    }
+
+    /// Starts `id`'s prefill of `work` tokens beside those prefilling now.
+    fn prefill(&mut self, id: u64, work: f64) {
+        self.prefilling.push((id, work));
+        let now = self.prefilling.len();
+        for (other, _) in &self.prefilling {
+            if let Some(r) = self.running.get_mut(other) {
+                r.beside = r.beside.max(now);
+            }
         }
     }
 
@@ -355,6 +370,15 @@ impl EngineCore {
         self.cache.computed(&running.allocation);
         let (at, output_tokens) = (self.clock, running.output_tokens);
         let (ttft, cached_tokens) = (at - running.arrival, running.cached_tokens);
+        log::debug!(
+            "request {id}: {} of {} tokens cached, queued {:.3} s, prefilled {:.3} s \
+             beside up to {} others",
+            cached_tokens,
+            cached_tokens + running.uncached_tokens,
+            running.admitted - running.arrival,
+            at - running.admitted,
+            running.beside.saturating_sub(1),
+        );
         self.outputs.push(Output::FirstToken {
             id,
             at,
@@ -448,6 +472,8 @@ impl EngineCore {
             cached_tokens,
             output_tokens: request.output_tokens,
             arrival,
+            admitted: self.clock,
+            beside: 0,
             phase,
         };
         self.running.insert(id, running);
@@ -455,7 +481,7 @@ impl EngineCore {
             let at = self.clock + self.timing.prefill_overhead_s;
             self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
         } else {
-            self.prefilling.push((id, uncached_tokens as f64));
+            self.prefill(id, uncached_tokens as f64);
         }
     }
 }
