@@ -271,6 +271,88 @@ async fn a_full_queue_of_high_stops_a_low_request_in_flight_rather_than_shed_hig
     assert_eq!(stopped, 1.0);
 }
 
+/// A `high` turn whose conversation's home is full of a `low` request with no answer
+/// yet, while another backend is open, stops that request and takes its slot at home
+/// rather than move; the stopped request is placed again on the other backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_move() {
+    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let file = format!(
+        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        sha256_entry("sk-priority")
+    );
+    let settings = Settings {
+        max_inflight_per_backend: Some(1),
+        queue_timeout: Some(10.0),
+        tenants_file: Some(tenants_file("reclaim", &file)),
+        ..settings(&[&ups[0], &ups[1]])
+    };
+    let router = TestRouter::start(settings, 2);
+    let url = router.url.clone();
+    let system = ("system", "You review code for the fleet. ".repeat(40));
+    let turn = |last: &str| {
+        let mut messages = vec![system.clone(), ("user", "first question".to_string())];
+        if last != "first" {
+            messages.push(("assistant", "first answer".into()));
+            messages.push(("user", last.into()));
+        }
+        chat(&messages)
+    };
+    let send = |body: Value, priority: &'static str| {
+        let url = url.clone();
+        async move {
+            let response = client()
+                .post(format!("{url}/v1/chat/completions"))
+                .header("x-priority", priority)
+                .bearer_auth("sk-priority")
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            response.status().as_u16()
+        }
+    };
+    assert_eq!(send(turn("first"), "high").await, 200);
+    let home = ups.iter().position(|u| u.count() == 1).unwrap();
+    let (home, other) = (&ups[home], &ups[1 - home]);
+    home.set_reply(Reply::Slow(std::time::Duration::from_millis(500)));
+    let low = tokio::spawn(send(turn("low"), "low"));
+    router
+        .wait_until("low is placed at home", |_| home.count() == 2)
+        .await;
+    assert_eq!(send(turn("second"), "high").await, 200);
+    assert_eq!(low.await.unwrap(), 200, "low, stopped, was placed again");
+    let last = |up: &Upstream| -> Vec<String> {
+        (up.received().iter())
+            .map(|r| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                let messages = body["messages"].as_array().unwrap();
+                messages.last().unwrap()["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    assert_eq!(
+        last(home),
+        vec!["first question", "low", "second"],
+        "high's turn stayed home"
+    );
+    assert_eq!(
+        last(other),
+        vec!["low"],
+        "the stopped request went elsewhere"
+    );
+    let metrics = router.metrics().await;
+    let stopped = sum(
+        &metrics,
+        "prefix_router_tenant_preempted_total",
+        &[("priority", "low")],
+    );
+    assert_eq!(stopped, 1.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     let up = Upstream::start("a").await;

@@ -94,6 +94,9 @@ pub struct Cap {
     /// below [`BANDS`]): its new conversations spread by the requests of its own band in
     /// flight ([`Candidate::kept`]), not by those of a band kept before it.
     pub band: usize,
+    /// Slots past the limit and the hold this request may take (default 0): those it
+    /// just freed by stopping requests there, which they let go a moment later.
+    pub over: usize,
 }
 
 impl From<usize> for Cap {
@@ -265,7 +268,8 @@ impl Account {
     }
 
     /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with
-    /// a reserve or standing slots, below its ceiling less those.
+    /// a reserve or standing slots, below its ceiling less those; each raised by
+    /// `cap.over`.
     fn below(&self, load: usize, cap: Cap) -> bool {
         let (hold, ceiling) = self.held();
         let free = if cap.reserve {
@@ -274,6 +278,7 @@ impl Account {
             cap.standing.min(ceiling.saturating_sub(1))
         };
         let reserved = free > 0 && hold > 0 && ceiling > 0;
+        let load = load.saturating_sub(cap.over);
         (cap.limit == 0 || load < cap.limit)
             && (hold == 0 || load < hold)
             && (!reserved || load + free < ceiling.min(hold))
@@ -767,6 +772,29 @@ mod tests {
         ));
         drop((a, b));
         assert!(ledger.open(&refs, 1));
+    }
+
+    #[test]
+    fn a_cap_over_takes_that_many_slots_past_the_limit_and_the_hold() {
+        let all = accounts(1);
+        let refs: Vec<&Arc<Account>> = all.iter().collect();
+        let ledger = Ledger::new(Duration::from_secs(60));
+        all[0].learn_hold(load(1, 1));
+        assert_eq!(all[0].hold(), Some(1));
+        let over = Cap {
+            limit: 1,
+            over: 1,
+            ..Cap::default()
+        };
+        let Placing::Placed { seat: _one, .. } = ledger.place(&refs, 1, TextBytes(0), first) else {
+            panic!("not placed");
+        };
+        assert!(!ledger.open(&refs, 1), "at its limit and its hold");
+        let Placing::Placed { seat: _two, .. } = ledger.place(&refs, over, TextBytes(0), first)
+        else {
+            panic!("one past both");
+        };
+        assert!(!ledger.open(&refs, over), "no more than one past");
     }
 
     #[test]

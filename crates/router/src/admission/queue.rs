@@ -110,11 +110,12 @@ impl<'t> Ticket<'t> {
         shares.map_or(0, |s| s.preempt(backend, self.tenant, self.priority))
     }
 
-    /// Stops, for want of a place in a full queue, the last placed request with no
-    /// answer yet at the lowest priority below its own (with a tenants file); whether
+    /// Stops the last placed request with no answer yet at the lowest priority below its
+    /// own (with a tenants file), on `on`: for want of a place in a full queue, on any
+    /// backend (`None`); for want of a slot at its conversation's home, there. Whether
     /// there was one.
-    pub fn displace(&self) -> bool {
-        self.shares.is_some_and(|s| s.displace(self.priority))
+    pub fn displace(&self, on: Option<BackendId>) -> bool {
+        self.shares.is_some_and(|s| s.displace(self.priority, on))
     }
 
     /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).

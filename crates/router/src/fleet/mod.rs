@@ -91,6 +91,13 @@ impl Ready {
         self
     }
 
+    /// Only the backend `id`, if it is ready.
+    pub fn only(mut self, id: BackendId) -> Ready {
+        let backends = &self.snapshot.backends;
+        self.members.retain(|m| backends[*m].account.id == id);
+        self
+    }
+
     /// Those whose address is in `subset` (all, for none): the endpoints a gateway allows.
     pub fn within(mut self, subset: Option<&[SocketAddr]>) -> Ready {
         if let Some(subset) = subset {

@@ -15,7 +15,10 @@
 //! request does again, and the cache it churns, cost `high` more than sharing the prefill
 //! did, except when the queue is full of requests it may not shed: then a request stops
 //! the last placed request of the lowest priority below its own, on any backend
-//! ([`Preemptions::displace`]), rather than be shed itself. Only with a tenants file: the
+//! ([`Preemptions::displace`]), rather than be shed itself; and when the home of a kept
+//! request's conversation is full: then it stops the last placed there of the lowest
+//! priority below its own, and takes its slot, rather than move and compute its context
+//! again elsewhere. Only with a tenants file: the
 //! table holds the requests in flight that have not answered yet, each until its first
 //! response byte.
 
@@ -88,12 +91,12 @@ impl Preemptions {
         before - flights.len()
     }
 
-    /// Stops, on any backend, the last placed of the requests with no answer yet at the
-    /// lowest priority below `priority`; whether there was one.
-    pub fn displace(&self, priority: Priority) -> bool {
+    /// Stops, on `on` (`None`: any backend), the last placed of the requests with no
+    /// answer yet at the lowest priority below `priority`; whether there was one.
+    pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
         let mut flights = self.flights.lock();
         let lowest = (flights.iter().enumerate())
-            .filter(|(_, f)| f.priority < priority)
+            .filter(|(_, f)| f.priority < priority && on.is_none_or(|b| b == f.backend))
             .min_by_key(|(_, f)| (f.priority, Reverse(f.serial)))
             .map(|(i, _)| i);
         let Some(i) = lowest else {
@@ -200,22 +203,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_full_queue_displaces_the_last_placed_of_the_lowest_priority_anywhere() {
+    async fn displacing_stops_the_last_placed_of_the_lowest_priority_there_or_anywhere() {
         let preemptions = Preemptions::default();
-        let (one, two) = (BackendId(1), BackendId(2));
+        let (one, two, three) = (BackendId(1), BackendId(2), BackendId(3));
         let first_low = preemptions.enter(one, "a", Priority::Low);
         let normal = preemptions.enter(one, "a", Priority::Normal);
         let last_low = preemptions.enter(two, "a", Priority::Low);
-        assert!(!preemptions.displace(Priority::Low), "nothing is below low");
-        assert!(preemptions.displace(Priority::High));
-        last_low.stop().notified().await;
-        assert!(preemptions.displace(Priority::Normal));
-        first_low.stop().notified().await;
         assert!(
-            !preemptions.displace(Priority::Normal),
+            !preemptions.displace(Priority::Low, None),
+            "nothing is below low"
+        );
+        assert!(
+            !preemptions.displace(Priority::High, Some(three)),
+            "none on three"
+        );
+        // On one backend: the lowest there, although a later one is elsewhere.
+        assert!(preemptions.displace(Priority::High, Some(one)));
+        first_low.stop().notified().await;
+        assert!(preemptions.displace(Priority::High, None));
+        last_low.stop().notified().await;
+        assert!(
+            !preemptions.displace(Priority::Normal, None),
             "normal displaces no normal"
         );
-        assert!(preemptions.displace(Priority::High));
+        assert!(preemptions.displace(Priority::High, None));
         normal.stop().notified().await;
         assert!(preemptions.flights.lock().is_empty());
     }

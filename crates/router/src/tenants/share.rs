@@ -90,6 +90,7 @@ impl Standing {
             kept: self.kept_for(),
             standing: if self.kept_for() { 0 } else { standing },
             band: priority as usize,
+            over: 0,
         }
     }
 }
@@ -175,9 +176,9 @@ impl Shares {
     }
 
     /// Stops the last placed request with no answer yet at the lowest priority below
-    /// `priority`, on any backend; whether there was one.
-    pub fn displace(&self, priority: Priority) -> bool {
-        self.preemptions.displace(priority)
+    /// `priority`, on `on` (`None`: any backend); whether there was one.
+    pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
+        self.preemptions.displace(priority, on)
     }
 
     /// How many requests on `backend` with no answer yet a request of `tenant` at
