@@ -163,11 +163,16 @@ async fn tokens_are_counted_from_what_the_answers_report() {
 /// Posts a chat request whose message is `name`, with `priority` (and the API key
 /// `sk-priority`, which tenants files of these tests list); its status.
 async fn post_named(url: String, name: &'static str, priority: &'static str) -> u16 {
+    post_chat(url, chat(&[("user", name.into())]), priority).await
+}
+
+/// Posts `body` as a chat request with `priority`, as [`post_named`] does; its status.
+async fn post_chat(url: String, body: Value, priority: &'static str) -> u16 {
     client()
         .post(format!("{url}/v1/chat/completions"))
         .header("x-priority", priority)
         .bearer_auth("sk-priority")
-        .json(&chat(&[("user", name.into())]))
+        .json(&body)
         .send()
         .await
         .unwrap()
@@ -175,12 +180,32 @@ async fn post_named(url: String, name: &'static str, priority: &'static str) -> 
         .as_u16()
 }
 
-/// The message each request the backend received carried, in order.
+/// A tenants file `name` of one tenant, keyed `sk-priority`, allowed every priority.
+fn priority_tenants(name: &str) -> std::path::PathBuf {
+    let file = format!(
+        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        sha256_entry("sk-priority")
+    );
+    tenants_file(name, &file)
+}
+
+/// How many `low` requests the router stopped.
+async fn low_stopped(router: &TestRouter) -> f64 {
+    let metrics = router.metrics().await;
+    sum(
+        &metrics,
+        "prefix_router_tenant_preempted_total",
+        &[("priority", "low")],
+    )
+}
+
+/// The last message each request the backend received carried, in order.
 fn arrivals(up: &Upstream) -> Vec<String> {
     (up.received().iter())
         .map(|r| {
             let body: Value = serde_json::from_slice(&r.body).unwrap();
-            body["messages"][0]["content"].as_str().unwrap().to_string()
+            let last = body["messages"].as_array().and_then(|m| m.last());
+            last.unwrap()["content"].as_str().unwrap().to_string()
         })
         .collect()
 }
@@ -232,15 +257,11 @@ async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
 async fn a_full_queue_of_high_stops_a_low_request_in_flight_rather_than_shed_high() {
     let up = Upstream::start("a").await;
     up.set_reply(Reply::Slow(std::time::Duration::from_millis(500)));
-    let file = format!(
-        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
-        sha256_entry("sk-priority")
-    );
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         max_queued: Some(1),
         queue_timeout: Some(10.0),
-        tenants_file: Some(tenants_file("displace", &file)),
+        tenants_file: Some(priority_tenants("displace")),
         ..settings(&[&up])
     };
     let router = TestRouter::start(settings, 1);
@@ -262,13 +283,7 @@ async fn a_full_queue_of_high_stops_a_low_request_in_flight_rather_than_shed_hig
         "low, stopped, found the queue full"
     );
     assert_eq!(arrivals(&up), vec!["low", "first high", "second high"]);
-    let metrics = router.metrics().await;
-    let stopped = sum(
-        &metrics,
-        "prefix_router_tenant_preempted_total",
-        &[("priority", "low")],
-    );
-    assert_eq!(stopped, 1.0);
+    assert_eq!(low_stopped(&router).await, 1.0);
 }
 
 /// A `high` turn whose conversation's home is full of a `low` request with no answer
@@ -277,14 +292,10 @@ async fn a_full_queue_of_high_stops_a_low_request_in_flight_rather_than_shed_hig
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_move() {
     let ups = [Upstream::start("a").await, Upstream::start("b").await];
-    let file = format!(
-        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
-        sha256_entry("sk-priority")
-    );
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         queue_timeout: Some(10.0),
-        tenants_file: Some(tenants_file("reclaim", &file)),
+        tenants_file: Some(priority_tenants("reclaim")),
         ..settings(&[&ups[0], &ups[1]])
     };
     let router = TestRouter::start(settings, 2);
@@ -298,59 +309,27 @@ async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_mo
         }
         chat(&messages)
     };
-    let send = |body: Value, priority: &'static str| {
-        let url = url.clone();
-        async move {
-            let response = client()
-                .post(format!("{url}/v1/chat/completions"))
-                .header("x-priority", priority)
-                .bearer_auth("sk-priority")
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            response.status().as_u16()
-        }
-    };
-    assert_eq!(send(turn("first"), "high").await, 200);
+    assert_eq!(post_chat(url.clone(), turn("first"), "high").await, 200);
     let home = ups.iter().position(|u| u.count() == 1).unwrap();
     let (home, other) = (&ups[home], &ups[1 - home]);
     home.set_reply(Reply::Slow(std::time::Duration::from_millis(500)));
-    let low = tokio::spawn(send(turn("low"), "low"));
+    let low = tokio::spawn(post_chat(url.clone(), turn("low"), "low"));
     router
         .wait_until("low is placed at home", |_| home.count() == 2)
         .await;
-    assert_eq!(send(turn("second"), "high").await, 200);
+    assert_eq!(post_chat(url.clone(), turn("second"), "high").await, 200);
     assert_eq!(low.await.unwrap(), 200, "low, stopped, was placed again");
-    let last = |up: &Upstream| -> Vec<String> {
-        (up.received().iter())
-            .map(|r| {
-                let body: Value = serde_json::from_slice(&r.body).unwrap();
-                let messages = body["messages"].as_array().unwrap();
-                messages.last().unwrap()["content"]
-                    .as_str()
-                    .unwrap()
-                    .to_string()
-            })
-            .collect()
-    };
     assert_eq!(
-        last(home),
+        arrivals(home),
         vec!["first question", "low", "second"],
         "high's turn stayed home"
     );
     assert_eq!(
-        last(other),
+        arrivals(other),
         vec!["low"],
         "the stopped request went elsewhere"
     );
-    let metrics = router.metrics().await;
-    let stopped = sum(
-        &metrics,
-        "prefix_router_tenant_preempted_total",
-        &[("priority", "low")],
-    );
-    assert_eq!(stopped, 1.0);
+    assert_eq!(low_stopped(&router).await, 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
