@@ -118,6 +118,12 @@ impl<'t> Ticket<'t> {
         self.shares.is_some_and(|s| s.displace(self.priority, on))
     }
 
+    /// Whether [`Self::displace`] may find a request to stop: one of a lower priority,
+    /// with no answer yet, is in flight.
+    pub fn outranks_any(&self) -> bool {
+        self.shares.is_some_and(|s| s.any_below(self.priority))
+    }
+
     /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).
     pub fn outranked(&self, cap: Cap, backend: BackendId) -> usize {
         let shares = self.shares.filter(|_| cap.kept);

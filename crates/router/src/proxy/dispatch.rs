@@ -478,7 +478,8 @@ fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
 /// that frees at once, one past the home's limit until the stopped request lets it go (so
 /// that, placed again, it does not take it back), rather than move and compute its
 /// context again elsewhere (200-700 ms for 20-50K tokens in `benches/tenants/noisy.sh`).
-/// With no such request there, `ready` and `cap` are left as they were.
+/// With no such request there, `ready` and `cap` are left as they were; with none of a
+/// lower priority in flight, the policy is not asked (its ties would take a turn).
 fn reclaim_home(
     state: &State,
     ticket: &Ticket,
@@ -486,7 +487,7 @@ fn reclaim_home(
     route: &Route,
     cap: Cap,
 ) -> (Ready, Cap) {
-    if !cap.kept {
+    if !cap.kept || !ticket.outranks_any() {
         return (ready, cap);
     }
     let home = match unbounded(state, cap, &ready, route) {

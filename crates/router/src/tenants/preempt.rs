@@ -106,6 +106,11 @@ impl Preemptions {
         true
     }
 
+    /// Whether a request with no answer yet at a priority below `priority` is in flight.
+    pub fn any_below(&self, priority: Priority) -> bool {
+        self.flights.lock().iter().any(|f| f.priority < priority)
+    }
+
     /// How many requests on `backend` a request of `tenant` at `priority` outranks now
     /// (what [`Self::preempt`] would stop), stopping none.
     pub fn outranked(
@@ -213,6 +218,8 @@ mod tests {
             !preemptions.displace(Priority::Low, None),
             "nothing is below low"
         );
+        assert!(!preemptions.any_below(Priority::Low));
+        assert!(preemptions.any_below(Priority::Normal));
         assert!(
             !preemptions.displace(Priority::High, Some(three)),
             "none on three"

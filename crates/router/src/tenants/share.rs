@@ -181,6 +181,11 @@ impl Shares {
         self.preemptions.displace(priority, on)
     }
 
+    /// Whether a request with no answer yet at a priority below `priority` is in flight.
+    pub fn any_below(&self, priority: Priority) -> bool {
+        self.preemptions.any_below(priority)
+    }
+
     /// How many requests on `backend` with no answer yet a request of `tenant` at
     /// `priority` outranks now, stopping none.
     pub fn outranked(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
