@@ -501,7 +501,8 @@ fn reclaim_home(
 }
 
 /// Where the policy would place the request under `cap` if every backend of `ready` had
-/// room (asked without remembering anything): the backend, the decision, the request.
+/// room (asked without remembering anything but a turn of its ties): the backend, the
+/// decision, the request.
 fn unbounded<'r, 'a>(
     state: &State,
     cap: Cap,
