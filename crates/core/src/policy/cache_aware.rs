@@ -4,7 +4,7 @@
 //! loaded); else the least loaded. The text is then recorded under the chosen backend.
 
 use super::prefix::{Ask, PrefixPolicy, Rule};
-use super::{Decision, Outcome, PolicyParams, Selector, SharedTunables, Ties, imbalanced};
+use super::{Decision, Outcome, PolicyParams, Selector, SharedTunables, Ties, Turn, imbalanced};
 
 /// The peers' threshold rule.
 pub struct Threshold {
@@ -30,7 +30,7 @@ impl Rule for Threshold {
         let matched = |i: usize| matches.matched(candidates[i].id);
         let tunables = self.tunables.get();
         if imbalanced(candidates, &tunables.balance) {
-            let index = self.ties.least_loaded(candidates);
+            let index = self.ties.least_loaded(Turn::of(ask.request), candidates);
             return Decision {
                 index,
                 outcome: Outcome::Imbalance,
@@ -40,16 +40,18 @@ impl Rule for Threshold {
         let best = (0..candidates.len()).map(matched).max().unwrap_or_default();
         let ratio = best.0 as f64 / matches.total().0.max(1) as f64;
         if best.0 > 0 && ratio >= tunables.cache_threshold {
-            let index = self.ties.best(candidates.len(), |i| {
-                (matched(i), std::cmp::Reverse(candidates[i].load))
-            });
+            let index = self
+                .ties
+                .best(Turn::of(ask.request), candidates.len(), |i| {
+                    (matched(i), std::cmp::Reverse(candidates[i].load))
+                });
             return Decision {
                 index,
                 outcome: Outcome::PrefixHit,
                 matched: matched(index),
             };
         }
-        let index = self.ties.least_loaded(candidates);
+        let index = self.ties.least_loaded(Turn::of(ask.request), candidates);
         Decision {
             index,
             outcome: Outcome::PrefixMiss,

@@ -3,7 +3,7 @@
 //! The key is the session key when there is one, else the conversation's anchor (the text
 //! up to its first user message), which stays the same over the turns of a conversation.
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties, Turn};
 
 /// Highest random weight hashing.
 pub struct ConsistentHash {
@@ -21,9 +21,8 @@ pub fn build(params: &PolicyParams) -> Selector {
 impl Policy for ConsistentHash {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
         let key = request.conversation();
-        let index = self
-            .ties
-            .best(candidates.len(), |i| weight(key, candidates[i].hash));
+        let weight = |i: usize| weight(key, candidates[i].hash);
+        let index = self.ties.best(Turn::of(request), candidates.len(), weight);
         Decision::new(index, Outcome::Hashed)
     }
 }

@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use super::conversations::{Conversations, Live, Note};
 use super::prefix::{Ask, PrefixPolicy, Rule};
-use super::{Decision, Outcome, PolicyParams, Request, Selector, Ties};
+use super::{Decision, Outcome, PolicyParams, Request, Selector, Ties, Turn};
 use crate::BackendId;
 use crate::units::TextBytes;
 
@@ -171,7 +171,7 @@ impl KvAware {
         let own = |i: usize| view.matched(i).saturating_sub(shared);
         if (0..view.len()).any(|i| own(i) >= MIN_PRIVATE) {
             let candidates = view.ask.candidates;
-            return Some(self.ties.best(view.len(), |i| {
+            return Some(self.ties.best(Turn::of(view.ask.request), view.len(), |i| {
                 (
                     view.matched(i),
                     Reverse(candidates[i].pending),
@@ -205,7 +205,7 @@ impl KvAware {
                 0
             }
         };
-        self.ties.best(view.len(), |i| {
+        self.ties.best(Turn::of(view.ask.request), view.len(), |i| {
             (
                 Reverse(kept(i)),
                 !any_room || view.room(i),

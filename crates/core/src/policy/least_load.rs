@@ -1,6 +1,6 @@
 //! `least_load`: the candidate with the fewest requests in flight (ties at random).
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties, Turn};
 
 /// Picks the least loaded.
 pub struct LeastLoad {
@@ -16,8 +16,9 @@ pub fn build(params: &PolicyParams) -> Selector {
 }
 
 impl Policy for LeastLoad {
-    fn choose(&self, _: &Request, candidates: &[Candidate]) -> Decision {
-        Decision::new(self.ties.least_loaded(candidates), Outcome::Balanced)
+    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        let index = self.ties.least_loaded(Turn::of(request), candidates);
+        Decision::new(index, Outcome::Balanced)
     }
 }
 

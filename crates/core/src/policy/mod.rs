@@ -28,7 +28,7 @@ pub use conversations::{Conversations, Live, Note};
 pub use selector::{Selector, TableSize};
 pub use sessions::{SESSION_TTL, Sessions};
 pub use sticky::Sticky;
-pub use ties::Ties;
+pub use ties::{Ties, Turn};
 
 use crate::BackendId;
 use crate::clock::Clock;

@@ -1,6 +1,6 @@
 //! `power_of_two`: two random candidates, the less loaded of them.
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties, Turn};
 
 /// Power of two choices.
 pub struct PowerOfTwo {
@@ -16,11 +16,11 @@ pub fn build(params: &PolicyParams) -> Selector {
 }
 
 impl Policy for PowerOfTwo {
-    fn choose(&self, _: &Request, candidates: &[Candidate]) -> Decision {
-        let n = candidates.len();
-        let a = self.dice.below(n);
+    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        let (n, turn) = (candidates.len(), Turn::of(request));
+        let a = self.dice.below(turn, n);
         // A second candidate distinct from the first when there is one.
-        let b = (a + 1 + self.dice.below(n.max(2) - 1)) % n;
+        let b = (a + 1 + self.dice.below(turn, n.max(2) - 1)) % n;
         let index = if candidates[b].load < candidates[a].load {
             b
         } else {

@@ -7,7 +7,7 @@
 use std::cmp::Reverse;
 
 use super::prefix::{Ask, PrefixPolicy, Rule};
-use super::{Decision, Outcome, PolicyParams, Selector, Ties};
+use super::{Decision, Outcome, PolicyParams, Selector, Ties, Turn};
 use crate::units::TextBytes;
 
 /// The least-estimated-prefill rule.
@@ -31,9 +31,11 @@ impl Rule for LeastPrefill {
         let (matches, candidates) = (ask.matches, ask.candidates);
         let matched = |i: usize| matches.matched(candidates[i].id);
         let cost = |i: usize| candidates[i].pending + matches.total().saturating_sub(matched(i));
-        let index = self.ties.best(candidates.len(), |i| {
-            (Reverse(cost(i)), matched(i), Reverse(candidates[i].load))
-        });
+        let index = self
+            .ties
+            .best(Turn::of(ask.request), candidates.len(), |i| {
+                (Reverse(cost(i)), matched(i), Reverse(candidates[i].load))
+            });
         let outcome = match matches.best() {
             TextBytes(0) => Outcome::PrefixMiss,
             best if matched(index) == best => Outcome::PrefixHit,

@@ -1,6 +1,6 @@
 //! `random`: a uniformly random candidate.
 
-use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties};
+use super::{Candidate, Decision, Outcome, Policy, PolicyParams, Request, Selector, Ties, Turn};
 
 /// Picks at random.
 pub struct Random {
@@ -16,8 +16,9 @@ pub fn build(params: &PolicyParams) -> Selector {
 }
 
 impl Policy for Random {
-    fn choose(&self, _: &Request, candidates: &[Candidate]) -> Decision {
-        Decision::new(self.dice.below(candidates.len()), Outcome::Balanced)
+    fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
+        let index = self.dice.below(Turn::of(request), candidates.len());
+        Decision::new(index, Outcome::Balanced)
     }
 }
 

@@ -16,7 +16,7 @@ use log::warn;
 use opentelemetry::KeyValue;
 use prefix_router_core::BackendId;
 use prefix_router_core::ledger::{Account, Cap, Placing, Seat};
-use prefix_router_core::policy::{Candidate, Decision, Outcome, Request};
+use prefix_router_core::policy::{Candidate, Decision, Outcome, Request, Turn};
 use prefix_router_core::units::TextBytes;
 use smallvec::SmallVec;
 
@@ -323,7 +323,10 @@ fn place(
     let recorded = Cell::new(false);
     let choose = |candidates: &[Candidate]| match route {
         Route::Policy(request) => prepare::choose(state, request, cap, candidates, &recorded),
-        Route::AnyBackend => Decision::new(state.ties.least_loaded(candidates), Outcome::Balanced),
+        Route::AnyBackend => Decision::new(
+            state.ties.least_loaded(Turn::Take, candidates),
+            Outcome::Balanced,
+        ),
     };
     let Placing::Placed { seat, index } = state.ledger.place(&ready.accounts(), cap, text, choose)
     else {
@@ -479,7 +482,7 @@ fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
 /// that, placed again, it does not take it back), rather than move and compute its
 /// context again elsewhere (200-700 ms for 20-50K tokens in `benches/tenants/noisy.sh`).
 /// With no such request there, `ready` and `cap` are left as they were; with none of a
-/// lower priority in flight, the policy is not asked (its ties would take a turn).
+/// lower priority in flight, the policy is not asked.
 fn reclaim_home(
     state: &State,
     ticket: &Ticket,
@@ -501,8 +504,7 @@ fn reclaim_home(
 }
 
 /// Where the policy would place the request under `cap` if every backend of `ready` had
-/// room (asked without remembering anything but a turn of its ties): the backend, the
-/// decision, the request.
+/// room (asked without remembering anything): the backend, the decision, the request.
 fn unbounded<'r, 'a>(
     state: &State,
     cap: Cap,
