@@ -99,6 +99,13 @@ pub struct Cap {
     pub over: usize,
 }
 
+impl Cap {
+    /// The band it counts in among the requests a reserve is kept for, if it is one.
+    fn kept_band(&self) -> Option<usize> {
+        self.kept.then(|| self.band.min(BANDS - 1))
+    }
+}
+
 impl From<usize> for Cap {
     fn from(limit: usize) -> Self {
         Cap {
@@ -314,7 +321,7 @@ impl Account {
         let next = |n: usize| self.below(n, cap).then_some(n + 1);
         self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
-        let band = cap.kept.then(|| cap.band.min(BANDS - 1));
+        let band = cap.kept_band();
         if let Some(band) = band {
             self.kept_in[band].fetch_add(1, Relaxed);
             self.kept_peak.fetch_max(self.kept(), Relaxed);
@@ -509,8 +516,8 @@ impl Ledger {
         }
         let candidate = |i: usize| {
             let mut candidate = accounts[i].candidate();
-            if cap.kept {
-                candidate.kept = accounts[i].kept_in[cap.band.min(BANDS - 1)].load(Relaxed);
+            if let Some(band) = cap.kept_band() {
+                candidate.kept = accounts[i].kept_in[band].load(Relaxed);
             }
             candidate
         };
