@@ -317,6 +317,12 @@ async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_mo
     router
         .wait_until("low is placed at home", |_| home.count() == 2)
         .await;
+    let explained = explain_as(&router, "sk-priority", "high", &turn("second")).await;
+    assert_eq!(
+        explained["admission"]["stops_at_home"],
+        home.url(),
+        "POST /route says so"
+    );
     assert_eq!(post_chat(url.clone(), turn("second"), "high").await, 200);
     assert_eq!(low.await.unwrap(), 200, "low, stopped, was placed again");
     assert_eq!(
@@ -347,6 +353,7 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     assert_eq!(admission["priority"], "high");
     assert_eq!(admission["wait"], Value::Null, "the fleet has room");
     assert_eq!(admission["reserve"], false);
+    assert_eq!(admission["stops_at_home"], Value::Null, "no home yet");
     assert_eq!(
         admission["standing_slots"], 2,
         "the file's, while no one else is active"
@@ -370,11 +377,16 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
 async fn route_as(router: &TestRouter, key: &str, priority: &str, model: &str) -> Value {
     let mut body = chat(&[("user", "a question for the fleet".into())]);
     body["model"] = model.into();
+    explain_as(router, key, priority, &body).await
+}
+
+/// What `POST /route` says of `body` sent by the tenant keyed `key` at `priority`.
+async fn explain_as(router: &TestRouter, key: &str, priority: &str, body: &Value) -> Value {
     let response = client()
         .post(format!("{}/route", router.admin_url))
         .header("authorization", format!("Bearer {key}"))
         .header("x-priority", priority)
-        .json(&body)
+        .json(body)
         .send()
         .await
         .unwrap();

@@ -9,7 +9,7 @@
 //! Synchronous and lock-free on the request path (atomics); no I/O, no clock of its own.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -53,6 +53,8 @@ pub struct Account {
     /// them at once in this window and the one before ([`KEPT_READS`] reads of its load
     /// each).
     kept_in: [AtomicUsize; BANDS],
+    /// Requests a reserve was kept for that have no answer yet (prefilling).
+    kept_prefilling: AtomicUsize,
     kept_peak: AtomicUsize,
     kept_before: AtomicUsize,
     reads: AtomicUsize,
@@ -97,6 +99,10 @@ pub struct Cap {
     /// Slots past the limit and the hold this request may take (default 0): those it
     /// just freed by stopping requests there, which they let go a moment later.
     pub over: usize,
+    /// Whether it goes to its conversation's home, where a request the reserve is kept
+    /// for may take slots past the backend's ceiling, up to its hold (into the engine's
+    /// queue), rather than move and compute its context again elsewhere (default false).
+    pub home: bool,
 }
 
 impl Cap {
@@ -134,12 +140,14 @@ impl Account {
             kept_peak: AtomicUsize::new(0),
             kept_before: AtomicUsize::new(0),
             kept_in: Default::default(),
+            kept_prefilling: AtomicUsize::new(0),
             reads: AtomicUsize::new(0),
             on_free: Box::new(|| {}),
         }
     }
 
-    /// Calls `freed` whenever one of its seats drops (a slot freed). Must be cheap.
+    /// Calls `freed` whenever one of its seats drops (a slot freed), and when one a
+    /// reserve was kept for answers (its prefill guard lifts). Must be cheap.
     pub fn on_free(mut self, freed: impl Fn() + Send + Sync + 'static) -> Self {
         self.on_free = Box::new(freed);
         self
@@ -274,11 +282,19 @@ impl Account {
         self.below(self.load(), cap.into())
     }
 
-    /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none), and, with
-    /// a reserve or standing slots, below its ceiling less those; each raised by
-    /// `cap.over`.
+    /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none; for a
+    /// request the reserve is kept for, no more than its ceiling), and, with a reserve or
+    /// standing slots, below its ceiling less those; each raised by `cap.over`. A request that leaves the reserve free is also kept off a held backend
+    /// while a request the reserve is kept for prefills there (the prefill guard): engines
+    /// split their prefill compute among the requests prefilling at once.
     fn below(&self, load: usize, cap: Cap) -> bool {
         let (hold, ceiling) = self.held();
+        // Past what the engine runs, a kept request would wait in the engine's queue (a
+        // hold probes a quarter past it) rather than in the router's.
+        let hold = match cap.kept && !cap.home && ceiling > 0 {
+            true => hold.min(ceiling),
+            false => hold,
+        };
         let free = if cap.reserve {
             self.reserve(ceiling)
         } else {
@@ -286,7 +302,9 @@ impl Account {
         };
         let reserved = free > 0 && hold > 0 && ceiling > 0;
         let load = load.saturating_sub(cap.over);
-        (cap.limit == 0 || load < cap.limit)
+        let guarded = cap.reserve && hold > 0 && self.kept_prefilling.load(Relaxed) > 0;
+        !guarded
+            && (cap.limit == 0 || load < cap.limit)
             && (hold == 0 || load < hold)
             && (!reserved || load + free < ceiling.min(hold))
     }
@@ -325,12 +343,14 @@ impl Account {
         if let Some(band) = band {
             self.kept_in[band].fetch_add(1, Relaxed);
             self.kept_peak.fetch_max(self.kept(), Relaxed);
+            self.kept_prefilling.fetch_add(1, Relaxed);
         }
         Some(Seat {
             account: Arc::clone(self),
             prefill: AtomicUsize::new(prefill.0),
             decision,
             band,
+            guarding: AtomicBool::new(band.is_some()),
         })
     }
 }
@@ -354,6 +374,8 @@ pub struct Seat {
     decision: Decision,
     /// The band it counts in among its backend's requests kept a reserve for, if it does.
     band: Option<usize>,
+    /// Whether it is kept a reserve for and has no answer yet (the prefill guard).
+    guarding: AtomicBool,
 }
 
 impl Seat {
@@ -371,6 +393,10 @@ impl Seat {
     pub fn answered(&self) {
         let prefill = self.prefill.swap(0, Relaxed);
         self.account.pending.fetch_sub(prefill, Relaxed);
+        if self.guarding.swap(false, Relaxed) {
+            self.account.kept_prefilling.fetch_sub(1, Relaxed);
+            (self.account.on_free)();
+        }
     }
 
     /// The backend reported `cached` tokens for it: the selector's index learns how that
@@ -607,6 +633,16 @@ mod tests {
             !ledger.open(&refs, reserve),
             "one of the 8 it ran kept for others"
         );
+        let kept = Cap {
+            kept: true,
+            ..Cap::default()
+        };
+        assert!(
+            !ledger.open(&refs, kept),
+            "a kept request: no further than it ran"
+        );
+        let home = Cap { home: true, ..kept };
+        assert!(ledger.open(&refs, home), "unless it stays home");
         all[0].learn_hold(load(9, 0));
         assert_eq!(all[0].hold(), Some(10), "a hold it does not fill stays");
         all[0].forget_hold();
@@ -802,6 +838,46 @@ mod tests {
             panic!("one past both");
         };
         assert!(!ledger.open(&refs, over), "no more than one past");
+    }
+
+    #[test]
+    fn a_request_leaving_the_reserve_waits_while_a_kept_one_prefills_on_a_held_backend() {
+        let freed = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&freed);
+        let account = Arc::new(Account::new(BackendId(0), 0).on_free(move || {
+            count.fetch_add(1, Relaxed);
+        }));
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let (kept, reserve) = (
+            Cap {
+                kept: true,
+                ..Cap::from(8)
+            },
+            Cap {
+                reserve: true,
+                ..Cap::from(8)
+            },
+        );
+        let Placing::Placed { seat, .. } = ledger.place(&[&account], kept, TextBytes(0), first)
+        else {
+            panic!("not placed");
+        };
+        assert!(account.open(reserve), "no hold learned: never held back");
+        account.learn_hold(load(4, 1));
+        assert!(
+            !account.open(reserve),
+            "guarded while the kept one prefills"
+        );
+        assert!(
+            account.open(kept) && account.open(8),
+            "only those leaving the reserve"
+        );
+        seat.answered();
+        assert_eq!(freed.load(Relaxed), 1, "the guard lifting wakes a waiter");
+        assert!(account.open(reserve), "open once it answered");
+        seat.answered();
+        drop(seat);
+        assert_eq!(freed.load(Relaxed), 2, "lifted once, freed once");
     }
 
     #[test]

@@ -63,7 +63,7 @@ pub async fn noisy_neighbour(
     progress: impl Fn(&str),
 ) -> anyhow::Result<Vec<FlowResult>> {
     let dir = scratch("noisy")?;
-    let file = dir.join("tenants.toml");
+    let file = dir.path().join("tenants.toml");
     let tenants = format!(
         "[tenants.a]\nkeys = [\"sha256:{}\"]\n[tenants.b]\nkeys = [\"sha256:{}\"]\n",
         sha256("sk-demo-a"),
@@ -90,7 +90,7 @@ pub async fn noisy_neighbour(
 /// The priority runs: high alone, then high beside normal and low floods.
 pub async fn priority(args: &DemoArgs, progress: impl Fn(&str)) -> anyhow::Result<Vec<FlowResult>> {
     let dir = scratch("priority")?;
-    let file = dir.join("tenants.toml");
+    let file = dir.path().join("tenants.toml");
     let tenants = format!(
         "[tenants.p]\nkeys = [\"sha256:{}\"]\nmax_priority = \"high\"\n",
         sha256("sk-demo-p")
@@ -132,7 +132,7 @@ async fn run_flows(
 ) -> anyhow::Result<Vec<FlowResult>> {
     let sims = start_sims(args).await?;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
-    let config = router_config(&urls, file, max_queued)?;
+    let config = router_config(&urls, file, max_queued, args.speedup)?;
     let backends = urls.len();
     let router = tokio::task::spawn_blocking(move || {
         let running = Embedded::start(&config)?;
@@ -200,10 +200,15 @@ async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
     Ok(sims)
 }
 
+/// The router in front of `urls` with the tenants `file`. It reads the backends' load as
+/// often in simulated time as a router at 1x does in real time (once a second, divided by
+/// `speedup`, at most 50 times a second): holds are learned from those reads, and at 1 s a
+/// 20x demo would learn them only every 20 simulated seconds.
 fn router_config(
     urls: &[String],
     file: &Path,
     max_queued: Option<usize>,
+    speedup: f64,
 ) -> anyhow::Result<Config> {
     let port = |addr: String| -> anyhow::Result<u16> {
         Ok(addr
@@ -220,6 +225,7 @@ fn router_config(
         tenants_file: Some(file.to_path_buf()),
         max_queued,
         health_check_interval: Some(0.5),
+        metrics_interval: Some((1.0 / speedup.max(1.0)).max(0.02)),
         threads: Some(2),
         grace_period: Some(0.0),
         ..Settings::default()
@@ -227,12 +233,10 @@ fn router_config(
     Ok(Config::from_settings(settings)?)
 }
 
-/// A fresh directory under the system's temporary one.
-fn scratch(name: &str) -> anyhow::Result<std::path::PathBuf> {
-    let dir =
-        std::env::temp_dir().join(format!("prefix-router-demo-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    Ok(dir)
+/// A fresh directory under the system's temporary one, removed when dropped.
+fn scratch(name: &str) -> anyhow::Result<tempfile::TempDir> {
+    let prefix = format!("prefix-router-demo-{name}-");
+    Ok(tempfile::Builder::new().prefix(&prefix).tempdir()?)
 }
 
 fn sha256(key: &str) -> String {

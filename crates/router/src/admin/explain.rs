@@ -12,7 +12,9 @@
 //! for it, `behind` when others wait ahead of it); `backend` is null when it would wait
 //! for a full fleet. With a tenants file, `kept` says whether the reserve is kept for it,
 //! and each backend's `would_stop` how many requests there with no answer yet it would
-//! stop if placed there ([`crate::tenants::preempt`]).
+//! stop if placed there ([`crate::tenants::preempt`]); `stops_at_home` names its
+//! conversation's home when that is full and it would stop a lower priority there to
+//! take the slot.
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -24,7 +26,7 @@ use serde_json::{Value, json};
 
 use crate::admission::Ticket;
 use crate::error::RouterError;
-use crate::proxy::dispatch::{self, Route, Wait};
+use crate::proxy::dispatch::{self, AtHome, Route, Wait};
 use crate::proxy::prepare::{self, Prepared};
 use crate::proxy::steps;
 use crate::state::State;
@@ -48,7 +50,8 @@ pub async fn explain(
         Tokenizing::Unrendered(why) => Some(why.to_string()),
         _ => None,
     };
-    let ready = dispatch::serving(state.fleet.ready(&[]), &Route::Policy(&request))?;
+    let route = Route::Policy(&request);
+    let ready = dispatch::serving(state.fleet.ready(&[]), &route)?;
     if ready.is_empty() {
         return Err(RouterError::NoBackend);
     }
@@ -97,6 +100,11 @@ pub async fn explain(
             "standing_slots": cap.standing,
             "queued": state.queue.len(),
             "wait": dispatch::wait(state, limits, &ready, &ticket).map(Wait::label),
+            "stops_at_home": match dispatch::at_home(state, &ticket, &ready, &route, cap) {
+                Some(AtHome::Stop(home)) => accounts.iter().position(|a| a.id == home.id),
+                _ => None,
+            }
+            .and_then(url),
         }),
         (Err(refused), _) => json!({ "refused": RouterError::from(*refused).code() }),
         _ => Value::Null,

@@ -118,10 +118,10 @@ impl<'t> Ticket<'t> {
         self.shares.is_some_and(|s| s.displace(self.priority, on))
     }
 
-    /// Whether [`Self::displace`] may find a request to stop: one of a lower priority,
-    /// with no answer yet, is in flight.
-    pub fn outranks_any(&self) -> bool {
-        self.shares.is_some_and(|s| s.any_below(self.priority))
+    /// Whether [`Self::displace`] on `on` would find a request to stop: one of a lower
+    /// priority, with no answer yet, is in flight there.
+    pub fn outranks_any(&self, on: Option<BackendId>) -> bool {
+        self.shares.is_some_and(|s| s.any_below(self.priority, on))
     }
 
     /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).

@@ -476,13 +476,10 @@ fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
     }
 }
 
-/// A request the reserve is kept for, whose conversation's home is full, stops there the
-/// last placed request with no answer yet of a priority below its own, and takes the slot
-/// that frees at once, one past the home's limit until the stopped request lets it go (so
-/// that, placed again, it does not take it back), rather than move and compute its
-/// context again elsewhere (200-700 ms for 20-50K tokens in `benches/tenants/noisy.sh`).
-/// With no such request there, `ready` and `cap` are left as they were; with none of a
-/// lower priority in flight, the policy is not asked.
+/// A request the reserve is kept for whose conversation's home is not open to it stays
+/// there rather than move and compute its context again elsewhere (200-700 ms for 20-50K
+/// tokens in `benches/tenants/noisy.sh`), as [`at_home`] says. Else `ready` and `cap` are
+/// left as they were.
 fn reclaim_home(
     state: &State,
     ticket: &Ticket,
@@ -490,17 +487,52 @@ fn reclaim_home(
     route: &Route,
     cap: Cap,
 ) -> (Ready, Cap) {
-    if !cap.kept || !ticket.outranks_any() {
-        return (ready, cap);
+    match at_home(state, ticket, &ready, route, cap) {
+        Some(AtHome::Stop(home)) if ticket.displace(Some(home.id)) => {
+            (ready.only(home.id), Cap { over: 1, ..cap })
+        }
+        Some(AtHome::PastCeiling(home)) => (ready.only(home.id), Cap { home: true, ..cap }),
+        _ => (ready, cap),
     }
-    let home = match unbounded(state, cap, &ready, route) {
-        Some((home, decision, _)) if decision.outcome == Outcome::PrefixHit => home,
-        _ => return (ready, cap),
-    };
-    if home.open(cap) || !ticket.displace(Some(home.id)) {
-        return (ready, cap);
+}
+
+/// How a request the reserve is kept for stays at its conversation's home when the home
+/// is not open to it.
+pub enum AtHome {
+    /// It stops there the last placed request with no answer yet of a priority below its
+    /// own, and takes the slot that frees at once, one past the home's limit until the
+    /// stopped request lets it go (so that, placed again, it does not take it back).
+    Stop(Arc<Account>),
+    /// With none to stop, the home at its ceiling but below its hold: it goes past the
+    /// ceiling and waits in the engine's queue there.
+    PastCeiling(Arc<Account>),
+}
+
+/// How the request stays home, if the reserve is kept for it (`cap`) and its
+/// conversation's home among `ready` is not open to it; the policy is asked only while a
+/// request of a lower priority is in flight or a backend is at its ceiling.
+pub fn at_home(
+    state: &State,
+    ticket: &Ticket,
+    ready: &Ready,
+    route: &Route,
+    cap: Cap,
+) -> Option<AtHome> {
+    let past = Cap { home: true, ..cap };
+    let accounts = ready.accounts();
+    let at_ceiling = || (accounts.iter()).any(|a| !a.open(cap) && a.open(past));
+    if !cap.kept || !(ticket.outranks_any(None) || at_ceiling()) {
+        return None;
     }
-    (ready.only(home.id), Cap { over: 1, ..cap })
+    let (home, decision, _) = unbounded(state, cap, ready, route)?;
+    if decision.outcome != Outcome::PrefixHit || home.open(cap) {
+        return None;
+    }
+    if ticket.outranks_any(Some(home.id)) {
+        Some(AtHome::Stop(home))
+    } else {
+        home.open(past).then_some(AtHome::PastCeiling(home))
+    }
 }
 
 /// Where the policy would place the request under `cap` if every backend of `ready` had

@@ -106,9 +106,11 @@ impl Preemptions {
         true
     }
 
-    /// Whether a request with no answer yet at a priority below `priority` is in flight.
-    pub fn any_below(&self, priority: Priority) -> bool {
-        self.flights.lock().iter().any(|f| f.priority < priority)
+    /// Whether a request with no answer yet at a priority below `priority` is in flight
+    /// on `on` (`None`: any backend): whether [`Self::displace`] would stop one.
+    pub fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
+        let flights = self.flights.lock();
+        (flights.iter()).any(|f| f.priority < priority && on.is_none_or(|b| b == f.backend))
     }
 
     /// How many requests on `backend` a request of `tenant` at `priority` outranks now
@@ -218,8 +220,9 @@ mod tests {
             !preemptions.displace(Priority::Low, None),
             "nothing is below low"
         );
-        assert!(!preemptions.any_below(Priority::Low));
-        assert!(preemptions.any_below(Priority::Normal));
+        assert!(!preemptions.any_below(Priority::Low, None));
+        assert!(preemptions.any_below(Priority::Normal, Some(one)));
+        assert!(!preemptions.any_below(Priority::Normal, Some(three)));
         assert!(
             !preemptions.displace(Priority::High, Some(three)),
             "none on three"

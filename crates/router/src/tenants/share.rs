@@ -91,6 +91,7 @@ impl Standing {
             standing: if self.kept_for() { 0 } else { standing },
             band: priority as usize,
             over: 0,
+            home: false,
         }
     }
 }
@@ -181,9 +182,10 @@ impl Shares {
         self.preemptions.displace(priority, on)
     }
 
-    /// Whether a request with no answer yet at a priority below `priority` is in flight.
-    pub fn any_below(&self, priority: Priority) -> bool {
-        self.preemptions.any_below(priority)
+    /// Whether a request with no answer yet at a priority below `priority` is in flight
+    /// on `on` (`None`: any backend).
+    pub fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
+        self.preemptions.any_below(priority, on)
     }
 
     /// How many requests on `backend` with no answer yet a request of `tenant` at
