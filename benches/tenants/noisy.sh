@@ -24,6 +24,7 @@ cd "$(dirname "$0")/../.."
 source benches/common.sh
 bench_start
 speedup="${SPEEDUP:-5}"
+reads="${METRICS_INTERVAL:+--metrics-interval $METRICS_INTERVAL}"
 b_sessions="${B_SESSIONS:-8}" a_sessions="${A_SESSIONS:-128}"
 b_conc="${B_CONCURRENCY:-$b_sessions}" a_conc="${A_CONCURRENCY:-$a_sessions}"
 
@@ -81,7 +82,7 @@ PY
 
 run() { # NAME TENANTS_ARGS NEIGHBOUR(0/1) RUN
   start_sims
-  ROUTER_ARGS="$2" start_router kv_aware "${urls[@]}"
+  ROUTER_ARGS="$2 $reads" start_router kv_aware "${urls[@]}"
   local a_pid=""
   if [ "$3" = 1 ]; then
     replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-$1-$4.json" &
@@ -108,7 +109,7 @@ rate_run() { # RUN: tenant A alone at TPM tokens a minute, retrying its 429s aft
   local tpm="${TPM:-6000000}" minutes="${MINUTES:-2}"
   printf '%s\n[tenants.a]\nkeys = ["sha256:%s"]\ntokens_per_minute = %s\n' "$standing" "$(hash sk-tenant-a)" "$tpm" >"$out/rate.toml"
   start_sims
-  ROUTER_ARGS="--tenants-file $out/rate.toml" start_router kv_aware "${urls[@]}"
+  ROUTER_ARGS="--tenants-file $out/rate.toml $reads" start_router kv_aware "${urls[@]}"
   replay sk-tenant-a "$a_sessions" "$a_conc" 7 "$out/a-rate-$1.json" --retry-rate-limited &
   local a_pid=$! before=0
   for m in $(seq 1 "$minutes"); do
@@ -127,7 +128,7 @@ rate_run() { # RUN: tenant A alone at TPM tokens a minute, retrying its 429s aft
 priority_run() { # RUN: high-priority sessions alone, then beside normal and low ones that offer twice what the fleet runs
   local slots=$((4 * ${MAX_NUM_SEQS:-2}))
   printf '%s\n[tenants.p]\nkeys = ["sha256:%s"]\nmax_priority = "high"\n' "$standing" "$(hash sk-tenant-p)" >"$out/priority.toml"
-  local args="--tenants-file $out/priority.toml --max-queued $((slots / 2))"
+  local args="--tenants-file $out/priority.toml --max-queued $((slots / 2)) $reads"
   start_sims
   ROUTER_ARGS="$args" start_router kv_aware "${urls[@]}"
   rate="${B_SESSION_RATE:-100}" replay sk-tenant-p "$b_sessions" "$b_conc" 1 "$out/high-alone-$1.json" --priority high
