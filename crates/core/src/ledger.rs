@@ -393,7 +393,7 @@ impl Seat {
     pub fn answered(&self) {
         let prefill = self.prefill.swap(0, Relaxed);
         self.account.pending.fetch_sub(prefill, Relaxed);
-        if self.guarding.swap(false, Relaxed) {
+        if self.band.is_some() && self.guarding.swap(false, Relaxed) {
             self.account.kept_prefilling.fetch_sub(1, Relaxed);
             (self.account.on_free)();
         }

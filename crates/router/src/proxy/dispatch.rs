@@ -518,10 +518,12 @@ pub fn at_home(
     route: &Route,
     cap: Cap,
 ) -> Option<AtHome> {
+    if !cap.kept {
+        return None;
+    }
     let past = Cap { home: true, ..cap };
-    let accounts = ready.accounts();
-    let at_ceiling = || (accounts.iter()).any(|a| !a.open(cap) && a.open(past));
-    if !cap.kept || !(ticket.outranks_any(None) || at_ceiling()) {
+    let at_ceiling = || (ready.accounts().iter()).any(|a| !a.open(cap) && a.open(past));
+    if !ticket.outranks_any(None) && !at_ceiling() {
         return None;
     }
     let (home, decision, _) = unbounded(state, cap, ready, route)?;
