@@ -625,24 +625,22 @@ mod tests {
         all[0].learn_hold(load(8, 0));
         assert_eq!(all[0].hold(), Some(10), "no queue: the hold grows");
         assert!(ledger.open(&refs, 0));
+        let (reserve, kept) = (true, true);
         let reserve = Cap {
-            reserve: true,
+            reserve,
             ..Cap::default()
         };
-        assert!(
-            !ledger.open(&refs, reserve),
-            "one of the 8 it ran kept for others"
-        );
         let kept = Cap {
-            kept: true,
+            kept,
             ..Cap::default()
         };
-        assert!(
-            !ledger.open(&refs, kept),
-            "a kept request: no further than it ran"
-        );
-        let home = Cap { home: true, ..kept };
-        assert!(ledger.open(&refs, home), "unless it stays home");
+        for (cap, open, why) in [
+            (reserve, false, "one of the 8 it ran kept for others"),
+            (kept, false, "a kept request: no further than it ran"),
+            (Cap { home: true, ..kept }, true, "unless it stays home"),
+        ] {
+            assert_eq!(ledger.open(&refs, cap), open, "{why}");
+        }
         all[0].learn_hold(load(9, 0));
         assert_eq!(all[0].hold(), Some(10), "a hold it does not fill stays");
         all[0].forget_hold();
@@ -842,11 +840,7 @@ mod tests {
 
     #[test]
     fn a_request_leaving_the_reserve_waits_while_a_kept_one_prefills_on_a_held_backend() {
-        let freed = Arc::new(AtomicUsize::new(0));
-        let count = Arc::clone(&freed);
-        let account = Arc::new(Account::new(BackendId(0), 0).on_free(move || {
-            count.fetch_add(1, Relaxed);
-        }));
+        let (account, freed) = counting();
         let ledger = Ledger::new(Duration::from_secs(60));
         let (kept, reserve) = (
             Cap {
@@ -880,13 +874,19 @@ mod tests {
         assert_eq!(freed.load(Relaxed), 2, "lifted once, freed once");
     }
 
-    #[test]
-    fn a_freed_seat_calls_its_accounts_hook() {
+    /// An account, and how many times it called its hook.
+    fn counting() -> (Arc<Account>, Arc<AtomicUsize>) {
         let freed = Arc::new(AtomicUsize::new(0));
         let count = Arc::clone(&freed);
-        let account = Arc::new(Account::new(BackendId(0), 0).on_free(move || {
+        let account = Account::new(BackendId(0), 0).on_free(move || {
             count.fetch_add(1, Relaxed);
-        }));
+        });
+        (Arc::new(account), freed)
+    }
+
+    #[test]
+    fn a_freed_seat_calls_its_accounts_hook() {
+        let (account, freed) = counting();
         let ledger = Ledger::new(Duration::from_secs(60));
         let placed = ledger.place(&[&account], 0, TextBytes(0), first);
         drop(placed);
