@@ -284,9 +284,10 @@ impl Account {
 
     /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none; for a
     /// request the reserve is kept for, no more than its ceiling), and, with a reserve or
-    /// standing slots, below its ceiling less those; each raised by `cap.over`. A request that leaves the reserve free is also kept off a held backend
-    /// while a request the reserve is kept for prefills there (the prefill guard): engines
-    /// split their prefill compute among the requests prefilling at once.
+    /// standing slots, below its ceiling less those; each raised by `cap.over`. A request
+    /// that leaves the reserve free is also kept off a held backend while a request the
+    /// reserve is kept for prefills there (the prefill guard): engines split their
+    /// prefill compute among the requests prefilling at once.
     fn below(&self, load: usize, cap: Cap) -> bool {
         let (hold, ceiling) = self.held();
         // Past what the engine runs, a kept request would wait in the engine's queue (a
@@ -625,19 +626,19 @@ mod tests {
         all[0].learn_hold(load(8, 0));
         assert_eq!(all[0].hold(), Some(10), "no queue: the hold grows");
         assert!(ledger.open(&refs, 0));
-        let (reserve, kept) = (true, true);
-        let reserve = Cap {
-            reserve,
+        let kept = |home| Cap {
+            kept: true,
+            home,
             ..Cap::default()
         };
-        let kept = Cap {
-            kept,
+        let reserve = Cap {
+            reserve: true,
             ..Cap::default()
         };
         for (cap, open, why) in [
             (reserve, false, "one of the 8 it ran kept for others"),
-            (kept, false, "a kept request: no further than it ran"),
-            (Cap { home: true, ..kept }, true, "unless it stays home"),
+            (kept(false), false, "a kept request: no further than it ran"),
+            (kept(true), true, "unless it stays home"),
         ] {
             assert_eq!(ledger.open(&refs, cap), open, "{why}");
         }
