@@ -31,7 +31,7 @@ fn args(dir: std::path::PathBuf) -> DemoArgs {
 }
 
 fn dir(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("prefix-router-demo-{name}-{}", std::process::id()))
+    crate::support::scratch_dir(&format!("demo-{name}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -73,9 +73,7 @@ impl Envoy {
             assert!(text.contains(from), "{from} is in conf/envoy-epp.yaml");
             text.replace(from, to)
         });
-        let dir =
-            std::env::temp_dir().join(format!("prefix-router-envoy-{}", port(listen.clone())));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch_dir(&format!("envoy-{}", port(listen.clone())));
         let (file, log) = (dir.join("envoy.yaml"), dir.join("envoy.log"));
         std::fs::write(&file, text).unwrap();
         let child = Command::new(fixtures::envoy())
@@ -384,8 +382,7 @@ async fn the_buffered_body_mode_and_the_gateways_subset_hint_are_followed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_picker_serves_its_grpc_port_over_tls_to_an_envoy_that_verifies_it() {
     let _heavy = heavy().await;
-    let dir = std::env::temp_dir().join(format!("prefix-router-epp-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("epp-tls");
     crate::tls::certificates(&dir, "epp");
     let ups = four().await;
     let tls = Settings {

@@ -17,7 +17,7 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
     let _heavy = heavy().await;
     // Not consistent_hash: its placement follows the backends' random ports in real time.
     let policies = vec!["cache_aware".to_string(), "kv_aware".to_string()];
-    let dir = std::env::temp_dir().join(format!("prefix-router-lab-{}", std::process::id()));
+    let dir = scratch_dir("lab");
     let demo = DemoArgs {
         policies: policies.clone(),
         backends: 2,

@@ -14,12 +14,6 @@ use serde_json::{Value as Json, json};
 
 use crate::support::*;
 
-fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("prefix-router-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Settings for a router whose worker list comes from its config file.
 fn file_driven() -> Settings {
     Settings {
@@ -198,7 +192,7 @@ async fn reload(router: &TestRouter) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_config_on_reload_keeps_serving_the_old_one() {
     let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    let path = temp_dir("reload").join("router.toml");
+    let path = scratch_dir("reload").join("router.toml");
     write_config(&path, &[&a]);
     let router = TestRouter::start_from(file_driven(), Some(path.clone()), 1);
     std::fs::write(&path, "worker_urls = [\"http://ok:1\"\npolicy = 5").unwrap();
@@ -367,7 +361,7 @@ async fn twenty_reloads_under_load_lose_nothing_and_removed_backends_get_nothing
     for i in 0..5 {
         pool.push(Upstream::start(&format!("u{i}")).await);
     }
-    let path = temp_dir("reload-load").join("router.toml");
+    let path = scratch_dir("reload-load").join("router.toml");
     write_config(&path, &[&pool[0], &pool[1]]);
     let router = TestRouter::start_from(file_driven(), Some(path.clone()), 2);
     let seq = Arc::new(AtomicU64::new(0));
@@ -477,7 +471,7 @@ fn exec_start_args(config: &str, upgrade_socket: &str) -> Vec<String> {
 
 #[test]
 fn systemd_accepts_the_unit() {
-    let dir = temp_dir("unit");
+    let dir = scratch_dir("unit");
     let unit = UNIT.replace("/usr/local/bin/prefix-router", BIN);
     let path = dir.join("prefix-router.service");
     std::fs::write(&path, unit).unwrap();
@@ -534,7 +528,7 @@ fn router_config(dir: &std::path::Path, workers: &[&Upstream]) -> (PathBuf, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_run_as_the_unit_runs_it_notifies_ready() {
     let up = Upstream::start("a").await;
-    let dir = temp_dir("notify");
+    let dir = scratch_dir("notify");
     let (config, url, upgrade) = router_config(&dir, &[&up]);
     let socket_path = dir.join("notify.sock");
     let _ = std::fs::remove_file(&socket_path);
@@ -619,7 +613,7 @@ fn next_ready_pid(socket: &std::os::unix::net::UnixDatagram) -> u32 {
 
 async fn upgrade_under_load(trigger: Trigger) {
     let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    let dir = temp_dir(if trigger == Trigger::Quit {
+    let dir = scratch_dir(if trigger == Trigger::Quit {
         "upgrade-quit"
     } else {
         "upgrade-usr2"

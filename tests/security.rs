@@ -8,8 +8,7 @@ use crate::support::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_need_the_token() {
     let up = Upstream::start("a").await;
-    let dir = std::env::temp_dir().join(format!("prefix-router-token-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("token");
     let token_file = dir.join("token");
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
     let mut s = settings(&[&up]);
@@ -98,8 +97,7 @@ async fn secrets_never_reach_the_logs_nor_the_metrics() {
     let up = Upstream::start("a").await;
     // A tenant whose key is the first secret, so that the tenant paths run too; the file
     // holds its hash only.
-    let dir = std::env::temp_dir().join(format!("prefix-router-secrets-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("secrets");
     let tenants = dir.join("tenants.toml");
     let hash = sha256_entry("sk-very-secret-1");
     std::fs::write(&tenants, format!("[tenants.acme]\nkeys = [\"{hash}\"]\n")).unwrap();

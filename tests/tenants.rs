@@ -19,8 +19,7 @@ fn with_tenants(up: &Upstream, name: &str, text: &str) -> TestRouter {
 
 /// A tenants file of `text`, named after the test `name`.
 fn tenants_file(name: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("prefix-router-tenants-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch_dir("tenants");
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     path

@@ -70,7 +70,7 @@ pub fn certificates(dir: &Path, name: &str) {
 }
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("prefix-router-tls-{name}-{}", std::process::id()));
+    let dir = scratch_dir(&format!("tls-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir

@@ -16,6 +16,16 @@ pub use logs::Log;
 pub use router::{TestRouter, metrics_text, router_binary, scrape, settings};
 pub use upstream::{Received, Reply, Upstream};
 
+/// A directory for a test's files, `name` and the process id under Cargo's directory for
+/// integration tests' scratch files (`target/tmp`, which `cargo clean` removes), rather
+/// than the system's temporary directory.
+pub fn scratch_dir(name: &str) -> std::path::PathBuf {
+    let base = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = base.join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A loopback `host:port` with a port the OS just handed out (bound, then released).
 pub fn free_loopback_addr() -> std::io::Result<String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
