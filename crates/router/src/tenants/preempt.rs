@@ -18,9 +18,8 @@
 //! ([`Preemptions::displace`]), rather than be shed itself; and when the home of a kept
 //! request's conversation is full: then it stops the last placed there of the lowest
 //! priority below its own, and takes its slot, rather than move and compute its context
-//! again elsewhere. Only with a tenants file: the
-//! table holds the requests in flight that have not answered yet, each until its first
-//! response byte.
+//! again elsewhere. Only with a tenants file: the table holds the requests in flight
+//! that have not answered yet, each until its first response byte.
 
 use std::cmp::Reverse;
 use std::sync::Arc;
@@ -96,7 +95,7 @@ impl Preemptions {
     pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
         let mut flights = self.flights.lock();
         let lowest = (flights.iter().enumerate())
-            .filter(|(_, f)| f.priority < priority && on.is_none_or(|b| b == f.backend))
+            .filter(|(_, f)| f.below(priority, on))
             .min_by_key(|(_, f)| (f.priority, Reverse(f.serial)))
             .map(|(i, _)| i);
         let Some(i) = lowest else {
@@ -109,8 +108,7 @@ impl Preemptions {
     /// Whether a request with no answer yet at a priority below `priority` is in flight
     /// on `on` (`None`: any backend): whether [`Self::displace`] would stop one.
     pub fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        let flights = self.flights.lock();
-        (flights.iter()).any(|f| f.priority < priority && on.is_none_or(|b| b == f.backend))
+        self.flights.lock().iter().any(|f| f.below(priority, on))
     }
 
     /// How many requests on `backend` a request of `tenant` at `priority` outranks now
@@ -131,6 +129,11 @@ impl Preemptions {
 }
 
 impl Flight {
+    /// Whether it is below `priority`, on `on` (`None`: any backend).
+    fn below(&self, priority: Priority, on: Option<BackendId>) -> bool {
+        self.priority < priority && on.is_none_or(|b| b == self.backend)
+    }
+
     /// Whether a request of `tenant` at `priority` on `backend` outranks this one: it is
     /// there, at the same priority, and this one's tenant is another at or over its
     /// share.

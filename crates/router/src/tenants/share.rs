@@ -90,8 +90,7 @@ impl Standing {
             kept: self.kept_for(),
             standing: if self.kept_for() { 0 } else { standing },
             band: priority as usize,
-            over: 0,
-            home: false,
+            ..Cap::default()
         }
     }
 }
