@@ -14,6 +14,7 @@ pub mod clock;
 #[cfg(test)]
 mod copies;
 pub mod events;
+pub mod flow;
 pub mod index;
 pub mod ledger;
 pub mod policy;

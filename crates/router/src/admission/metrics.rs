@@ -6,7 +6,7 @@ use std::time::Duration;
 use prometheus::{Histogram, IntGauge, IntGaugeVec};
 
 use super::{Budget, Queue};
-use crate::stats::{Counters, Label, Registry, label_set};
+use crate::stats::{Counters, Registry, label_set};
 use crate::tenants::Priority;
 
 label_set! {

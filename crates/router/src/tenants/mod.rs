@@ -7,10 +7,9 @@
 
 pub mod preempt;
 pub mod rate;
-pub mod share;
 mod tenancy;
 
-pub use share::{Share, Shares};
+pub use prefix_router_core::flow::{Priority, Share, Shares};
 pub use tenancy::{Charge, Tenancy};
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,31 +19,12 @@ use http::HeaderMap;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
-use crate::stats::label_set;
+use crate::stats::Label;
 
-label_set! {
-    /// A request's priority (`x-priority`), lowest first.
-    #[derive(PartialOrd, Ord, Hash, Deserialize)]
-    #[serde(rename_all = "lowercase")]
-    pub enum Priority {
-        /// Shed first, served last.
-        Low => "low",
-        /// The default.
-        Normal => "normal",
-        /// Served first.
-        High => "high",
-    }
-}
-
-impl Priority {
-    /// The priority an `x-priority` value names.
-    pub fn parse(value: &[u8]) -> Option<Priority> {
-        match value.trim_ascii() {
-            b"high" => Some(Priority::High),
-            b"normal" => Some(Priority::Normal),
-            b"low" => Some(Priority::Low),
-            _ => None,
-        }
+impl Label for Priority {
+    const ALL: &'static [Self] = &Priority::ALL;
+    fn label(self) -> &'static str {
+        Priority::label(self)
     }
 }
 
@@ -118,7 +98,7 @@ struct Entry {
     weight: Option<u32>,
     tokens_per_minute: Option<u64>,
     requests_per_minute: Option<u64>,
-    max_priority: Option<Priority>,
+    max_priority: Option<String>,
 }
 
 impl Tenants {
@@ -162,12 +142,20 @@ impl Tenants {
                     "tenant {name}: weight must be at least 1"
                 )));
             }
+            let max_priority = match entry.max_priority {
+                None => Priority::Normal,
+                Some(asked) => Priority::parse(asked.as_bytes()).ok_or_else(|| {
+                    TenantsError(format!(
+                        "tenant {name}: max_priority {asked:?} is not high, normal or low"
+                    ))
+                })?,
+            };
             tenants.tenants.push(Tenant {
                 name,
                 weight,
                 tokens_per_minute: entry.tokens_per_minute.unwrap_or(0),
                 requests_per_minute: entry.requests_per_minute.unwrap_or(0),
-                max_priority: entry.max_priority.unwrap_or(Priority::Normal),
+                max_priority,
                 standing_slots: file.standing_slots,
             });
         }

@@ -1,178 +1,39 @@
-//! Preemption before the first byte. Engines split their prefill compute among the
-//! requests prefilling at once, so a light tenant's request placed beside a heavy
-//! tenant's fresh ones prefills at a fraction of the speed it would alone, however many
-//! slots the reserve kept for it. When such a request (one the reserve is kept for) is
-//! placed, the requests on its backend that it outranks and that have no answer yet are
-//! stopped: their connections close (the engine aborts them, its slot and prefill compute
-//! free) and they go back to the router's queue, to be placed again, by the policy, when
-//! a slot opens. Their clients see only the delay, or, if the queue is full, 503
-//! `overloaded` with `Retry-After` and nothing sent: nothing accepted is lost. A request
-//! is stopped at most once.
-//!
-//! It outranks another tenant's request at its own priority whose tenant is at or over
-//! its fair share. A higher priority stops no lower one: measured in
-//! `benches/tenants/noisy.sh` (`MODES=priority`), the work a stopped `normal` or `low`
-//! request does again, and the cache it churns, cost `high` more than sharing the prefill
-//! did, except when the queue is full of requests it may not shed: then a request stops
-//! the last placed request of the lowest priority below its own, on any backend
-//! ([`Preemptions::displace`]), rather than be shed itself; and when the home of a kept
-//! request's conversation is full: then it stops the last placed there of the lowest
-//! priority below its own, and takes its slot, rather than move and compute its context
-//! again elsewhere. Only with a tenants file: the table holds the requests in flight
-//! that have not answered yet, each until its first response byte.
+//! Preemption before the first byte, on the router's tasks: a request registered in the
+//! shares' table ([`prefix_router_core::flow::preempt`], where the rules live) is stopped
+//! through a [`Notify`] its exchange waits on beside the backend's answer; its connection
+//! then closes, the engine aborts it, and it goes back to the router's queue.
 
-use std::cmp::Reverse;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use parking_lot::Mutex;
 use prefix_router_core::BackendId;
+use prefix_router_core::flow::Preemptible as Registered;
 use tokio::sync::Notify;
 
-use super::Priority;
-use super::share::Shares;
-
-/// A request in flight, not answered yet, that a request outranking it may stop.
-#[derive(Debug)]
-struct Flight {
-    serial: u64,
-    backend: BackendId,
-    tenant: String,
-    priority: Priority,
-    stop: Arc<Notify>,
-}
-
-/// The requests that may be stopped, by backend.
-#[derive(Debug, Default)]
-pub struct Preemptions {
-    flights: Mutex<Vec<Flight>>,
-    serial: AtomicU64,
-}
-
-impl Preemptions {
-    /// Registers a request of `tenant` at `priority` placed on `backend`, until the
-    /// returned guard drops (its answer arrived, or it ended).
-    pub fn enter(&self, backend: BackendId, tenant: &str, priority: Priority) -> Preemptible<'_> {
-        let serial = self.serial.fetch_add(1, Relaxed);
-        let stop = Arc::new(Notify::new());
-        self.flights.lock().push(Flight {
-            serial,
-            backend,
-            tenant: tenant.to_string(),
-            priority,
-            stop: Arc::clone(&stop),
-        });
-        Preemptible {
-            preemptions: self,
-            serial,
-            stop,
-        }
-    }
-
-    /// Stops the requests on `backend` that a request of `tenant` at `priority`
-    /// outranks (weighed by `shares` now); returns how many.
-    pub fn preempt(
-        &self,
-        backend: BackendId,
-        tenant: &str,
-        priority: Priority,
-        shares: &Shares,
-    ) -> usize {
-        let mut flights = self.flights.lock();
-        let before = flights.len();
-        flights.retain(|f| {
-            let stop = f.outranked_by(backend, tenant, priority, shares);
-            if stop {
-                f.stop.notify_one();
-            }
-            !stop
-        });
-        before - flights.len()
-    }
-
-    /// Stops, on `on` (`None`: any backend), the last placed of the requests with no
-    /// answer yet at the lowest priority below `priority`; whether there was one.
-    pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        let mut flights = self.flights.lock();
-        let lowest = (flights.iter().enumerate())
-            .filter(|(_, f)| f.below(priority, on))
-            .min_by_key(|(_, f)| (f.priority, Reverse(f.serial)))
-            .map(|(i, _)| i);
-        let Some(i) = lowest else {
-            return false;
-        };
-        flights.swap_remove(i).stop.notify_one();
-        true
-    }
-
-    /// Whether a request with no answer yet at a priority below `priority` is in flight
-    /// on `on` (`None`: any backend): whether [`Self::displace`] would stop one.
-    pub fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        self.flights.lock().iter().any(|f| f.below(priority, on))
-    }
-
-    /// How many requests on `backend` a request of `tenant` at `priority` outranks now
-    /// (what [`Self::preempt`] would stop), stopping none.
-    pub fn outranked(
-        &self,
-        backend: BackendId,
-        tenant: &str,
-        priority: Priority,
-        shares: &Shares,
-    ) -> usize {
-        let flights = self.flights.lock();
-        let outranked = flights
-            .iter()
-            .filter(|f| f.outranked_by(backend, tenant, priority, shares));
-        outranked.count()
-    }
-}
-
-impl Flight {
-    /// Whether it is below `priority`, on `on` (`None`: any backend).
-    fn below(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        self.priority < priority && on.is_none_or(|b| b == self.backend)
-    }
-
-    /// Whether a request of `tenant` at `priority` on `backend` outranks this one: it is
-    /// there, at the same priority, and this one's tenant is another at or over its
-    /// share.
-    fn outranked_by(
-        &self,
-        backend: BackendId,
-        tenant: &str,
-        priority: Priority,
-        shares: &Shares,
-    ) -> bool {
-        self.backend == backend
-            && self.priority == priority
-            && self.tenant != tenant
-            && !shares.light(&self.tenant, self.priority)
-    }
-}
+use super::{Priority, Shares};
 
 /// A registered request: stopped when [`Preemptible::stop`] resolves; unregistered when
 /// dropped.
 #[derive(Debug)]
 pub struct Preemptible<'p> {
-    preemptions: &'p Preemptions,
-    serial: u64,
+    _registered: Registered<'p>,
     stop: Arc<Notify>,
 }
 
-impl Preemptible<'_> {
+impl<'p> Preemptible<'p> {
+    /// Registers a request of `tenant` at `priority` placed on `backend` in `shares`.
+    pub fn enter(shares: &'p Shares, backend: BackendId, tenant: &str, priority: Priority) -> Self {
+        let stop = Arc::new(Notify::new());
+        let notify = Arc::clone(&stop);
+        let stopper = Box::new(move || notify.notify_one());
+        Preemptible {
+            _registered: shares.preemptible(backend, tenant, priority, stopper),
+            stop,
+        }
+    }
+
     /// What resolves when the request is stopped (at once if it was already).
     pub fn stop(&self) -> &Notify {
         &self.stop
-    }
-}
-
-impl Drop for Preemptible<'_> {
-    fn drop(&mut self) {
-        let mut flights = self.preemptions.flights.lock();
-        if let Some(i) = flights.iter().position(|f| f.serial == self.serial) {
-            flights.swap_remove(i);
-        }
     }
 }
 
@@ -181,66 +42,14 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn a_request_stops_only_those_it_outranks_on_its_backend_once() {
+    async fn a_stopped_request_is_woken_even_when_stopped_before_it_waits() {
         let shares = Shares::default();
-        let preemptions = Preemptions::default();
-        let (one, two) = (BackendId(1), BackendId(2));
         let _a: Vec<_> = (0..6)
             .map(|_| shares.enter("a", 1, Priority::Normal))
             .collect();
         let _b = shares.enter("b", 1, Priority::Normal);
-        let heavy = preemptions.enter(one, "a", Priority::Normal);
-        let elsewhere = preemptions.enter(two, "a", Priority::Normal);
-        let light = preemptions.enter(one, "b", Priority::Normal);
-        let low = preemptions.enter(one, "a", Priority::Low);
-        assert_eq!(preemptions.preempt(one, "b", Priority::Normal, &shares), 1);
+        let heavy = Preemptible::enter(&shares, BackendId(1), "a", Priority::Normal);
+        assert_eq!(shares.preempt(BackendId(1), "b", Priority::Normal), 1);
         heavy.stop().notified().await;
-        assert_eq!(
-            preemptions.preempt(one, "b", Priority::Normal, &shares),
-            0,
-            "each once; b's own, another priority's, and another backend's stay"
-        );
-        assert_eq!(
-            preemptions.preempt(one, "b", Priority::High, &shares),
-            0,
-            "a higher priority stops no lower one"
-        );
-        assert_eq!(preemptions.preempt(two, "a", Priority::Normal, &shares), 0);
-        assert_eq!(preemptions.preempt(two, "b", Priority::Normal, &shares), 1);
-        elsewhere.stop().notified().await;
-        drop((light, low));
-        assert!(preemptions.flights.lock().is_empty());
-    }
-
-    #[tokio::test]
-    async fn displacing_stops_the_last_placed_of_the_lowest_priority_there_or_anywhere() {
-        let preemptions = Preemptions::default();
-        let (one, two, three) = (BackendId(1), BackendId(2), BackendId(3));
-        let first_low = preemptions.enter(one, "a", Priority::Low);
-        let normal = preemptions.enter(one, "a", Priority::Normal);
-        let last_low = preemptions.enter(two, "a", Priority::Low);
-        assert!(
-            !preemptions.displace(Priority::Low, None),
-            "nothing is below low"
-        );
-        assert!(!preemptions.any_below(Priority::Low, None));
-        assert!(preemptions.any_below(Priority::Normal, Some(one)));
-        assert!(!preemptions.any_below(Priority::Normal, Some(three)));
-        assert!(
-            !preemptions.displace(Priority::High, Some(three)),
-            "none on three"
-        );
-        // On one backend: the lowest there, although a later one is elsewhere.
-        assert!(preemptions.displace(Priority::High, Some(one)));
-        first_low.stop().notified().await;
-        assert!(preemptions.displace(Priority::High, None));
-        last_low.stop().notified().await;
-        assert!(
-            !preemptions.displace(Priority::Normal, None),
-            "normal displaces no normal"
-        );
-        assert!(preemptions.displace(Priority::High, None));
-        normal.stop().notified().await;
-        assert!(preemptions.flights.lock().is_empty());
     }
 }

@@ -10,9 +10,9 @@ use std::collections::HashMap;
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
 
 use super::rate::{Limit, RateLimits, Verdict};
-use super::share::{Share, Shares};
 use super::{Identity, Priority};
-use crate::stats::{Label, Registry};
+use super::{Share, Shares};
+use crate::stats::Registry;
 
 /// A request admitted under its tenant's limits: what to settle when it ends.
 #[derive(Debug)]

@@ -16,15 +16,17 @@
 //! table is bounded by it.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use parking_lot::Mutex;
-use prefix_router_core::BackendId;
-use prefix_router_core::ledger::Cap;
 use smallvec::SmallVec;
 
 use super::Priority;
 use super::preempt::{Preemptible, Preemptions};
+use crate::BackendId;
+use crate::clock::{Clock, Monotonic};
+use crate::ledger::Cap;
 
 /// How long a tenant counts as active after its last request ended.
 pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
@@ -33,11 +35,12 @@ pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
 struct Flow {
     weight: u32,
     held: usize,
-    last: Instant,
+    /// When its last request ended (or its first arrived), by the shares' clock.
+    last: Duration,
 }
 
 impl Flow {
-    fn new(weight: u32, now: Instant) -> Self {
+    fn new(weight: u32, now: Duration) -> Self {
         Flow {
             weight,
             held: 0,
@@ -45,13 +48,13 @@ impl Flow {
         }
     }
 
-    fn active(&self, now: Instant) -> bool {
-        self.held > 0 || now.duration_since(self.last) < ACTIVE_AFTER
+    fn active(&self, now: Duration) -> bool {
+        self.held > 0 || now.saturating_sub(self.last) < ACTIVE_AFTER
     }
 
-    fn left(&mut self) {
+    fn left(&mut self, now: Duration) {
         self.held = self.held.saturating_sub(1);
-        self.last = Instant::now();
+        self.last = now;
     }
 }
 
@@ -96,17 +99,41 @@ impl Standing {
 }
 
 /// The tenants' and priorities' requests held by the router.
-#[derive(Debug, Default)]
 pub struct Shares {
     flows: Mutex<Flows>,
     preemptions: Preemptions,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for Shares {
+    /// Shares on the process's monotonic clock.
+    fn default() -> Self {
+        Shares::new(Arc::new(Monotonic::default()))
+    }
+}
+
+impl std::fmt::Debug for Shares {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shares")
+            .field("flows", &self.flows)
+            .finish()
+    }
 }
 
 impl Shares {
+    /// Shares whose flows count as active by `clock`.
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Shares {
+            flows: Mutex::default(),
+            preemptions: Preemptions::default(),
+            clock,
+        }
+    }
+
     /// Counts a request of `tenant` (of `weight`) at `priority` until the returned share
     /// drops.
     pub fn enter(&self, tenant: &str, weight: u32, priority: Priority) -> Share<'_> {
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut flows = self.flows.lock();
         (flows.tenants).retain(|name, f| name == tenant || f.active(now));
         let flow = (flows.tenants)
@@ -126,7 +153,7 @@ impl Shares {
     /// Where a request of `tenant` at `priority` stands; `arriving` (its tenant's
     /// weight) when it is not counted yet, weighed as if it were.
     fn standing(&self, tenant: &str, priority: Priority, arriving: Option<u32>) -> Standing {
-        let now = Instant::now();
+        let now = self.clock.now();
         let flows = self.flows.lock();
         let mut active: SmallVec<[(&str, u64, u64); 8]> = (flows.tenants.iter())
             .filter(|(_, f)| f.active(now))
@@ -160,13 +187,15 @@ impl Shares {
 
     /// Registers a request of `tenant` at `priority` placed on `backend`, with no answer
     /// yet, as one a request outranking it may stop, until the guard drops.
+    /// `stop` is called (once) when it is stopped.
     pub fn preemptible(
         &self,
         backend: BackendId,
         tenant: &str,
         priority: Priority,
+        stop: Box<dyn Fn() + Send + Sync>,
     ) -> Preemptible<'_> {
-        self.preemptions.enter(backend, tenant, priority)
+        self.preemptions.enter(backend, tenant, priority, stop)
     }
 
     /// Stops the requests on `backend` with no answer yet that a request of `tenant` at
@@ -241,12 +270,13 @@ pub struct Share<'s> {
 
 impl Drop for Share<'_> {
     fn drop(&mut self) {
+        let now = self.shares.clock.now();
         let mut flows = self.shares.flows.lock();
         if let Some(flow) = flows.tenants.get_mut(&self.tenant) {
-            flow.left();
+            flow.left(now);
         }
         if let Some(band) = &mut flows.bands[self.priority as usize] {
-            band.left();
+            band.left(now);
         }
     }
 }

@@ -1,0 +1,49 @@
+//! Flow control's bookkeeping, shared by the router and the lab: the tenants' and
+//! priorities' fair shares of the fleet and the reserve kept for light flows
+//! ([`share`]), the requests a request outranking them may stop before their answer
+//! ([`preempt`]), and the order of the router's queue ([`order`]). Time comes from a
+//! [`crate::clock::Clock`]; waking and stopping are the caller's (the router's tasks, the
+//! lab's events).
+
+pub mod order;
+pub mod preempt;
+pub mod share;
+
+pub use order::{Bounds, Key, Order, Shed};
+pub use preempt::{Preemptible, Preemptions};
+pub use share::{ACTIVE_AFTER, Share, Shares};
+
+/// A request's priority (`x-priority`), lowest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Shed first, served last.
+    Low,
+    /// The default.
+    Normal,
+    /// Served first.
+    High,
+}
+
+impl Priority {
+    /// Every priority, lowest first.
+    pub const ALL: [Priority; 3] = [Priority::Low, Priority::Normal, Priority::High];
+
+    /// The priority an `x-priority` value (or a tenants file's `max_priority`) names.
+    pub fn parse(value: &[u8]) -> Option<Priority> {
+        match value.trim_ascii() {
+            b"high" => Some(Priority::High),
+            b"normal" => Some(Priority::Normal),
+            b"low" => Some(Priority::Low),
+            _ => None,
+        }
+    }
+
+    /// Its name in headers, files and metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            Priority::Low => "low",
+            Priority::Normal => "normal",
+            Priority::High => "high",
+        }
+    }
+}

@@ -1,0 +1,281 @@
+//! Preemption before the first byte. Engines split their prefill compute among the
+//! requests prefilling at once, so a light tenant's request placed beside a heavy
+//! tenant's fresh ones prefills at a fraction of the speed it would alone, however many
+//! slots the reserve kept for it. When such a request (one the reserve is kept for) is
+//! placed, the requests on its backend that it outranks and that have no answer yet are
+//! stopped: their connections close (the engine aborts them, its slot and prefill compute
+//! free) and they go back to the router's queue, to be placed again, by the policy, when
+//! a slot opens. Their clients see only the delay, or, if the queue is full, 503
+//! `overloaded` with `Retry-After` and nothing sent: nothing accepted is lost. A request
+//! is stopped at most once.
+//!
+//! It outranks another tenant's request at its own priority whose tenant is at or over
+//! its fair share. A higher priority stops no lower one: measured in
+//! `benches/tenants/noisy.sh` (`MODES=priority`), the work a stopped `normal` or `low`
+//! request does again, and the cache it churns, cost `high` more than sharing the prefill
+//! did, except when the queue is full of requests it may not shed: then a request stops
+//! the last placed request of the lowest priority below its own, on any backend
+//! ([`Preemptions::displace`]), rather than be shed itself; and when the home of a kept
+//! request's conversation is full: then it stops the last placed there of the lowest
+//! priority below its own, and takes its slot, rather than move and compute its context
+//! again elsewhere. Only with a tenants file: the table holds the requests in flight
+//! that have not answered yet, each until its first response byte.
+
+use std::cmp::Reverse;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use parking_lot::Mutex;
+
+use super::Priority;
+use super::share::Shares;
+use crate::BackendId;
+
+/// What stops a request: called once, when it is (the router closes its connection, the
+/// lab aborts it at its engine).
+pub type Stop = Box<dyn Fn() + Send + Sync>;
+
+/// A request in flight, not answered yet, that a request outranking it may stop.
+struct Flight {
+    serial: u64,
+    backend: BackendId,
+    tenant: String,
+    priority: Priority,
+    stop: Stop,
+}
+
+impl std::fmt::Debug for Flight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Flight {
+            serial,
+            backend,
+            tenant,
+            priority,
+            ..
+        } = self;
+        write!(f, "#{serial} on {backend:?} of {tenant:?} at {priority:?}")
+    }
+}
+
+/// The requests that may be stopped, by backend.
+#[derive(Debug, Default)]
+pub struct Preemptions {
+    flights: Mutex<Vec<Flight>>,
+    serial: AtomicU64,
+}
+
+impl Preemptions {
+    /// Registers a request of `tenant` at `priority` placed on `backend`, stopped by
+    /// `stop`, until the returned guard drops (its answer arrived, or it ended).
+    pub fn enter(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        stop: Stop,
+    ) -> Preemptible<'_> {
+        let serial = self.serial.fetch_add(1, Relaxed);
+        self.flights.lock().push(Flight {
+            serial,
+            backend,
+            tenant: tenant.to_string(),
+            priority,
+            stop,
+        });
+        Preemptible {
+            preemptions: self,
+            serial,
+        }
+    }
+
+    /// Stops the requests on `backend` that a request of `tenant` at `priority`
+    /// outranks (weighed by `shares` now); returns how many.
+    pub fn preempt(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        shares: &Shares,
+    ) -> usize {
+        let mut flights = self.flights.lock();
+        let before = flights.len();
+        flights.retain(|f| {
+            let stop = f.outranked_by(backend, tenant, priority, shares);
+            if stop {
+                (f.stop)();
+            }
+            !stop
+        });
+        before - flights.len()
+    }
+
+    /// Stops, on `on` (`None`: any backend), the last placed of the requests with no
+    /// answer yet at the lowest priority below `priority`; whether there was one.
+    pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
+        let mut flights = self.flights.lock();
+        let lowest = (flights.iter().enumerate())
+            .filter(|(_, f)| f.below(priority, on))
+            .min_by_key(|(_, f)| (f.priority, Reverse(f.serial)))
+            .map(|(i, _)| i);
+        let Some(i) = lowest else {
+            return false;
+        };
+        (flights.swap_remove(i).stop)();
+        true
+    }
+
+    /// Whether a request with no answer yet at a priority below `priority` is in flight
+    /// on `on` (`None`: any backend): whether [`Self::displace`] would stop one.
+    pub fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
+        self.flights.lock().iter().any(|f| f.below(priority, on))
+    }
+
+    /// How many requests on `backend` a request of `tenant` at `priority` outranks now
+    /// (what [`Self::preempt`] would stop), stopping none.
+    pub fn outranked(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        shares: &Shares,
+    ) -> usize {
+        let flights = self.flights.lock();
+        let outranked = flights
+            .iter()
+            .filter(|f| f.outranked_by(backend, tenant, priority, shares));
+        outranked.count()
+    }
+}
+
+impl Flight {
+    /// Whether it is below `priority`, on `on` (`None`: any backend).
+    fn below(&self, priority: Priority, on: Option<BackendId>) -> bool {
+        self.priority < priority && on.is_none_or(|b| b == self.backend)
+    }
+
+    /// Whether a request of `tenant` at `priority` on `backend` outranks this one: it is
+    /// there, at the same priority, and this one's tenant is another at or over its
+    /// share.
+    fn outranked_by(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        shares: &Shares,
+    ) -> bool {
+        self.backend == backend
+            && self.priority == priority
+            && self.tenant != tenant
+            && !shares.light(&self.tenant, self.priority)
+    }
+}
+
+/// A registered request; unregistered when dropped.
+#[derive(Debug)]
+pub struct Preemptible<'p> {
+    preemptions: &'p Preemptions,
+    serial: u64,
+}
+
+impl Drop for Preemptible<'_> {
+    fn drop(&mut self) {
+        let mut flights = self.preemptions.flights.lock();
+        if let Some(i) = flights.iter().position(|f| f.serial == self.serial) {
+            flights.swap_remove(i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+    use super::*;
+
+    /// A stop that counts its calls.
+    fn counted() -> (Arc<AtomicUsize>, Stop) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&calls);
+        (calls, Box::new(move || _ = count.fetch_add(1, Relaxed)))
+    }
+
+    /// Registers a request, with the count of its stops.
+    fn enter<'p>(
+        preemptions: &'p Preemptions,
+        backend: BackendId,
+        priority: Priority,
+        tenant: &str,
+    ) -> (Preemptible<'p>, Arc<AtomicUsize>) {
+        let (calls, stop) = counted();
+        (preemptions.enter(backend, tenant, priority, stop), calls)
+    }
+
+    fn stops(calls: &AtomicUsize) -> usize {
+        calls.load(Relaxed)
+    }
+
+    #[test]
+    fn a_request_stops_only_those_it_outranks_on_its_backend_once() {
+        let shares = Shares::default();
+        let preemptions = Preemptions::default();
+        let (one, two) = (BackendId(1), BackendId(2));
+        let _a: Vec<_> = (0..6)
+            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .collect();
+        let _b = shares.enter("b", 1, Priority::Normal);
+        let (_heavy, heavy) = enter(&preemptions, one, Priority::Normal, "a");
+        let (_elsewhere, elsewhere) = enter(&preemptions, two, Priority::Normal, "a");
+        let (light_guard, light) = enter(&preemptions, one, Priority::Normal, "b");
+        let (low_guard, low) = enter(&preemptions, one, Priority::Low, "a");
+        assert_eq!(preemptions.preempt(one, "b", Priority::Normal, &shares), 1);
+        assert_eq!(stops(&heavy), 1);
+        assert_eq!(
+            preemptions.preempt(one, "b", Priority::Normal, &shares),
+            0,
+            "each once; b's own, another priority's, and another backend's stay"
+        );
+        assert_eq!(
+            preemptions.preempt(one, "b", Priority::High, &shares),
+            0,
+            "a higher priority stops no lower one"
+        );
+        assert_eq!(preemptions.preempt(two, "a", Priority::Normal, &shares), 0);
+        assert_eq!(preemptions.preempt(two, "b", Priority::Normal, &shares), 1);
+        assert_eq!((stops(&heavy), stops(&elsewhere)), (1, 1));
+        assert_eq!((stops(&light), stops(&low)), (0, 0));
+        drop((light_guard, low_guard));
+        assert!(preemptions.flights.lock().is_empty());
+    }
+
+    #[test]
+    fn displacing_stops_the_last_placed_of_the_lowest_priority_there_or_anywhere() {
+        let preemptions = Preemptions::default();
+        let (one, two, three) = (BackendId(1), BackendId(2), BackendId(3));
+        let (_first, first_low) = enter(&preemptions, one, Priority::Low, "a");
+        let (_normal, normal) = enter(&preemptions, one, Priority::Normal, "a");
+        let (_last, last_low) = enter(&preemptions, two, Priority::Low, "a");
+        assert!(
+            !preemptions.displace(Priority::Low, None),
+            "nothing is below low"
+        );
+        assert!(!preemptions.any_below(Priority::Low, None));
+        assert!(preemptions.any_below(Priority::Normal, Some(one)));
+        assert!(!preemptions.any_below(Priority::Normal, Some(three)));
+        assert!(
+            !preemptions.displace(Priority::High, Some(three)),
+            "none on three"
+        );
+        // On one backend: the lowest there, although a later one is elsewhere.
+        assert!(preemptions.displace(Priority::High, Some(one)));
+        assert_eq!((stops(&first_low), stops(&last_low)), (1, 0));
+        assert!(preemptions.displace(Priority::High, None));
+        assert_eq!(stops(&last_low), 1);
+        assert!(
+            !preemptions.displace(Priority::Normal, None),
+            "normal displaces no normal"
+        );
+        assert!(preemptions.displace(Priority::High, None));
+        assert_eq!(stops(&normal), 1);
+        assert!(preemptions.flights.lock().is_empty());
+    }
+}
