@@ -367,6 +367,17 @@ impl std::fmt::Debug for Account {
     }
 }
 
+/// Each of `accounts` that published its load but never queued takes the largest hold and
+/// ceiling the others learned ([`Account::adopt_hold`]), after a read of them all.
+pub fn share_holds<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
+    let held = accounts.clone().map(Account::held);
+    let peers = held.fold((0, 0), |(h, c), (hold, ceiling)| {
+        (h.max(hold), c.max(ceiling))
+    });
+    let published = accounts.filter(|a| a.published().is_some());
+    published.for_each(|a| a.adopt_hold(peers));
+}
+
 /// One placed request: in flight on its backend until it drops.
 #[derive(Debug)]
 pub struct Seat {

@@ -1,14 +1,17 @@
 //! Flow control's bookkeeping, shared by the router and the lab: the tenants' and
 //! priorities' fair shares of the fleet and the reserve kept for light flows
 //! ([`share`]), the requests a request outranking them may stop before their answer
-//! ([`preempt`]), and the order of the router's queue ([`order`]). Time comes from a
+//! ([`preempt`]), the order of the router's queue ([`order`]), and where a request the
+//! reserve is kept for stays when its home is full ([`home`]). Time comes from a
 //! [`crate::clock::Clock`]; waking and stopping are the caller's (the router's tasks, the
 //! lab's events).
 
+pub mod home;
 pub mod order;
 pub mod preempt;
 pub mod share;
 
+pub use home::{AtHome, at_home, make_room};
 pub use order::{Bounds, Key, Order, Shed};
 pub use preempt::{Preemptible, Preemptions};
 pub use share::{ACTIVE_AFTER, Share, Shares};

@@ -26,7 +26,9 @@ use serde_json::{Value, json};
 
 use crate::admission::Ticket;
 use crate::error::RouterError;
-use crate::proxy::dispatch::{self, AtHome, Route, Wait};
+use prefix_router_core::flow::AtHome;
+
+use crate::proxy::dispatch::{self, Route, Wait};
 use crate::proxy::prepare::{self, Prepared};
 use crate::proxy::steps;
 use crate::state::State;
@@ -101,10 +103,9 @@ pub async fn explain(
             "queued": state.queue.len(),
             "wait": dispatch::wait(state, limits, &ready, &ticket).map(Wait::label),
             "stops_at_home": match dispatch::at_home(state, &ticket, &ready, &route, cap) {
-                Some(AtHome::Stop(home)) => accounts.iter().position(|a| a.id == home.id),
+                Some(AtHome::Stop(home)) => url(home),
                 _ => None,
-            }
-            .and_then(url),
+            },
         }),
         (Err(refused), _) => json!({ "refused": RouterError::from(*refused).code() }),
         _ => Value::Null,

@@ -19,6 +19,7 @@ use async_trait::async_trait;
 use log::info;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
+use prefix_router_core::ledger;
 
 use super::fetch::Fetcher;
 use super::{Backend, Fleet, Served, metrics};
@@ -89,7 +90,7 @@ impl MetricsReader {
         });
         futures_util::future::join_all(reads).await;
         if (self.flow_control)() {
-            share_holds(&snapshot.backends);
+            ledger::share_holds(snapshot.backends.iter().map(|b| &*b.account));
         }
     }
 
@@ -151,19 +152,6 @@ impl MetricsReader {
             Engine::Other
         })
     }
-}
-
-/// Each backend that published its load but never queued takes the largest hold and
-/// ceiling the others learned ([`Account::adopt_hold`]).
-///
-/// [`Account::adopt_hold`]: prefix_router_core::ledger::Account::adopt_hold
-fn share_holds(backends: &[Arc<Backend>]) {
-    let held = backends.iter().map(|b| b.account.held());
-    let peers = held.fold((0, 0), |(h, c), (hold, ceiling)| {
-        (h.max(hold), c.max(ceiling))
-    });
-    let published = backends.iter().filter(|b| b.account.published().is_some());
-    published.for_each(|b| b.account.adopt_hold(peers));
 }
 
 #[async_trait]

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use log::warn;
 use opentelemetry::KeyValue;
 use prefix_router_core::BackendId;
+use prefix_router_core::flow::{self, AtHome};
 use prefix_router_core::ledger::{Account, Cap, Placing, Seat};
 use prefix_router_core::policy::{Candidate, Decision, Outcome, Request, Turn};
 use prefix_router_core::units::TextBytes;
@@ -453,33 +454,19 @@ fn displaced<'q>(
     queue.join(unbounded, ticket, promote_after)
 }
 
-/// A request the reserve is kept for, waiting for a slot, stops the requests it outranks
-/// that have no answer yet where the policy would place it if there were room (asked
-/// without remembering anything), or, for a text less than half matched there, on the
-/// first backend of `ready` with such requests: it takes a slot they free, ahead of them.
+/// A request the reserve is kept for, waiting for a slot, makes room where it would go
+/// ([`flow::make_room`]).
 fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
     let cap = ticket.cap(0);
-    if !cap.kept {
-        return;
-    }
-    let Some((chosen, decision, request)) = unbounded(state, cap, ready, route) else {
-        return;
-    };
-    let mostly_uncached = decision.matched.0 < request.size().0 / 2;
-    if ticket.preempt(cap, chosen.id) > 0 || !mostly_uncached {
-        return;
-    }
-    for account in &ready.accounts() {
-        if ticket.preempt(cap, account.id) > 0 {
-            return;
-        }
-    }
+    let accounts = ready.accounts();
+    let unbounded = || unbounded(state, cap, &accounts, route);
+    let preempt = |backend| ticket.preempt(cap, backend);
+    flow::make_room(cap, &accounts, route.text(), unbounded, preempt);
 }
 
 /// A request the reserve is kept for whose conversation's home is not open to it stays
-/// there rather than move and compute its context again elsewhere (200-700 ms for 20-50K
-/// tokens in `benches/tenants/noisy.sh`), as [`at_home`] says. Else `ready` and `cap` are
-/// left as they were.
+/// there, as [`at_home`] says: only the home, under the cap that lets it in. Else `ready`
+/// and `cap` are left as they were.
 fn reclaim_home(
     state: &State,
     ticket: &Ticket,
@@ -487,30 +474,18 @@ fn reclaim_home(
     route: &Route,
     cap: Cap,
 ) -> (Ready, Cap) {
-    match at_home(state, ticket, &ready, route, cap) {
-        Some(AtHome::Stop(home)) if ticket.displace(Some(home.id)) => {
-            (ready.only(home.id), Cap { over: 1, ..cap })
+    let at = at_home(state, ticket, &ready, route, cap);
+    let home = at.and_then(|at| Some((at, ready.accounts().get(at.home())?.id)));
+    match home {
+        Some((AtHome::Stop(_), id)) if ticket.displace(Some(id)) => {
+            (ready.only(id), Cap { over: 1, ..cap })
         }
-        Some(AtHome::PastCeiling(home)) => (ready.only(home.id), Cap { home: true, ..cap }),
+        Some((AtHome::PastCeiling(_), id)) => (ready.only(id), Cap { home: true, ..cap }),
         _ => (ready, cap),
     }
 }
 
-/// How a request the reserve is kept for stays at its conversation's home when the home
-/// is not open to it.
-pub enum AtHome {
-    /// It stops there the last placed request with no answer yet of a priority below its
-    /// own, and takes the slot that frees at once, one past the home's limit until the
-    /// stopped request lets it go (so that, placed again, it does not take it back).
-    Stop(Arc<Account>),
-    /// With none to stop, the home at its ceiling but below its hold: it goes past the
-    /// ceiling and waits in the engine's queue there.
-    PastCeiling(Arc<Account>),
-}
-
-/// How the request stays home, if the reserve is kept for it (`cap`) and its
-/// conversation's home among `ready` is not open to it; the policy is asked only while a
-/// request of a lower priority is in flight or a backend is at its ceiling.
+/// How the request stays home ([`flow::at_home`]), among `ready`.
 pub fn at_home(
     state: &State,
     ticket: &Ticket,
@@ -518,45 +493,31 @@ pub fn at_home(
     route: &Route,
     cap: Cap,
 ) -> Option<AtHome> {
-    if !cap.kept {
-        return None;
-    }
-    let past = Cap { home: true, ..cap };
-    let at_ceiling = || (ready.accounts().iter()).any(|a| !a.open(cap) && a.open(past));
-    if !ticket.outranks_any(None) && !at_ceiling() {
-        return None;
-    }
-    let (home, decision, _) = unbounded(state, cap, ready, route)?;
-    if decision.outcome != Outcome::PrefixHit || home.open(cap) {
-        return None;
-    }
-    if ticket.outranks_any(Some(home.id)) {
-        Some(AtHome::Stop(home))
-    } else {
-        home.open(past).then_some(AtHome::PastCeiling(home))
-    }
+    let accounts = ready.accounts();
+    let outranks = |on| ticket.outranks_any(on);
+    flow::at_home(cap, &accounts, outranks, || {
+        unbounded(state, cap, &accounts, route)
+    })
 }
 
-/// Where the policy would place the request under `cap` if every backend of `ready` had
-/// room (asked without remembering anything): the backend, the decision, the request.
-fn unbounded<'r, 'a>(
+/// Where the policy would place the request under `cap` among `accounts` if every one
+/// had room (asked without remembering anything): the position and the decision.
+fn unbounded(
     state: &State,
     cap: Cap,
-    ready: &Ready,
-    route: &'r Route<'r, 'a>,
-) -> Option<(Arc<Account>, Decision, &'r Request<'r, 'a>)> {
+    accounts: &[&Arc<Account>],
+    route: &Route,
+) -> Option<(usize, Decision)> {
     let Route::Policy(request) = route else {
         return None;
     };
-    let accounts = ready.accounts();
     let candidates: SmallVec<[Candidate; 16]> = accounts.iter().map(|a| a.candidate()).collect();
     let asking = Request {
         explain: true,
         ..**request
     };
     let decision = prepare::choose(state, &asking, cap, &candidates, &Cell::new(false));
-    let chosen = Arc::clone(accounts.get(decision.index)?);
-    Some((chosen, decision, request))
+    (decision.index < accounts.len()).then_some((decision.index, decision))
 }
 
 /// Those of `ready` (every ready backend) that serve the request's model: 404
