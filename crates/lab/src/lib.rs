@@ -203,6 +203,9 @@ pub struct LabResult {
     pub text_bytes: u64,
     /// Turns placed on another backend than their session's previous turn.
     pub moved_turns: u64,
+    /// Each flow's outcomes, in a scenario with flows.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub flows: Vec<world::FlowResult>,
 }
 
 /// One setting to run every policy on.
@@ -245,6 +248,7 @@ impl Setting {
         SimConfig {
             kv_blocks: self.scenario.kv_blocks,
             max_model_len: self.scenario.max_model_len,
+            max_num_seqs: self.scenario.max_num_seqs,
             ..SimConfig::default()
         }
     }
@@ -366,9 +370,10 @@ pub fn compare(
             &router,
             &clients,
             &situation,
+            setting.scenario.flows.as_ref(),
         );
         let report = prefix_router_replay::report(&args, &workload, &run.result);
-        let line = output::summary(&report, pooled_bound);
+        let line = output::summary(&report, pooled_bound, &run.flows);
         progress(&format!("{} {name}: {line}", setting.scenario.name));
         results.push(LabResult {
             scenario: setting.scenario.name.clone(),
@@ -388,6 +393,7 @@ pub fn compare(
                 .collect(),
             text_bytes: run.text_bytes,
             moved_turns: moved_turns(&run.result.outcomes),
+            flows: run.flows,
         });
     }
     Ok(results)
@@ -658,6 +664,8 @@ mod tests {
                 kv_blocks: 4_000,
                 concurrency: 64,
                 max_model_len: 131_072,
+                max_num_seqs: 256,
+                flows: None,
             },
             max_tree_size: None,
             unknown_capacity: false,

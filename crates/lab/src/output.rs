@@ -7,6 +7,7 @@ use prefix_router_replay::Report;
 use prefix_router_replay::compare::{self, PolicyResult};
 
 use super::LabResult;
+use crate::world::FlowResult;
 
 fn pct(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{:.1}%", v * 100.0))
@@ -30,8 +31,8 @@ pub fn of_finite(result: &LabResult) -> Option<f64> {
         .map(|h| h / pooled)
 }
 
-/// A one-line summary of a report.
-pub fn summary(report: &Report, pooled_bound: f64) -> String {
+/// A one-line summary of a report, and of each measured flow.
+pub fn summary(report: &Report, pooled_bound: f64, flows: &[FlowResult]) -> String {
     let ttft = report.ttft_ms.as_ref();
     format!(
         "hit {} (pooled bound {}), TTFT p50 {} p99 {}, makespan {:.1}s, {} ok, {} failed",
@@ -42,7 +43,26 @@ pub fn summary(report: &Report, pooled_bound: f64) -> String {
         report.elapsed_s,
         report.requests.ok,
         report.requests.failed
-    )
+    ) + &measured(flows)
+}
+
+/// The measured flows' TTFT and hit rate, as a suffix of the summary.
+fn measured(flows: &[FlowResult]) -> String {
+    let mut out = String::new();
+    for f in flows.iter().filter(|f| f.measured) {
+        let ttft = f.ttft_ms.as_ref();
+        let _ = write!(
+            out,
+            "; {} {}: TTFT p50 {} p99 {}, hit {}, {} shed",
+            f.tenant,
+            f.priority,
+            ms(ttft.map(|t| t.p50)),
+            ms(ttft.map(|t| t.p99)),
+            pct(f.hit_rate),
+            f.shed
+        );
+    }
+    out
 }
 
 fn shares(report: &Report) -> String {
@@ -108,7 +128,56 @@ pub fn table(results: &[LabResult]) -> String {
             p.requests.failed
         );
     }
+    if results.iter().any(|r| !r.flows.is_empty()) {
+        out.push('\n');
+        out.push_str(&flows_table(results));
+    }
     out
+}
+
+/// Each flow of each run with flows, measured flows marked `*`.
+fn flows_table(results: &[LabResult]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<22} {:<16} {:<8} {:<8} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>7}",
+        "scenario",
+        "policy",
+        "tenant",
+        "priority",
+        "ok",
+        "shed",
+        "preempted",
+        "TTFT p50",
+        "TTFT p99",
+        "first max",
+        "hit"
+    );
+    for r in results {
+        for f in &r.flows {
+            let ttft = f.ttft_ms.as_ref();
+            let _ = writeln!(
+                out,
+                "{:<22} {:<16} {:<8} {:<8} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>7}",
+                r.scenario,
+                r.policy,
+                format!("{}{}", f.tenant, if f.measured { "*" } else { "" }),
+                f.priority,
+                f.ok,
+                f.shed,
+                f.preempted,
+                ms(ttft.map(|t| t.p50)),
+                ms(ttft.map(|t| t.p99)),
+                ms(f.first_turn_max_ms),
+                pct(f.hit_rate),
+            );
+        }
+    }
+    out
+}
+
+fn ms(ms: Option<f64>) -> String {
+    ms.map_or("-".into(), |ms| format!("{ms:.0}ms"))
 }
 
 /// One SVG chart per scenario, in order: (scenario, chart).

@@ -10,14 +10,14 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue};
 use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
-use prefix_router_core::ledger::{Account, Ledger, Placing, Seat};
+use prefix_router_core::ledger::{self, Account, Cap, Ledger, Placing, Seat};
 use prefix_router_core::policy::{
     Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
     SharedTunables, TokenBlocks, Tunables,
 };
 use prefix_router_core::request::{self, Endpoint, ParseError, SessionHeaders, SessionKey};
 use prefix_router_core::tree::TreeConfig;
-use prefix_router_core::units::Tokens;
+use prefix_router_core::units::{TextBytes, Tokens};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// How the lab's router is set up: what the router's config would say.
@@ -65,6 +65,36 @@ pub struct Record<'a> {
     pub tokens: Tokens,
     /// Per backend, the leading tokens of the prompt it holds on GPU.
     pub held: Vec<Tokens>,
+}
+
+/// A request as the router is asked to place it.
+#[derive(Clone, Copy)]
+pub struct Asked<'a> {
+    /// The chat body.
+    pub body: &'a [u8],
+    /// Its `x-session-id` header, if sent.
+    pub session_id: Option<&'a str>,
+    /// The engines' record of its prompt, when they publish one.
+    pub record: Option<&'a Record<'a>>,
+}
+
+/// The policy's choice among `candidates`, over the engines' `record` when there is one.
+fn select(
+    selector: &Selector,
+    request: &Request,
+    candidates: &[Candidate],
+    record: Option<&Record>,
+) -> Decision {
+    let Some(record) = record else {
+        return selector.select(request, candidates);
+    };
+    let recorded: Vec<Candidate> = (candidates.iter())
+        .map(|c| Candidate {
+            recorded: record.held.get(c.id.0 as usize).map(|t| t.text()),
+            ..*c
+        })
+        .collect();
+    selector.select(request, &recorded)
 }
 
 /// One placed request, as the router tracks it until it ends (drop: it ended).
@@ -147,54 +177,87 @@ impl LabRouter {
     }
 
     /// Places a chat request with `body` (and the `x-session-id` header when given) at
-    /// virtual time `now`, seconds: parse, then the ledger's placement; with the engines'
-    /// `record` of it when they publish one.
+    /// virtual time `now`, seconds, under `cap`, on backend `only` when given: parse, then
+    /// the ledger's placement; with the engines' `record` of it when they publish one.
+    /// `None` when no backend is open to it.
     pub fn place(
         &mut self,
         now: f64,
-        body: &[u8],
-        session_id: Option<&str>,
-        record: Option<&Record>,
-    ) -> Result<Placement, ParseError> {
+        asked: Asked,
+        cap: Cap,
+        only: Option<usize>,
+    ) -> Result<Option<Placement>, ParseError> {
         self.clock.set(Duration::from_secs_f64(now.max(0.0)));
-        let parsed = request::parse(Endpoint::Chat, body)?;
-        let mut headers = HeaderMap::new();
-        if let Some(value) = session_id.and_then(|id| HeaderValue::from_str(id).ok()) {
-            headers.insert("x-session-id", value);
-        }
-        let session = SessionKey::find(&headers, &self.headers, parsed.session);
-        let mut request = Request::new(parsed.model, &parsed.text, session);
-        request.tokens = record.map(|r| TokenBlocks {
-            chain: r.chain,
-            tokens: r.tokens,
-        });
-        let accounts: Vec<&Arc<Account>> = self.accounts.iter().collect();
+        let parsed = request::parse(Endpoint::Chat, asked.body)?;
+        let request = self.request(&parsed, &asked, cap);
+        let accounts: Vec<&Arc<Account>> = (self.accounts.iter().enumerate())
+            .filter(|(i, _)| only.is_none_or(|o| o == *i))
+            .map(|(_, a)| a)
+            .collect();
         let text = request.size();
-        let placing = (self.ledger).place(&accounts, self.limit, text, |candidates| {
-            let Some(record) = record else {
-                return self.selector.select(&request, candidates);
-            };
-            let recorded: Vec<Candidate> = (candidates.iter())
-                .map(|c| Candidate {
-                    recorded: record.held.get(c.id.0 as usize).map(|t| t.text()),
-                    ..*c
-                })
-                .collect();
-            self.selector.select(&request, &recorded)
+        let (selector, record) = (&self.selector, asked.record);
+        let placing = (self.ledger).place(&accounts, cap, text, |candidates| {
+            select(selector, &request, candidates, record)
         });
         let Placing::Placed { seat, index } = placing else {
-            unreachable!("the lab places only when a backend is open, and nothing races it")
+            return Ok(None);
         };
         let decision = seat.decision();
         self.matched_bytes += decision.matched.0 as u64;
         self.text_bytes += text.0 as u64;
         *self.outcomes.entry(decision.outcome.label()).or_default() += 1;
         self.evicted_bytes += self.upkeep(now);
-        Ok(Placement {
-            backend: index,
+        Ok(Some(Placement {
+            backend: only.unwrap_or(index),
             seat,
             conversation: request.conversation(),
-        })
+        }))
+    }
+
+    /// Where the policy would place the request `asked` under `cap` if every backend had
+    /// room, asked without remembering anything: the backend and the decision.
+    pub fn unbounded(&self, asked: Asked, cap: Cap) -> Option<(usize, Decision)> {
+        let parsed = request::parse(Endpoint::Chat, asked.body).ok()?;
+        let request = Request {
+            explain: true,
+            ..self.request(&parsed, &asked, cap)
+        };
+        let candidates: Vec<Candidate> = self.accounts.iter().map(|a| a.candidate()).collect();
+        let decision = select(&self.selector, &request, &candidates, asked.record);
+        Some((decision.index, decision))
+    }
+
+    /// The size of the routing text of the request `asked` (none if it does not parse).
+    pub fn size(&self, asked: Asked) -> TextBytes {
+        let Ok(parsed) = request::parse(Endpoint::Chat, asked.body) else {
+            return TextBytes(0);
+        };
+        self.request(&parsed, &asked, Cap::default()).size()
+    }
+
+    /// The policy's view of a parsed request: its text, session and tokens, and whether
+    /// the reserve is kept for it (as the proxy's `prepare::choose` sets it).
+    fn request<'r>(
+        &self,
+        parsed: &'r request::Parsed<'r>,
+        asked: &Asked<'r>,
+        cap: Cap,
+    ) -> Request<'r, 'r> {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = asked
+            .session_id
+            .and_then(|id| HeaderValue::from_str(id).ok())
+        {
+            headers.insert("x-session-id", value);
+        }
+        let session = SessionKey::find(&headers, &self.headers, parsed.session);
+        let mut request = Request::new(parsed.model, &parsed.text, session);
+        request.tokens = asked.record.map(|r| TokenBlocks {
+            chain: r.chain,
+            tokens: r.tokens,
+        });
+        request.kept = cap.kept;
+        request
     }
 
     /// The placed request's first response byte arrived.
@@ -211,8 +274,27 @@ impl LabRouter {
 
     /// Whether every backend is at its in-flight limit (never, without a limit).
     pub fn full(&self) -> bool {
-        let accounts: Vec<&Arc<Account>> = self.accounts.iter().collect();
-        !self.ledger.open(&accounts, self.limit)
+        !self.open(Cap::from(self.limit))
+    }
+
+    /// Whether a backend is open to a request under `cap`.
+    pub fn open(&self, cap: Cap) -> bool {
+        self.ledger.open(&self.accounts(), cap)
+    }
+
+    /// The in-flight limit per backend (0: none).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// The backends' accounts, in order.
+    pub fn accounts(&self) -> Vec<&Arc<Account>> {
+        self.accounts.iter().collect()
+    }
+
+    /// Whether the router holds work back from some backend (flow control learned where).
+    pub fn holds(&self) -> bool {
+        self.accounts.iter().any(|a| a.hold().is_some())
     }
 
     /// The placed request's response reported `cached_tokens` cached: the router learns
@@ -222,9 +304,19 @@ impl LabRouter {
         placement.seat.reported(&self.selector, cached);
     }
 
-    /// Backend `backend` published `load` (read from its `/metrics`).
-    pub fn published(&self, backend: usize, load: Published) {
+    /// Backend `backend` published `load` (read from its `/metrics`); with flow control
+    /// on, its account learns where to hold work back.
+    pub fn published(&self, backend: usize, load: Published, control: bool) {
         self.accounts[backend].set_published(Some(load));
+        if control {
+            self.accounts[backend].learn_hold(load);
+        }
+    }
+
+    /// After a read of every backend, with flow control on: those that never queued take
+    /// the hold their peers learned.
+    pub fn share_holds(&self) {
+        ledger::share_holds(self.accounts.iter().map(|a| &**a));
     }
 
     /// The ledger's upkeep at `now`, seconds; returns the key bytes evicted.

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use prefix_router_core::flow::Priority;
+
 /// Where the workload comes from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Source {
@@ -63,6 +65,39 @@ impl Agent {
     }
 }
 
+/// Some of a scenario's sessions, sent by clients of their own as one tenant at one
+/// priority (the replay's `--api-key` and `--priority`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flow {
+    /// Its tenant's name (a tenants file's `[tenants.NAME]`), with weight 1.
+    pub tenant: &'static str,
+    /// Its priority.
+    pub priority: Priority,
+    /// Sessions of the workload it sends: taken in turn with the other flows' in the
+    /// workload's order, each flow its share.
+    pub sessions: usize,
+    /// Its requests in flight at most; 0: its sessions are drawn, not sent (the flow's
+    /// neighbours run alone on the same sessions).
+    pub concurrency: usize,
+    /// Seconds after the workload's start that its sessions start.
+    pub delay: f64,
+    /// Whether the run is about it: a run ends when every measured flow's requests have
+    /// ended; the others are left in flight.
+    pub measured: bool,
+}
+
+/// Flows of a scenario, and what the router does about them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flows {
+    /// The flows.
+    pub flows: Vec<Flow>,
+    /// Whether the router has a tenants file naming every flow's tenant (flow control
+    /// on); without one the engines' own first-come-first-served queues decide.
+    pub control: bool,
+    /// The router's `--max-queued`.
+    pub max_queued: usize,
+}
+
 /// One scenario.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scenario {
@@ -81,6 +116,11 @@ pub struct Scenario {
     /// Longest prompt plus output the engines accept, tokens (beyond: 400, as vLLM's
     /// `--max-model-len`). Default the simulator's, 131,072.
     pub max_model_len: usize,
+    /// Requests each engine runs at once (vLLM's `--max-num-seqs`). Default the
+    /// simulator's, 256.
+    pub max_num_seqs: usize,
+    /// Its flows, if its sessions are split among tenants and priorities.
+    pub flows: Option<Flows>,
 }
 
 /// The simulator's default KV capacity per backend, blocks (420K tokens).
@@ -88,6 +128,9 @@ pub const KV_BLOCKS: usize = 26_250;
 
 /// The simulator's default `max_model_len`, tokens.
 const MAX_MODEL_LEN: usize = 131_072;
+
+/// The simulator's default `max_num_seqs`.
+const MAX_NUM_SEQS: usize = 256;
 
 fn agent(name: &str, about: &'static str, sessions: usize, rate: f64, prompts: usize) -> Scenario {
     with_agent(name, about, Agent::new(sessions, rate, prompts))
@@ -102,6 +145,8 @@ fn with_agent(name: &str, about: &'static str, agent: Agent) -> Scenario {
         kv_blocks: KV_BLOCKS,
         concurrency: 64,
         max_model_len: MAX_MODEL_LEN,
+        max_num_seqs: MAX_NUM_SEQS,
+        flows: None,
     }
 }
 
@@ -153,7 +198,99 @@ fn trace(
         kv_blocks: kv,
         concurrency: 64,
         max_model_len: MAX_MODEL_LEN,
+        max_num_seqs: MAX_NUM_SEQS,
+        flows: None,
     }
+}
+
+/// A flow of `sessions` sessions of `tenant` at `priority`, `concurrency` in flight.
+fn flow(tenant: &'static str, priority: Priority, sessions: usize, concurrency: usize) -> Flow {
+    Flow {
+        tenant,
+        priority,
+        sessions,
+        concurrency,
+        delay: 0.0,
+        measured: false,
+    }
+}
+
+/// The measured flow of the flow scenarios: 8 sessions at `priority`, 4 in flight,
+/// starting 2 s after its neighbours.
+fn measured(tenant: &'static str, priority: Priority) -> Flow {
+    Flow {
+        delay: 2.0,
+        measured: true,
+        ..flow(tenant, priority, 8, 4)
+    }
+}
+
+/// The flow scenarios, as `benches/tenants/noisy.sh` runs them in real time: 4 backends
+/// running 4 requests each, agent sessions to 60K tokens all started within a few
+/// seconds. A noisy neighbour: tenant `a` keeps 16 times the concurrency of tenant `b`,
+/// with equal weights, beside `b` alone and without a tenants file. Priority: `high`
+/// beside `normal` and `low` that keep twice the fleet's slots in flight, under a queue
+/// of half the slots, beside `high` alone. Each alone run sends the same sessions.
+fn flows() -> Vec<Scenario> {
+    let with = |name: &str, about, flows: Vec<Flow>, control, max_queued| {
+        let mut agent = Agent::new(flows.iter().map(|f| f.sessions).sum(), 100.0, 4);
+        agent.contexts = (60_000, 60_000);
+        Scenario {
+            max_num_seqs: 4,
+            flows: Some(Flows {
+                flows,
+                control,
+                max_queued,
+            }),
+            ..with_agent(name, about, agent)
+        }
+    };
+    let a = |concurrency| flow("a", Priority::Normal, 128, concurrency);
+    let b = measured("b", Priority::Normal);
+    let neighbours = |concurrency| {
+        vec![
+            flow("p", Priority::Normal, 128, concurrency),
+            flow("p", Priority::Low, 128, concurrency),
+        ]
+    };
+    let (slots, queued) = (16, 1024);
+    vec![
+        with(
+            "noisy-neighbour",
+            "tenant a keeps 16x tenant b's concurrency, equal weights; b's TTFT against its run alone",
+            vec![a(64), b.clone()],
+            true,
+            queued,
+        ),
+        with(
+            "noisy-neighbour-fcfs",
+            "the noisy neighbour without a tenants file: the engines' queues decide",
+            vec![a(64), b.clone()],
+            false,
+            queued,
+        ),
+        with(
+            "noisy-neighbour-alone",
+            "tenant b's sessions of the noisy neighbour, alone",
+            vec![a(0), b],
+            true,
+            queued,
+        ),
+        with(
+            "priority",
+            "high beside normal and low that keep twice the fleet's slots in flight, a queue of half the slots",
+            [neighbours(slots), vec![measured("p", Priority::High)]].concat(),
+            true,
+            slots / 2,
+        ),
+        with(
+            "priority-alone",
+            "the priority scenario's high sessions, alone",
+            [neighbours(0), vec![measured("p", Priority::High)]].concat(),
+            true,
+            slots / 2,
+        ),
+    ]
 }
 
 /// Every named scenario; traces are looked for in `traces`.
@@ -217,6 +354,8 @@ pub fn all(traces: &std::path::Path) -> Vec<Scenario> {
         kv_blocks: KV_BLOCKS,
         concurrency: 1024,
         max_model_len: MAX_MODEL_LEN,
+        max_num_seqs: MAX_NUM_SEQS,
+        flows: None,
     });
     list.extend([
         trace(
@@ -242,6 +381,7 @@ pub fn all(traces: &std::path::Path) -> Vec<Scenario> {
         ),
     ]);
     list.extend(pressure());
+    list.extend(flows());
     list
 }
 

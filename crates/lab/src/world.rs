@@ -19,8 +19,18 @@ use parking_lot::Mutex;
 use prefix_router_core::clock::{Clock, Manual};
 use prefix_router_core::policy::{Conversations, Note, Published};
 
-use crate::router::{LabRouter, Placement, Record, RouterSetup};
+use crate::router::{Asked, LabRouter, Placement, Record, RouterSetup};
+use crate::scenario::Flows;
+use prefix_router_core::flow::{Preemptible, Share, Shares};
+use prefix_router_core::ledger::Cap;
 use prefix_router_core::units::Tokens;
+
+mod control;
+mod parties;
+
+use control::{Control, Pending};
+pub use parties::FlowResult;
+use parties::Party;
 
 /// How the clients behave: what the replay's options would say.
 #[derive(Clone, Debug)]
@@ -69,10 +79,14 @@ pub struct Run {
     pub outcomes: std::collections::BTreeMap<&'static str, u64>,
     /// Routing text routed, bytes.
     pub text_bytes: u64,
+    /// Each flow's outcomes, when the scenario has flows.
+    pub flows: Vec<FlowResult>,
 }
 
 /// Runs `plan` (with its `prepared` shapes) through a router set up as `router` in front
-/// of one engine per name in `backends`, each configured as `sim`.
+/// of one engine per name in `backends`, each configured as `sim`; its sessions split
+/// among `flows` when given.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     plan: &Plan,
     prepared: &Prepared,
@@ -81,10 +95,15 @@ pub fn run(
     router: &RouterSetup,
     clients: &Clients,
     situation: &Situation,
+    flows: Option<&Flows>,
 ) -> Run {
     let total: usize = plan.sessions().iter().map(|s| s.turns().len()).sum();
     let total = total.min(clients.max_requests.unwrap_or(usize::MAX));
-    let (routers, notes) = routers(router, backends);
+    let clock = Manual::default();
+    let (routers, notes) = routers(router, backends, &clock);
+    let shares = Shares::new(Arc::new(clock.clone()));
+    let parties = Party::split(plan, clients.concurrency, flows);
+    let control = (flows.filter(|f| f.control)).map(|f| Control::new(&shares, f.max_queued));
     let mut world = World {
         plan,
         prepared,
@@ -106,10 +125,10 @@ pub fn run(
         scrape_interval: router.scrape_interval,
         queue: BinaryHeap::new(),
         seq: 0,
-        free_slots: clients.concurrency.max(1),
-        waiting: VecDeque::new(),
+        parties,
+        control,
+        clock,
         budget: clients.max_requests.unwrap_or(usize::MAX),
-        next_session: 0,
         progress: vec![Progress::default(); plan.sessions().len()],
         live: HashMap::new(),
         held: VecDeque::new(),
@@ -119,6 +138,7 @@ pub fn run(
         last_end: 0.0,
     };
     world.run();
+    let flows = parties::results(&world.parties, &world.outcomes, flows);
     let elapsed = world.last_end - world.first_arrival.unwrap_or(0.0);
     let routers = &world.routers;
     let sum = |of: fn(&LabRouter) -> u64| routers.iter().map(of).sum::<u64>();
@@ -132,6 +152,7 @@ pub fn run(
         index_evicted_bytes: sum(|r| r.evicted_bytes),
         outcomes,
         text_bytes,
+        flows,
         predicted_hit_rate: (text_bytes > 0).then(|| matched_bytes as f64 / text_bytes as f64),
         routed_hit_rate: (world.routed.1 > 0)
             .then(|| world.routed.0 as f64 / world.routed.1 as f64),
@@ -145,8 +166,7 @@ pub fn run(
 /// The router replicas of `setup`, on one virtual clock, each with a conversation table of
 /// its own; when the setup shares the table, every note a replica makes reaches the others
 /// `note_delay` later ([`Notes`]).
-fn routers(setup: &RouterSetup, backends: &[String]) -> (Vec<LabRouter>, Notes) {
-    let clock = Manual::default();
+fn routers(setup: &RouterSetup, backends: &[String], clock: &Manual) -> (Vec<LabRouter>, Notes) {
     let mut notes = Notes {
         delay: seconds(setup.note_delay),
         ..Notes::default()
@@ -161,7 +181,7 @@ fn routers(setup: &RouterSetup, backends: &[String]) -> (Vec<LabRouter>, Notes) 
             });
             notes.tables.push(table.clone());
             notes.merged.push(0);
-            LabRouter::new(setup, backends, r, &clock, table)
+            LabRouter::new(setup, backends, r, clock, table)
         })
         .collect();
     (routers, notes)
@@ -201,26 +221,42 @@ impl Notes {
 /// Something due at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
-    /// The next session's arrival: the dispatcher starts it.
-    Dispatch,
+    /// The next session's arrival in a party: its dispatcher starts it.
+    Dispatch { party: usize },
     /// A session's next turn is ready to be sent.
-    Turn { session: usize, turn: usize },
+    Turn {
+        party: usize,
+        session: usize,
+        turn: usize,
+    },
+    /// A request waiting in the router's queue since its `pending` number waited its
+    /// longest (`queue_timeout`).
+    Expire { pending: u64 },
 }
 
 /// A client waiting for a concurrency slot.
 #[derive(Clone, Copy, Debug)]
 struct Want {
+    /// The party its client belongs to.
+    party: usize,
     session: usize,
     turn: usize,
     /// When it became ready to send (for the send lag).
     ready: f64,
 }
 
+/// How flow control has a request placed, if it does: under its cap, on its home alone
+/// when it stays there, with its place in the flows.
+#[derive(Default)]
+struct Flowing<'w> {
+    cap: Option<Cap>,
+    only: Option<usize>,
+    pending: Option<Pending<'w>>,
+}
+
 /// A request at an engine.
-struct Live {
-    session: usize,
-    turn: usize,
-    ready: f64,
+struct Live<'w> {
+    want: Want,
     sent: f64,
     /// The router's placement; `None` when the client bypassed the router.
     placement: Option<Placement>,
@@ -229,6 +265,10 @@ struct Live {
     first: Option<f64>,
     cached: usize,
     prompt: usize,
+    /// With flow control: its count in its flow's share, and, until its answer, its
+    /// place among the requests one outranking it may stop.
+    share: Option<Share<'w>>,
+    preemptible: Option<Preemptible<'w>>,
 }
 
 /// Where a session stands.
@@ -263,14 +303,17 @@ struct World<'w> {
     scrape_interval: f64,
     queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
-    free_slots: usize,
-    waiting: VecDeque<Want>,
+    /// The groups of clients, each with its sessions and concurrency.
+    parties: Vec<Party>,
+    /// Flow control, when the router has a tenants file.
+    control: Option<Control<'w>>,
+    /// The routers' clock.
+    clock: Manual,
     budget: usize,
-    next_session: usize,
     /// Per session: its turns scheduled or sent and not ended, and the next turn not yet
     /// scheduled.
     progress: Vec<Progress>,
-    live: HashMap<u64, Live>,
+    live: HashMap<u64, Live<'w>>,
     /// Requests a router replica holds while every backend is at its limit, with the time
     /// the client sent each and the replica.
     held: VecDeque<(Want, f64, usize)>,
@@ -284,13 +327,17 @@ fn seconds(s: f64) -> Duration {
     Duration::try_from_secs_f64(s.max(0.0)).unwrap_or_default()
 }
 
-impl World<'_> {
+impl<'w> World<'w> {
     fn run(&mut self) {
         if let Some(first) = self.plan.sessions().first() {
             self.first_arrival = Some(first.start_ms() / 1000.0);
-            self.at(first.start_ms() / 1000.0, Event::Dispatch);
         }
-        loop {
+        for party in 0..self.parties.len() {
+            if let Some(start) = self.parties[party].upcoming(self.plan) {
+                self.at(start, Event::Dispatch { party });
+            }
+        }
+        while !parties::measured_done(&self.parties) {
             let queued = self
                 .queue
                 .peek()
@@ -306,16 +353,23 @@ impl World<'_> {
             for engine in &mut self.engines {
                 engine.advance(now);
             }
+            if self.control.is_some() {
+                // The flows' shares read it (without, only placements set it).
+                self.clock.set(seconds(now));
+            }
             self.scrape(now);
             self.drain_engines();
+            self.settle(now);
             while let Some(&Reverse((t, _, event))) = self.queue.peek() {
                 if f64::from_bits(t) > now {
                     break;
                 }
                 self.queue.pop();
                 self.handle(now, event);
+                self.settle(now);
             }
             self.drain_engines();
+            self.settle(now);
         }
     }
 
@@ -327,78 +381,86 @@ impl World<'_> {
 
     fn handle(&mut self, now: f64, event: Event) {
         match event {
-            Event::Dispatch => {
-                let session = self.next_session;
-                self.next_session += 1;
+            Event::Dispatch { party } => {
+                let Some(session) = self.parties[party].start_next() else {
+                    return;
+                };
                 self.progress[session].in_flight += 1;
                 self.want(
                     now,
                     Want {
+                        party,
                         session,
                         turn: 0,
                         ready: now,
                     },
                 );
             }
-            Event::Turn { session, turn } => self.want(
+            Event::Turn {
+                party,
+                session,
+                turn,
+            } => self.want(
                 now,
                 Want {
+                    party,
                     session,
                     turn,
                     ready: now,
                 },
             ),
+            Event::Expire { pending } => self.expire(now, pending),
         }
     }
 
     /// A client asks for a slot: sent at once if one is free, else it waits in line. The
     /// dispatcher waits with its session, so later sessions start after it.
     fn want(&mut self, now: f64, want: Want) {
-        if self.free_slots > 0 {
-            self.free_slots -= 1;
+        let party = &mut self.parties[want.party];
+        if party.free_slots > 0 {
+            party.free_slots -= 1;
             self.granted(now, want);
         } else {
-            self.waiting.push_back(want);
+            party.waiting.push_back(want);
         }
     }
 
-    /// A slot came free at `now`: the first in line takes it.
-    fn release(&mut self, now: f64) {
-        match self.waiting.pop_front() {
+    /// A slot of `party` came free at `now`: the first in line takes it.
+    fn release(&mut self, now: f64, party: usize) {
+        match self.parties[party].waiting.pop_front() {
             Some(want) => self.granted(now, want),
-            None => self.free_slots += 1,
+            None => self.parties[party].free_slots += 1,
         }
     }
 
     fn granted(&mut self, now: f64, want: Want) {
-        if want.turn == 0 {
-            let next = self
-                .plan
-                .sessions()
-                .get(want.session + 1)
-                .map(|s| s.start_ms() / 1000.0);
-            if let Some(start) = next {
-                self.at(start.max(now), Event::Dispatch);
-            }
+        if want.turn == 0
+            && let Some(start) = self.parties[want.party].upcoming(self.plan)
+        {
+            let party = want.party;
+            self.at(start.max(now), Event::Dispatch { party });
         }
         if self.budget == 0 {
-            self.free_slots += 1;
+            self.parties[want.party].free_slots += 1;
             return;
         }
         self.budget -= 1;
         self.send(now, want);
-        self.schedule_next(now, want.session, true);
+        self.schedule_next(now, want, true);
     }
 
     /// The client sends at `now` to the next router replica in turn: placed at once, or
     /// held in that replica's queue while every backend is at its in-flight limit.
     fn send(&mut self, now: f64, want: Want) {
+        if self.control.is_some() {
+            return self.arrive(now, want);
+        }
         let replica = self.next_replica;
         self.next_replica = (replica + 1) % self.routers.len();
         if self.routers[replica].full() {
             self.held.push_back((want, now, replica));
         } else {
-            self.dispatch(now, want, now, replica);
+            self.dispatch(now, want, now, replica, Flowing::default());
         }
     }
 
@@ -410,7 +472,7 @@ impl World<'_> {
             if blocked || self.routers[replica].full() {
                 kept.push_back((want, sent, replica));
             } else {
-                self.dispatch(now, want, sent, replica);
+                self.dispatch(now, want, sent, replica, Flowing::default());
             }
         }
         self.held = kept;
@@ -429,14 +491,17 @@ impl World<'_> {
                     waiting: engine.waiting(),
                     kv_usage: engine.cache().usage(),
                 };
-                self.routers[replica].published(backend, load);
+                self.routers[replica].published(backend, load, self.control.is_some());
+            }
+            if self.control.is_some() {
+                self.routers[replica].share_holds();
             }
         }
     }
 
     /// Places, on router replica `replica`, the request the client sent at `sent`, at `now`
     /// (or sends it straight to a backend when it bypasses the router).
-    fn dispatch(&mut self, now: f64, want: Want, sent: f64, replica: usize) {
+    fn dispatch(&mut self, now: f64, want: Want, sent: f64, replica: usize, flowing: Flowing<'w>) {
         self.sent += 1;
         if self.restart_at == Some(self.sent) {
             self.engines[0].advance(now);
@@ -444,10 +509,16 @@ impl World<'_> {
         }
         let shape = self.prepared.shape(want.session, want.turn);
         self.notes.deliver(replica, seconds(now));
+        let cap = flowing
+            .cap
+            .unwrap_or(Cap::from(self.routers[replica].limit()));
         let placed = if self.bypasses(want) {
             Ok(None)
         } else {
-            self.place(now, want, shape, replica).map(Some)
+            match self.place(now, want, shape, replica, cap, flowing.only) {
+                Ok(None) => return self.unplaced(now, want, sent, flowing.pending),
+                placed => placed,
+            }
         };
         let backend = match &placed {
             Ok(Some(p)) => p.backend,
@@ -465,6 +536,10 @@ impl World<'_> {
             };
             return self.refused(now, sent, want, placement, replica, status);
         };
+        let (share, preemptible) = match flowing.pending {
+            Some(pending) => self.flow_placed(pending, placement.as_ref(), cap, self.next_id),
+            None => (None, None),
+        };
         let engine = &mut self.engines[backend];
         engine.advance(now);
         let prompt = request.prompt_tokens;
@@ -472,35 +547,55 @@ impl World<'_> {
         self.live.insert(
             self.next_id,
             Live {
-                session: want.session,
-                turn: want.turn,
-                ready: want.ready,
+                want,
                 sent,
                 placement,
                 replica,
                 first: None,
                 cached: 0,
                 prompt,
+                share,
+                preemptible,
             },
         );
         self.next_id += 1;
     }
 
-    /// The router replica's placement of `want`, with the engines' records in exact mode.
+    /// The router replica's placement of `want` under `cap` (on backend `only` when
+    /// given), with the engines' records in exact mode; `None` when no backend is open.
     fn place(
         &mut self,
         now: f64,
         want: Want,
         shape: Option<&Shape>,
         replica: usize,
-    ) -> Result<Placement, prefix_router_core::request::ParseError> {
+        cap: Cap,
+        only: Option<usize>,
+    ) -> Result<Option<Placement>, prefix_router_core::request::ParseError> {
+        let (body, session_id) = self.body(want);
+        let record = self.records(shape);
+        let asked = Asked {
+            body: &body,
+            session_id,
+            record: record.as_ref(),
+        };
+        self.routers[replica].place(now, asked, cap, only)
+    }
+
+    /// The body `want` sends, and its `x-session-id` when the clients send one.
+    fn body(&self, want: Want) -> (Vec<u8>, Option<&'w str>) {
         let session = &self.plan.sessions()[want.session];
         let turn = &session.turns()[want.turn];
         let body = (self.plan).request_body(turn, &self.clients.model, self.clients.stream);
         let id = (self.clients.send_session_header)
             .then(|| session.id())
             .flatten();
-        let record = match shape {
+        (body, id)
+    }
+
+    /// The engines' records of a request of `shape`, in exact mode.
+    fn records(&self, shape: Option<&'w Shape>) -> Option<Record<'w>> {
+        match shape {
             Some(Shape::Accepted {
                 hashes,
                 prompt_tokens,
@@ -517,8 +612,7 @@ impl World<'_> {
                     .collect(),
             }),
             _ => None,
-        };
-        self.routers[replica].place(now, &body, id, record.as_ref())
+        }
     }
 
     /// Whether `want` bypasses the router (a draw under the bypass share).
@@ -584,6 +678,8 @@ impl World<'_> {
                     return;
                 };
                 (live.first, live.cached) = (Some(at), cached_tokens);
+                // Answered: no longer one a request outranking it may stop.
+                live.preemptible = None;
                 if let (true, Some(placement)) = (self.clients.stream, &live.placement) {
                     self.routers[live.replica].answered(placement);
                 }
@@ -616,11 +712,7 @@ impl World<'_> {
                     error: None,
                     retry_after: None,
                 };
-                let want = Want {
-                    session: live.session,
-                    turn: live.turn,
-                    ready: live.ready,
-                };
+                let want = live.want;
                 self.record(want, live.sent, at, exchange);
                 self.ended(at, want);
             }
@@ -632,11 +724,7 @@ impl World<'_> {
                     self.routers[live.replica].refused(placement);
                 }
                 let now = self.engines[backend].now();
-                let want = Want {
-                    session: live.session,
-                    turn: live.turn,
-                    ready: live.ready,
-                };
+                let want = live.want;
                 let exchange = Exchange {
                     backend: Some(self.names[backend].clone()),
                     error: Some("http_400".into()),
@@ -649,6 +737,7 @@ impl World<'_> {
     }
 
     fn record(&mut self, want: Want, sent: f64, end: f64, exchange: Exchange) {
+        self.parties[want.party].ended();
         self.last_end = self.last_end.max(end);
         self.outcomes.push(Outcome {
             session: want.session as u32,
@@ -665,15 +754,16 @@ impl World<'_> {
     /// time later once every answer of the session is in.
     fn ended(&mut self, now: f64, want: Want) {
         self.drain_held(now);
-        self.release(now);
+        self.release(now, want.party);
         let progress = &mut self.progress[want.session];
         progress.in_flight = progress.in_flight.saturating_sub(1);
-        self.schedule_next(now, want.session, false);
+        self.schedule_next(now, want, false);
     }
 
     /// Schedules `session`'s next turn a think time after `now`: one that overlaps when a
     /// turn was just `sent`, one that waits when the session has nothing in flight.
-    fn schedule_next(&mut self, now: f64, session: usize, sent: bool) {
+    fn schedule_next(&mut self, now: f64, want: Want, sent: bool) {
+        let (party, session) = (want.party, want.session);
         let progress = self.progress[session];
         let turns = self.plan.sessions()[session].turns();
         let Some(next) = turns.get(progress.next.max(1)) else {
@@ -692,7 +782,11 @@ impl World<'_> {
             };
             self.at(
                 now + next.think_ms() / 1000.0,
-                Event::Turn { session, turn },
+                Event::Turn {
+                    party,
+                    session,
+                    turn,
+                },
             );
         }
     }

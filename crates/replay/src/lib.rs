@@ -36,7 +36,9 @@ pub use client::{Exchange, INSTANCE_HEADER, Served};
 pub use driver::{Outcome, RunResult, SESSION_HEADER};
 pub use metrics::Counters;
 pub use plan::{Plan, Session, Turn};
-pub use report::{BackendRow, Backends, Percentiles, Report, Requests, Throughput, Tokens};
+pub use report::{
+    BackendRow, Backends, Percentiles, Report, Requests, Throughput, Tokens, summarize,
+};
 pub use workload::Workload;
 
 /// Errors of the replay library.

@@ -150,7 +150,7 @@ pub(crate) fn percentile(v: &[f64], p: f64) -> f64 {
 }
 
 /// Percentiles of `v` in ms, `None` when empty.
-pub(crate) fn summarize(mut v: Vec<f64>) -> Option<Percentiles> {
+pub fn summarize(mut v: Vec<f64>) -> Option<Percentiles> {
     if v.is_empty() {
         return None;
     }
