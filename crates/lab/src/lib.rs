@@ -715,4 +715,71 @@ mod tests {
         assert_eq!(backends.rows.len(), 2);
         assert_eq!(results[0].decisions.values().sum::<u64>(), 120);
     }
+
+    /// A small noisy neighbour on 2 backends of 2 slots: tenant `a`'s 16 sessions, 8 in
+    /// flight (0: drawn, not sent), beside tenant `b`'s 2, 1 in flight, measured; with a
+    /// tenants file when `control`.
+    fn neighbours(a_concurrency: usize, control: bool) -> Setting {
+        let mut setting = small();
+        setting.max_requests = None;
+        let mut agent = Agent::new(18, 100.0, 2);
+        agent.contexts = (12_000, 12_000);
+        let flow = |tenant, sessions, concurrency, measured| scenario::Flow {
+            tenant,
+            priority: prefix_router_core::flow::Priority::Normal,
+            sessions,
+            concurrency,
+            delay: if measured { 1.0 } else { 0.0 },
+            measured,
+        };
+        setting.scenario = Scenario {
+            source: Source::Agent(agent),
+            max_num_seqs: 2,
+            flows: Some(scenario::Flows {
+                flows: vec![flow("a", 16, a_concurrency, false), flow("b", 2, 1, true)],
+                control,
+                max_queued: 1024,
+            }),
+            ..setting.scenario
+        };
+        setting
+    }
+
+    fn measured(setting: &Setting) -> world::FlowResult {
+        let results = compare(setting, &["kv_aware".to_string()], &mut |_| {}).unwrap();
+        let flows = &results[0].flows;
+        assert_eq!(flows.len(), 2);
+        flows.iter().find(|f| f.measured).unwrap().clone()
+    }
+
+    #[test]
+    fn flows_split_the_sessions_and_a_tenants_file_keeps_the_light_tenants_ttft() {
+        let alone = measured(&neighbours(0, true));
+        let fcfs = measured(&neighbours(8, false));
+        let control = measured(&neighbours(8, true));
+        let turns = alone.ok;
+        assert!(turns > 2, "b's two sessions sent {turns} requests");
+        for b in [&fcfs, &control] {
+            assert_eq!(
+                (b.ok, b.shed, b.failed),
+                (turns, 0, 0),
+                "every turn of b answered"
+            );
+        }
+        let p99 = |f: &world::FlowResult| f.ttft_ms.as_ref().unwrap().p99;
+        assert!(
+            p99(&control) < p99(&fcfs) / 2.0,
+            "b's TTFT p99: {} ms with a tenants file, {} ms without",
+            p99(&control),
+            p99(&fcfs)
+        );
+        let json = |s: &Setting| {
+            let results = compare(s, &["kv_aware".to_string()], &mut |_| {}).unwrap();
+            serde_json::to_string(&results).unwrap()
+        };
+        let once = json(&neighbours(8, true));
+        assert!(once.contains("\"flows\""));
+        assert_eq!(once, json(&neighbours(8, true)), "deterministic");
+        assert!(!json(&small()).contains("\"flows\""), "no flows, no field");
+    }
 }
