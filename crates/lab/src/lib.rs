@@ -329,19 +329,30 @@ pub fn compare(
     policies: &[String],
     progress: &mut dyn FnMut(&str),
 ) -> Result<Vec<LabResult>, LabError> {
-    let args = setting.replay_args();
-    let workload = Workload::load(&args)?;
+    let flows = setting.scenario.flows.as_ref();
+    let all_args = flow_args(setting.replay_args(), flows);
+    let main = (flows.and_then(|f| f.flows.iter().position(|f| f.measured))).unwrap_or(0);
+    let args = all_args[main].clone();
     let sim = setting.sim();
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let exact = setting.index == IndexMode::Exact;
-    let prepared = Prepared::new(
-        workload.plan(),
-        &sim,
-        &args.model,
-        args.stream,
-        threads,
-        exact,
-    );
+    let mut loaded = Vec::with_capacity(all_args.len());
+    for args in &all_args {
+        let workload = Workload::load(args)?;
+        let prepared = Prepared::new(
+            workload.plan(),
+            &sim,
+            &args.model,
+            args.stream,
+            threads,
+            exact,
+        );
+        loaded.push((workload, prepared));
+    }
+    let workloads: Vec<world::Workload> = (loaded.iter())
+        .map(|(w, p)| (w.plan().as_ref(), p))
+        .collect();
+    let workload = &loaded[main].0;
     let situation = Situation {
         exact,
         bypass: setting.bypass,
@@ -363,8 +374,7 @@ pub fn compare(
     for name in policies {
         let router = setting.router(name)?;
         let run = world::run(
-            workload.plan(),
-            &prepared,
+            &workloads,
             &names,
             &sim,
             &router,
@@ -372,7 +382,7 @@ pub fn compare(
             &situation,
             setting.scenario.flows.as_ref(),
         );
-        let report = prefix_router_replay::report(&args, &workload, &run.result);
+        let report = prefix_router_replay::report(&args, workload, &run.result);
         let line = output::summary(&report, pooled_bound, &run.flows);
         progress(&format!("{} {name}: {line}", setting.scenario.name));
         results.push(LabResult {
@@ -397,6 +407,21 @@ pub fn compare(
         });
     }
     Ok(results)
+}
+
+/// The replay's options of each workload: `args`, or, with `flows`, one workload per flow,
+/// of its sessions and a seed of its own (the first flow's is `args`' seed).
+fn flow_args(args: ReplayArgs, flows: Option<&scenario::Flows>) -> Vec<ReplayArgs> {
+    let Some(flows) = flows.filter(|f| !f.flows.is_empty()) else {
+        return vec![args];
+    };
+    (flows.flows.iter().enumerate())
+        .map(|(i, flow)| ReplayArgs {
+            sessions: flow.sessions,
+            seed: args.seed.wrapping_add(i as u64),
+            ..args.clone()
+        })
+        .collect()
 }
 
 /// Turns placed on another backend than their session's previous turn.

@@ -83,13 +83,16 @@ pub struct Run {
     pub flows: Vec<FlowResult>,
 }
 
-/// Runs `plan` (with its `prepared` shapes) through a router set up as `router` in front
-/// of one engine per name in `backends`, each configured as `sim`; its sessions split
-/// among `flows` when given.
+/// A workload: its plan, with the shapes the engines give its requests.
+pub type Workload<'w> = (&'w Plan, &'w Prepared);
+
+/// Runs `workloads` through a router set up as `router` in front of one engine per name in
+/// `backends`, each configured as `sim`: one workload sent by `clients`, or, with `flows`,
+/// one workload per flow sent by clients of its own. The result's outcomes are the first
+/// measured flow's (the first flow's when none is measured).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
-    plan: &Plan,
-    prepared: &Prepared,
+    workloads: &[Workload],
     backends: &[String],
     sim: &SimConfig,
     router: &RouterSetup,
@@ -97,16 +100,15 @@ pub fn run(
     situation: &Situation,
     flows: Option<&Flows>,
 ) -> Run {
-    let total: usize = plan.sessions().iter().map(|s| s.turns().len()).sum();
+    let sessions = workloads.iter().flat_map(|(plan, _)| plan.sessions());
+    let total: usize = sessions.map(|s| s.turns().len()).sum();
     let total = total.min(clients.max_requests.unwrap_or(usize::MAX));
     let clock = Manual::default();
     let (routers, notes) = routers(router, backends, &clock);
     let shares = Shares::new(Arc::new(clock.clone()));
-    let parties = Party::split(plan, clients.concurrency, flows);
+    let parties = Party::split(workloads, clients.concurrency, flows);
     let control = (flows.filter(|f| f.control)).map(|f| Control::new(&shares, f.max_queued));
     let mut world = World {
-        plan,
-        prepared,
         clients,
         situation,
         restart_at: situation.restart.then_some(total / 2),
@@ -129,16 +131,14 @@ pub fn run(
         control,
         clock,
         budget: clients.max_requests.unwrap_or(usize::MAX),
-        progress: vec![Progress::default(); plan.sessions().len()],
         live: HashMap::new(),
         held: VecDeque::new(),
         next_id: 0,
-        outcomes: Vec::new(),
         first_arrival: None,
         last_end: 0.0,
     };
     world.run();
-    let flows = parties::results(&world.parties, &world.outcomes, flows);
+    let flows = parties::results(&world.parties, flows);
     let elapsed = world.last_end - world.first_arrival.unwrap_or(0.0);
     let routers = &world.routers;
     let sum = |of: fn(&LabRouter) -> u64| routers.iter().map(of).sum::<u64>();
@@ -157,7 +157,7 @@ pub fn run(
         routed_hit_rate: (world.routed.1 > 0)
             .then(|| world.routed.0 as f64 / world.routed.1 as f64),
         result: RunResult {
-            outcomes: world.outcomes,
+            outcomes: parties::main_outcomes(world.parties),
             elapsed: seconds(elapsed),
         },
     }
@@ -271,7 +271,8 @@ struct Live<'w> {
     preemptible: Option<Preemptible<'w>>,
 }
 
-/// Where a session stands.
+/// Where a session stands: its turns scheduled or sent and not ended, and the next turn
+/// not yet scheduled.
 #[derive(Clone, Copy, Debug, Default)]
 struct Progress {
     /// Its turns scheduled or sent, and not ended.
@@ -281,8 +282,6 @@ struct Progress {
 }
 
 struct World<'w> {
-    plan: &'w Plan,
-    prepared: &'w Prepared,
     clients: &'w Clients,
     situation: &'w Situation,
     /// When (in requests sent) backend 0 restarts, if it does.
@@ -303,22 +302,18 @@ struct World<'w> {
     scrape_interval: f64,
     queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
-    /// The groups of clients, each with its sessions and concurrency.
-    parties: Vec<Party>,
+    /// The groups of clients, each with its workload, sessions and concurrency.
+    parties: Vec<Party<'w>>,
     /// Flow control, when the router has a tenants file.
     control: Option<Control<'w>>,
     /// The routers' clock.
     clock: Manual,
     budget: usize,
-    /// Per session: its turns scheduled or sent and not ended, and the next turn not yet
-    /// scheduled.
-    progress: Vec<Progress>,
     live: HashMap<u64, Live<'w>>,
     /// Requests a router replica holds while every backend is at its limit, with the time
     /// the client sent each and the replica.
     held: VecDeque<(Want, f64, usize)>,
     next_id: u64,
-    outcomes: Vec<Outcome>,
     first_arrival: Option<f64>,
     last_end: f64,
 }
@@ -329,11 +324,10 @@ fn seconds(s: f64) -> Duration {
 
 impl<'w> World<'w> {
     fn run(&mut self) {
-        if let Some(first) = self.plan.sessions().first() {
-            self.first_arrival = Some(first.start_ms() / 1000.0);
-        }
+        let firsts = (self.parties.iter()).filter_map(|p| p.plan.sessions().first());
+        self.first_arrival = firsts.map(|s| s.start_ms() / 1000.0).min_by(f64::total_cmp);
         for party in 0..self.parties.len() {
-            if let Some(start) = self.parties[party].upcoming(self.plan) {
+            if let Some(start) = self.parties[party].upcoming() {
                 self.at(start, Event::Dispatch { party });
             }
         }
@@ -385,7 +379,7 @@ impl<'w> World<'w> {
                 let Some(session) = self.parties[party].start_next() else {
                     return;
                 };
-                self.progress[session].in_flight += 1;
+                self.parties[party].progress[session].in_flight += 1;
                 self.want(
                     now,
                     Want {
@@ -435,7 +429,7 @@ impl<'w> World<'w> {
 
     fn granted(&mut self, now: f64, want: Want) {
         if want.turn == 0
-            && let Some(start) = self.parties[want.party].upcoming(self.plan)
+            && let Some(start) = self.parties[want.party].upcoming()
         {
             let party = want.party;
             self.at(start.max(now), Event::Dispatch { party });
@@ -507,7 +501,7 @@ impl<'w> World<'w> {
             self.engines[0].advance(now);
             self.engines[0].forget_cache();
         }
-        let shape = self.prepared.shape(want.session, want.turn);
+        let shape = self.shape(want);
         self.notes.deliver(replica, seconds(now));
         let cap = flowing
             .cap
@@ -584,13 +578,19 @@ impl<'w> World<'w> {
 
     /// The body `want` sends, and its `x-session-id` when the clients send one.
     fn body(&self, want: Want) -> (Vec<u8>, Option<&'w str>) {
-        let session = &self.plan.sessions()[want.session];
+        let plan = self.parties[want.party].plan;
+        let session = &plan.sessions()[want.session];
         let turn = &session.turns()[want.turn];
-        let body = (self.plan).request_body(turn, &self.clients.model, self.clients.stream);
+        let body = plan.request_body(turn, &self.clients.model, self.clients.stream);
         let id = (self.clients.send_session_header)
             .then(|| session.id())
             .flatten();
         (body, id)
+    }
+
+    /// How the engines take `want`'s request.
+    fn shape(&self, want: Want) -> Option<&'w Shape> {
+        (self.parties[want.party].prepared).shape(want.session, want.turn)
     }
 
     /// The engines' records of a request of `shape`, in exact mode.
@@ -739,7 +739,7 @@ impl<'w> World<'w> {
     fn record(&mut self, want: Want, sent: f64, end: f64, exchange: Exchange) {
         self.parties[want.party].ended();
         self.last_end = self.last_end.max(end);
-        self.outcomes.push(Outcome {
+        self.parties[want.party].outcomes.push(Outcome {
             session: want.session as u32,
             turn: want.turn as u32,
             sent: seconds(sent - self.first_arrival.unwrap_or(0.0)),
@@ -755,7 +755,7 @@ impl<'w> World<'w> {
     fn ended(&mut self, now: f64, want: Want) {
         self.drain_held(now);
         self.release(now, want.party);
-        let progress = &mut self.progress[want.session];
+        let progress = &mut self.parties[want.party].progress[want.session];
         progress.in_flight = progress.in_flight.saturating_sub(1);
         self.schedule_next(now, want, false);
     }
@@ -764,8 +764,8 @@ impl<'w> World<'w> {
     /// turn was just `sent`, one that waits when the session has nothing in flight.
     fn schedule_next(&mut self, now: f64, want: Want, sent: bool) {
         let (party, session) = (want.party, want.session);
-        let progress = self.progress[session];
-        let turns = self.plan.sessions()[session].turns();
+        let progress = self.parties[party].progress[session];
+        let turns = self.parties[party].plan.sessions()[session].turns();
         let Some(next) = turns.get(progress.next.max(1)) else {
             return;
         };
@@ -776,7 +776,7 @@ impl<'w> World<'w> {
         };
         if due {
             let turn = progress.next.max(1);
-            self.progress[session] = Progress {
+            self.parties[party].progress[session] = Progress {
                 in_flight: progress.in_flight + 1,
                 next: turn + 1,
             };

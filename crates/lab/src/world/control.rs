@@ -125,7 +125,8 @@ impl<'w> World<'w> {
             priority,
             tenant,
             weight: 1,
-            cost: self.plan.sessions()[pending.want.session].turns()[pending.want.turn]
+            cost: self.parties[pending.want.party].plan.sessions()[pending.want.session].turns()
+                [pending.want.turn]
                 .prompt_tokens(),
         };
         let promoted = seconds(now + QUEUE_TIMEOUT / 2.0);
@@ -173,7 +174,7 @@ impl<'w> World<'w> {
             return;
         }
         let (body, session_id) = self.body(pending.want);
-        let shape = self.prepared.shape(pending.want.session, pending.want.turn);
+        let shape = self.shape(pending.want);
         let record = self.records(shape);
         let asked = Asked {
             body: &body,
@@ -214,7 +215,7 @@ impl<'w> World<'w> {
         };
         let (_, priority) = self.parties[pending.want.party].identity();
         let (body, session_id) = self.body(pending.want);
-        let shape = self.prepared.shape(pending.want.session, pending.want.turn);
+        let shape = self.shape(pending.want);
         let record = self.records(shape);
         let asked = Asked {
             body: &body,

@@ -1,7 +1,9 @@
-//! The clients, in parties: each party sends some of the workload's sessions under a
-//! concurrency cap of its own, first come first served, its dispatcher starting its next
-//! session when it gets a slot. Without flows one party sends every session; with flows,
-//! one party per flow, as one tenant at one priority, and each flow's outcomes summed.
+//! The clients, in parties: each party sends the sessions of a workload of its own under
+//! a concurrency cap of its own, first come first served, its dispatcher starting its
+//! next session when it gets a slot. Without flows one party sends the one workload; with
+//! flows, one party per flow, as one tenant at one priority (tenants that share no
+//! prompt, as the replays of `benches/tenants/noisy.sh` do not), and each flow's outcomes
+//! summed.
 
 use std::collections::VecDeque;
 
@@ -9,13 +11,19 @@ use prefix_router_core::flow::Priority;
 use prefix_router_replay::{Outcome, Percentiles, Plan, summarize};
 use serde::Serialize;
 
-use super::Want;
+use super::{Progress, Want, Workload};
+use crate::prepare::Prepared;
 use crate::scenario::Flows;
 
 /// One party of clients.
-pub(super) struct Party {
-    /// Its sessions (the plan's numbers), in the plan's order.
-    sessions: Vec<usize>,
+pub(super) struct Party<'w> {
+    /// Its workload.
+    pub(super) plan: &'w Plan,
+    pub(super) prepared: &'w Prepared,
+    /// Where each of its sessions stands.
+    pub(super) progress: Vec<Progress>,
+    /// Its requests' outcomes.
+    pub(super) outcomes: Vec<Outcome>,
     /// Its next session to start.
     next: usize,
     /// Its free concurrency slots.
@@ -36,44 +44,38 @@ pub(super) struct Party {
     pub(super) preempted: u64,
 }
 
-impl Party {
-    /// The parties sending `plan`'s sessions: one with `concurrency` slots without
-    /// `flows`; else one per flow, each taking sessions in turn in the plan's order, as
-    /// many as its share of the flows' sessions.
-    pub(super) fn split(plan: &Plan, concurrency: usize, flows: Option<&Flows>) -> Vec<Party> {
-        let turns = |sessions: &[usize]| {
-            let sessions = sessions.iter().map(|&s| plan.sessions()[s].turns().len());
-            sessions.sum()
-        };
-        let all: Vec<usize> = (0..plan.sessions().len()).collect();
+impl<'w> Party<'w> {
+    /// The parties sending `workloads`: the first, with `concurrency` slots, without
+    /// `flows`; else one per flow, each sending its own workload.
+    pub(super) fn split(
+        workloads: &[Workload<'w>],
+        concurrency: usize,
+        flows: Option<&Flows>,
+    ) -> Vec<Party<'w>> {
         let Some(flows) = flows.filter(|f| !f.flows.is_empty()) else {
-            return vec![Party {
-                turns_left: turns(&all),
-                ..Party::new(all, concurrency.max(1))
-            }];
+            return workloads
+                .first()
+                .map(|&w| Party::new(w, concurrency.max(1)))
+                .into_iter()
+                .collect();
         };
-        let mut taken: Vec<Vec<usize>> = vec![Vec::new(); flows.flows.len()];
-        for session in all {
-            let share =
-                |f: usize| (taken[f].len() + 1) as f64 / flows.flows[f].sessions.max(1) as f64;
-            let least = (0..taken.len()).min_by(|&a, &b| share(a).total_cmp(&share(b)));
-            taken[least.unwrap_or(0)].push(session);
-        }
-        (flows.flows.iter().zip(taken))
-            .map(|(flow, sessions)| Party {
+        (flows.flows.iter().zip(workloads))
+            .map(|(flow, &workload)| Party {
                 delay: flow.delay,
                 sends: flow.concurrency > 0,
                 flow: Some((flow.tenant, flow.priority)),
                 measured: flow.measured,
-                turns_left: turns(&sessions),
-                ..Party::new(sessions, flow.concurrency)
+                ..Party::new(workload, flow.concurrency)
             })
             .collect()
     }
 
-    fn new(sessions: Vec<usize>, concurrency: usize) -> Self {
+    fn new((plan, prepared): Workload<'w>, concurrency: usize) -> Self {
         Party {
-            sessions,
+            plan,
+            prepared,
+            progress: vec![Progress::default(); plan.sessions().len()],
+            outcomes: Vec::new(),
             next: 0,
             free_slots: concurrency,
             waiting: VecDeque::new(),
@@ -81,22 +83,24 @@ impl Party {
             sends: true,
             flow: None,
             measured: false,
-            turns_left: 0,
+            turns_left: plan.sessions().iter().map(|s| s.turns().len()).sum(),
             preempted: 0,
         }
     }
 
     /// When its next session starts, seconds, if it has one and sends.
-    pub(super) fn upcoming(&self, plan: &Plan) -> Option<f64> {
-        let session = self.sessions.get(self.next).filter(|_| self.sends)?;
-        Some(plan.sessions()[*session].start_ms() / 1000.0 + self.delay)
+    pub(super) fn upcoming(&self) -> Option<f64> {
+        let session = self.plan.sessions().get(self.next).filter(|_| self.sends)?;
+        Some(session.start_ms() / 1000.0 + self.delay)
     }
 
     /// Its next session, now started.
     pub(super) fn start_next(&mut self) -> Option<usize> {
-        let session = self.sessions.get(self.next).copied()?;
-        self.next += 1;
-        Some(session)
+        let next = self.next;
+        (next < self.plan.sessions().len()).then(|| {
+            self.next += 1;
+            next
+        })
     }
 
     /// One of its requests ended.
@@ -141,38 +145,21 @@ pub struct FlowResult {
     pub hit_rate: Option<f64>,
 }
 
-/// Each flow's result from the run's `outcomes`, for the `parties` of `flows`.
-pub(super) fn results(
-    parties: &[Party],
-    outcomes: &[Outcome],
-    flows: Option<&Flows>,
-) -> Vec<FlowResult> {
+/// Each flow's result, for the `parties` of `flows`.
+pub(super) fn results(parties: &[Party], flows: Option<&Flows>) -> Vec<FlowResult> {
     if flows.is_none_or(|f| f.flows.is_empty()) {
         return Vec::new();
     }
-    let mut of = vec![
-        usize::MAX;
-        outcomes
-            .iter()
-            .map(|o| o.session as usize + 1)
-            .max()
-            .unwrap_or(0)
-    ];
-    for (p, party) in parties.iter().enumerate() {
-        for &s in &party.sessions {
-            if let Some(slot) = of.get_mut(s) {
-                *slot = p;
-            }
-        }
-    }
-    (parties.iter().enumerate())
-        .map(|(p, party)| {
-            let mine = outcomes
-                .iter()
-                .filter(|o| of.get(o.session as usize) == Some(&p));
-            summed(party, mine)
-        })
+    parties
+        .iter()
+        .map(|p| summed(p, p.outcomes.iter()))
         .collect()
+}
+
+/// The outcomes a run reports: the first measured party's, else the first party's.
+pub(super) fn main_outcomes(parties: Vec<Party>) -> Vec<Outcome> {
+    let main = parties.iter().position(|p| p.measured).unwrap_or(0);
+    (parties.into_iter().nth(main)).map_or_else(Vec::new, |p| p.outcomes)
 }
 
 /// A party's result from its outcomes.
