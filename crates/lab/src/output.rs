@@ -140,7 +140,7 @@ fn flows_table(results: &[LabResult]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:<22} {:<16} {:<8} {:<8} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>7}",
+        "{:<22} {:<16} {:<8} {:<8} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>10} {:>7}",
         "scenario",
         "policy",
         "tenant",
@@ -151,6 +151,7 @@ fn flows_table(results: &[LabResult]) -> String {
         "TTFT p50",
         "TTFT p99",
         "first max",
+        "later p99",
         "hit"
     );
     for r in results {
@@ -158,7 +159,7 @@ fn flows_table(results: &[LabResult]) -> String {
             let ttft = f.ttft_ms.as_ref();
             let _ = writeln!(
                 out,
-                "{:<22} {:<16} {:<8} {:<8} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>7}",
+                "{:<22} {:<16} {:<8} {:<8} {:>6} {:>6} {:>9} {:>8} {:>8} {:>10} {:>10} {:>7}",
                 r.scenario,
                 r.policy,
                 format!("{}{}", f.tenant, if f.measured { "*" } else { "" }),
@@ -169,6 +170,7 @@ fn flows_table(results: &[LabResult]) -> String {
                 ms(ttft.map(|t| t.p50)),
                 ms(ttft.map(|t| t.p99)),
                 ms(f.first_turn_max_ms),
+                ms(f.later_turns_p99_ms),
                 pct(f.hit_rate),
             );
         }

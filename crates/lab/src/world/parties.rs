@@ -141,6 +141,8 @@ pub struct FlowResult {
     pub ttft_ms: Option<Percentiles>,
     /// The slowest first turn of a session, ms.
     pub first_turn_max_ms: Option<f64>,
+    /// The 99th percentile of the later turns' TTFT, ms.
+    pub later_turns_p99_ms: Option<f64>,
     /// Cached over prompt tokens of its answered requests.
     pub hit_rate: Option<f64>,
 }
@@ -175,9 +177,10 @@ fn summed<'o>(party: &Party, outcomes: impl Iterator<Item = &'o Outcome>) -> Flo
         preempted: party.preempted,
         ttft_ms: None,
         first_turn_max_ms: None,
+        later_turns_p99_ms: None,
         hit_rate: None,
     };
-    let (mut ttfts, mut cached, mut prompt) = (Vec::new(), 0u64, 0u64);
+    let (mut ttfts, mut later, mut cached, mut prompt) = (Vec::new(), Vec::new(), 0u64, 0u64);
     for o in outcomes {
         let x = &o.exchange;
         match x.error.as_deref() {
@@ -189,6 +192,8 @@ fn summed<'o>(party: &Party, outcomes: impl Iterator<Item = &'o Outcome>) -> Flo
             ttfts.push(ttft);
             if o.turn == 0 {
                 result.first_turn_max_ms = Some(result.first_turn_max_ms.unwrap_or(0.0).max(ttft));
+            } else {
+                later.push(ttft);
             }
         }
         if let Some(usage) = &x.usage {
@@ -197,6 +202,7 @@ fn summed<'o>(party: &Party, outcomes: impl Iterator<Item = &'o Outcome>) -> Flo
         }
     }
     result.ttft_ms = summarize(ttfts);
+    result.later_turns_p99_ms = summarize(later).map(|p| p.p99);
     result.hit_rate = (prompt > 0).then(|| cached as f64 / prompt as f64);
     result
 }
