@@ -49,6 +49,8 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
             kv_blocks: 4_000,
             concurrency: 64,
             max_model_len: 131_072,
+            max_num_seqs: 256,
+            flows: None,
         },
         max_tree_size: None,
         unknown_capacity: false,

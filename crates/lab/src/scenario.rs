@@ -73,8 +73,8 @@ pub struct Flow {
     pub tenant: &'static str,
     /// Its priority.
     pub priority: Priority,
-    /// Sessions of the workload it sends: taken in turn with the other flows' in the
-    /// workload's order, each flow its share.
+    /// Sessions it sends: a workload of its own, of the scenario's agent settings and a
+    /// seed of its own (the run's seed plus its position among the flows).
     pub sessions: usize,
     /// Its requests in flight at most; 0: its sessions are drawn, not sent (the flow's
     /// neighbours run alone on the same sessions).

@@ -510,7 +510,7 @@ impl<'w> World<'w> {
             Ok(None)
         } else {
             match self.place(now, want, shape, replica, cap, flowing.only) {
-                Ok(None) => return self.unplaced(now, want, sent, flowing.pending),
+                Ok(None) => return self.unplaced(now, (want, sent, replica), flowing.pending),
                 placed => placed,
             }
         };

@@ -261,18 +261,18 @@ impl<'w> World<'w> {
         (Some(pending.share), preemptible)
     }
 
-    /// No backend was open to `pending` when placed (a request the reserve is kept for
-    /// took the slot): it waits again; without flow control, the router's 503.
+    /// No backend was open to a request when placed on `replica` (a request the reserve
+    /// is kept for took the slot): with flow control (`pending`) it waits again; without,
+    /// the router's 503.
     pub(super) fn unplaced(
         &mut self,
         now: f64,
-        want: Want,
-        sent: f64,
+        (want, sent, replica): (Want, f64, usize),
         pending: Option<Pending<'w>>,
     ) {
         match pending {
             Some(pending) => self.join(now, pending),
-            None => self.refused(now, sent, want, None, 0, 503),
+            None => self.refused(now, sent, want, None, replica, 503),
         }
     }
 
