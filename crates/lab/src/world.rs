@@ -588,6 +588,17 @@ impl<'w> World<'w> {
         (body, id)
     }
 
+    /// `f` of the request `want` sends, as the router is asked to place it.
+    fn asking<T>(&self, want: Want, f: impl FnOnce(Asked) -> T) -> T {
+        let (body, session_id) = self.body(want);
+        let record = self.records(self.shape(want));
+        f(Asked {
+            body: &body,
+            session_id,
+            record: record.as_ref(),
+        })
+    }
+
     /// How the engines take `want`'s request.
     fn shape(&self, want: Want) -> Option<&'w Shape> {
         (self.parties[want.party].prepared).shape(want.session, want.turn)

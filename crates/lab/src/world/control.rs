@@ -17,7 +17,6 @@ use prefix_router_core::flow::{self, AtHome, Key, Order, Preemptible, Share, Sha
 use prefix_router_core::ledger::Cap;
 
 use super::{Flowing, Placement, Want, World, seconds};
-use crate::router::Asked;
 
 /// The router's default `queue_timeout`, seconds.
 const QUEUE_TIMEOUT: f64 = 30.0;
@@ -160,7 +159,7 @@ impl<'w> World<'w> {
     }
 
     /// A waiter the reserve is kept for stops the requests it outranks where it would go.
-    fn make_room(&mut self, number: u64) {
+    fn make_room(&self, number: u64) {
         let Some(control) = &self.control else {
             return;
         };
@@ -173,25 +172,19 @@ impl<'w> World<'w> {
         if !cap.kept {
             return;
         }
-        let (body, session_id) = self.body(pending.want);
-        let shape = self.shape(pending.want);
-        let record = self.records(shape);
-        let asked = Asked {
-            body: &body,
-            session_id,
-            record: record.as_ref(),
-        };
         let router = &self.routers[0];
         let shares = control.shares;
         let preempt = |backend| shares.preempt(backend, tenant, priority);
-        let size = router.size(asked);
-        flow::make_room(
-            cap,
-            &router.accounts(),
-            size,
-            || router.unbounded(asked, cap),
-            preempt,
-        );
+        self.asking(pending.want, |asked| {
+            let unbounded = || router.unbounded(asked, cap);
+            flow::make_room(
+                cap,
+                &router.accounts(),
+                router.size(asked),
+                unbounded,
+                preempt,
+            );
+        });
     }
 
     /// Places `pending` now: at its conversation's home if it stays there
@@ -214,19 +207,14 @@ impl<'w> World<'w> {
             return (None, cap);
         };
         let (_, priority) = self.parties[pending.want.party].identity();
-        let (body, session_id) = self.body(pending.want);
-        let shape = self.shape(pending.want);
-        let record = self.records(shape);
-        let asked = Asked {
-            body: &body,
-            session_id,
-            record: record.as_ref(),
-        };
         let router = &self.routers[0];
         let accounts = router.accounts();
         let shares = control.shares;
         let outranks = |on| shares.any_below(priority, on);
-        match flow::at_home(cap, &accounts, outranks, || router.unbounded(asked, cap)) {
+        let at = self.asking(pending.want, |asked| {
+            flow::at_home(cap, &accounts, outranks, || router.unbounded(asked, cap))
+        });
+        match at {
             Some(AtHome::Stop(i)) if shares.displace(priority, Some(accounts[i].id)) => {
                 (Some(i), Cap { over: 1, ..cap })
             }
