@@ -29,6 +29,18 @@ pub struct Ticket<'t> {
     pub cost: u64,
 }
 
+impl Default for Ticket<'_> {
+    /// A request of no tenant ("") at `normal`, weight 1, cost 1.
+    fn default() -> Self {
+        Ticket {
+            priority: Priority::Normal,
+            tenant: "",
+            weight: 1,
+            cost: 1,
+        }
+    }
+}
+
 /// How many may wait.
 #[derive(Clone, Copy, Debug)]
 pub struct Bounds {

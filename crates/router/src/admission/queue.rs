@@ -26,17 +26,11 @@ use crate::fleet::Fleet;
 use crate::tenants::preempt::Preemptible;
 use crate::tenants::{Priority, Shares};
 
-/// Where a request stands in the queue's order.
-#[derive(Clone, Copy, Debug)]
+/// Where a request stands in the queue's order and among the flows.
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Ticket<'t> {
-    /// Its priority.
-    pub priority: Priority,
-    /// Its tenant's name ("" without a tenants file).
-    pub tenant: &'t str,
-    /// Its tenant's weight (at least 1).
-    pub weight: u32,
-    /// Its estimated prompt tokens (at least 1 is counted).
-    pub cost: u64,
+    /// What the queue's order weighs: its priority, tenant, tenant's weight and cost.
+    pub flow: order::Ticket<'t>,
     /// The tenants' fair shares (with a tenants file).
     pub shares: Option<&'t Shares>,
     /// Slots of each held backend it leaves free for an arrival (`standing_slots`).
@@ -50,9 +44,9 @@ impl<'t> Ticket<'t> {
     /// What it may take of a backend under the in-flight `limit` (0: none), with the
     /// reserve its tenant's share asks, as it stands now.
     pub fn cap(&self, limit: usize) -> Cap {
-        let (tenant, priority, standing) = (self.tenant, self.priority, self.standing);
+        let (tenant, priority, standing) = (self.flow.tenant, self.flow.priority, self.standing);
         let cap = |s: &Shares| match self.arriving {
-            true => s.cap_arriving(tenant, self.weight, priority, limit, standing),
+            true => s.cap_arriving(tenant, self.flow.weight, priority, limit, standing),
             false => s.cap(tenant, priority, limit, standing),
         };
         self.shares.map_or(Cap::from(limit), cap)
@@ -65,8 +59,8 @@ impl<'t> Ticket<'t> {
         Some(Preemptible::enter(
             shares,
             backend,
-            self.tenant,
-            self.priority,
+            self.flow.tenant,
+            self.flow.priority,
         ))
     }
 
@@ -74,7 +68,9 @@ impl<'t> Ticket<'t> {
     /// there that it outranks and that have no answer yet; returns how many.
     pub fn preempt(&self, cap: Cap, backend: BackendId) -> usize {
         let shares = self.shares.filter(|_| cap.kept);
-        shares.map_or(0, |s| s.preempt(backend, self.tenant, self.priority))
+        shares.map_or(0, |s| {
+            s.preempt(backend, self.flow.tenant, self.flow.priority)
+        })
     }
 
     /// Stops the last placed request with no answer yet at the lowest priority below its
@@ -82,51 +78,32 @@ impl<'t> Ticket<'t> {
     /// backend (`None`); for want of a slot at its conversation's home, there. Whether
     /// there was one.
     pub fn displace(&self, on: Option<BackendId>) -> bool {
-        self.shares.is_some_and(|s| s.displace(self.priority, on))
+        self.shares
+            .is_some_and(|s| s.displace(self.flow.priority, on))
     }
 
     /// Whether [`Self::displace`] on `on` would find a request to stop: one of a lower
     /// priority, with no answer yet, is in flight there.
     pub fn outranks_any(&self, on: Option<BackendId>) -> bool {
-        self.shares.is_some_and(|s| s.any_below(self.priority, on))
+        self.shares
+            .is_some_and(|s| s.any_below(self.flow.priority, on))
     }
 
     /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).
     pub fn outranked(&self, cap: Cap, backend: BackendId) -> usize {
         let shares = self.shares.filter(|_| cap.kept);
-        shares.map_or(0, |s| s.outranked(backend, self.tenant, self.priority))
+        shares.map_or(0, |s| {
+            s.outranked(backend, self.flow.tenant, self.flow.priority)
+        })
     }
 
     /// Whether it may pass the waiters of `queue` to a slot open for it: the reserve is
     /// kept for it ([`Shares::light`]), and no waiter has a higher priority.
     pub fn passes(&self, queue: &Queue) -> bool {
-        self.cap(0).kept && queue.first_priority().is_none_or(|p| p <= self.priority)
-    }
-}
-
-impl Default for Ticket<'_> {
-    fn default() -> Self {
-        Ticket {
-            priority: Priority::Normal,
-            tenant: "",
-            weight: 1,
-            cost: 1,
-            shares: None,
-            standing: 0,
-            arriving: false,
-        }
-    }
-}
-
-impl Ticket<'_> {
-    /// What the order weighs of it.
-    fn order(&self) -> order::Ticket<'_> {
-        order::Ticket {
-            priority: self.priority,
-            tenant: self.tenant,
-            weight: self.weight,
-            cost: self.cost,
-        }
+        self.cap(0).kept
+            && queue
+                .first_priority()
+                .is_none_or(|p| p <= self.flow.priority)
     }
 }
 
@@ -190,7 +167,7 @@ impl Queue {
         let waiter = Arc::new(Waiter::default());
         let promoted = self.clock.now() + promote_after;
         let payload = Arc::clone(&waiter);
-        let joined = (self.order.lock()).join(bounds, &ticket.order(), promoted, payload);
+        let joined = (self.order.lock()).join(bounds, &ticket.flow, promoted, payload);
         let (key, shed) = joined.ok()?;
         if let Some(Shed(last)) = shed {
             last.shed.store(true, Relaxed);
@@ -289,7 +266,10 @@ mod tests {
 
     fn ticket(priority: Priority) -> Ticket<'static> {
         Ticket {
-            priority,
+            flow: order::Ticket {
+                priority,
+                ..Default::default()
+            },
             ..Ticket::default()
         }
     }

@@ -251,7 +251,9 @@ async fn send<E: Exchange>(
         .await;
     if let Err(Failure::Preempted) = sent {
         *preempted = true;
-        state.tenancy.preempted(ticket.tenant, ticket.priority);
+        state
+            .tenancy
+            .preempted(ticket.flow.tenant, ticket.flow.priority);
     }
     sent
 }
@@ -425,7 +427,7 @@ async fn admitted<E: Exchange>(
         gone = exchange.client_gone() => Err(gone),
     };
     state.admission.waited(started.elapsed());
-    state.tenancy.waited(ticket.tenant, started.elapsed());
+    state.tenancy.waited(ticket.flow.tenant, started.elapsed());
     trace.waited(since);
     waited?.map_err(|left| match left {
         Left::TimedOut => overloaded(Shed::QueueTimeout),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 use log::debug;
+use prefix_router_core::flow::order;
 use prefix_router_core::ledger::Seat;
 use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::Tokens;
@@ -64,10 +65,12 @@ pub async fn prepare<'b>(
 /// estimated prompt tokens.
 pub fn ticket<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Ticket<'t> {
     Ticket {
-        priority: identity.priority,
-        tenant: identity.tenant.map_or("", |t| t.name.as_str()),
-        weight: identity.tenant.map_or(1, |t| t.weight),
-        cost,
+        flow: order::Ticket {
+            priority: identity.priority,
+            tenant: identity.tenant.map_or("", |t| t.name.as_str()),
+            weight: identity.tenant.map_or(1, |t| t.weight),
+            cost,
+        },
         shares: state.tenancy.shares(identity),
         standing: identity.tenant.map_or(0, |t| t.standing_slots),
         arriving: false,

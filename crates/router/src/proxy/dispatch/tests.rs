@@ -390,7 +390,10 @@ async fn as_tenant(
     standing: usize,
 ) -> Dispatched<(BackendId, u16)> {
     let ticket = Ticket {
-        tenant,
+        flow: prefix_router_core::flow::order::Ticket {
+            tenant,
+            ..Default::default()
+        },
         shares: Some(shares),
         standing,
         ..Ticket::default()
