@@ -97,3 +97,126 @@ pub fn make_room(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::cell::{Cell, RefCell};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ledger::{Ledger, Placing, Seat};
+    use crate::policy::Published;
+
+    /// Two backends that queued at 4 running: held at 4, then, running all 4 with none
+    /// waiting, probing at 5; backend 0 running 4.
+    fn fleet() -> (Vec<Arc<Account>>, Vec<Seat>) {
+        let all: Vec<Arc<Account>> = (0..2)
+            .map(|i| Arc::new(Account::new(BackendId(i), u64::from(i))))
+            .collect();
+        let published = |running, waiting| Published {
+            running,
+            waiting,
+            kv_usage: 0.5,
+        };
+        for account in &all {
+            account.learn_hold(published(4, 1));
+            account.learn_hold(published(4, 0));
+        }
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let refs: Vec<&Arc<Account>> = all.iter().take(1).collect();
+        let seats = (0..4)
+            .map(|_| {
+                let first = |_: &[_]| Decision::new(0, Outcome::Balanced);
+                match ledger.place(&refs, 0, TextBytes(10), first) {
+                    Placing::Placed { seat, .. } => seat,
+                    other => panic!("not placed: {other:?}"),
+                }
+            })
+            .collect();
+        (all, seats)
+    }
+
+    fn kept() -> Cap {
+        Cap {
+            kept: true,
+            ..Cap::default()
+        }
+    }
+
+    fn hit(index: usize) -> Option<(usize, Decision)> {
+        Some((index, Decision::new(index, Outcome::PrefixHit)))
+    }
+
+    #[test]
+    fn a_kept_request_stops_a_lower_priority_at_a_full_home_or_goes_past_its_ceiling() {
+        let (all, _seats) = fleet();
+        let accounts: Vec<&Arc<Account>> = all.iter().collect();
+        assert!(
+            !all[0].open(kept())
+                && all[0].open(Cap {
+                    home: true,
+                    ..kept()
+                })
+        );
+        let nobody = |_: Option<BackendId>| false;
+        assert_eq!(
+            at_home(kept(), &accounts, nobody, || hit(0)),
+            Some(AtHome::PastCeiling(0))
+        );
+        let lower_at_home = |on: Option<BackendId>| on.is_none_or(|b| b == BackendId(0));
+        let stop = at_home(kept(), &accounts, lower_at_home, || hit(0));
+        assert_eq!(stop, Some(AtHome::Stop(0)));
+        assert_eq!(stop.map(AtHome::home), Some(0));
+        assert_eq!(
+            at_home(kept(), &accounts, nobody, || hit(1)),
+            None,
+            "home open"
+        );
+        let placed = || Some((0, Decision::new(0, Outcome::Placed)));
+        assert_eq!(at_home(kept(), &accounts, nobody, placed), None, "no home");
+        let asked = Cell::new(false);
+        let unbounded = || {
+            asked.set(true);
+            hit(0)
+        };
+        assert_eq!(at_home(Cap::default(), &accounts, nobody, unbounded), None);
+        assert!(
+            !asked.get(),
+            "the policy is not asked for a request not kept"
+        );
+    }
+
+    #[test]
+    fn a_waiting_kept_request_stops_where_it_would_go_else_anywhere_for_an_uncached_text() {
+        let (all, _seats) = fleet();
+        let accounts: Vec<&Arc<Account>> = all.iter().collect();
+        let tried = RefCell::new(Vec::new());
+        let preempt = |backend: BackendId| {
+            tried.borrow_mut().push(backend.0);
+            usize::from(backend == BackendId(0))
+        };
+        let uncached = || Some((1, Decision::new(1, Outcome::Placed)));
+        make_room(kept(), &accounts, TextBytes(100), uncached, preempt);
+        assert_eq!(
+            *tried.borrow(),
+            vec![1, 0],
+            "where it would go, then the first with any"
+        );
+        tried.borrow_mut().clear();
+        let cached = || {
+            let matched = TextBytes(60);
+            Some((
+                1,
+                Decision {
+                    matched,
+                    ..Decision::new(1, Outcome::PrefixHit)
+                },
+            ))
+        };
+        make_room(kept(), &accounts, TextBytes(100), cached, preempt);
+        assert_eq!(*tried.borrow(), vec![1], "mostly cached: only there");
+        tried.borrow_mut().clear();
+        make_room(Cap::default(), &accounts, TextBytes(100), uncached, preempt);
+        assert!(tried.borrow().is_empty(), "not kept: nothing stopped");
+    }
+}
