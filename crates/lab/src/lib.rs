@@ -807,4 +807,42 @@ mod tests {
         assert_eq!(once, json(&neighbours(8, true)), "deterministic");
         assert!(!json(&small()).contains("\"flows\""), "no flows, no field");
     }
+
+    #[test]
+    fn under_priorities_low_is_shed_before_normal_and_high_never() {
+        use prefix_router_core::flow::Priority;
+        let mut setting = neighbours(4, true);
+        let Some(flows) = setting.scenario.flows.as_mut() else {
+            panic!("no flows");
+        };
+        let flow = |priority, sessions, concurrency, measured| scenario::Flow {
+            tenant: "p",
+            priority,
+            sessions,
+            concurrency,
+            delay: if measured { 1.0 } else { 0.0 },
+            measured,
+        };
+        flows.flows = vec![
+            flow(Priority::Normal, 16, 4, false),
+            flow(Priority::Low, 16, 4, false),
+            flow(Priority::High, 2, 1, true),
+        ];
+        flows.max_queued = 2;
+        let results = compare(&setting, &["kv_aware".to_string()], &mut |_| {}).unwrap();
+        let [normal, low, high] = &results[0].flows[..] else {
+            panic!("three flows");
+        };
+        assert_eq!((high.shed, high.failed), (0, 0));
+        assert!(high.ok > 2, "high answered {}", high.ok);
+        let share = |f: &world::FlowResult| f.shed as f64 / (f.ok + f.shed).max(1) as f64;
+        assert!(
+            share(low) > share(normal),
+            "shed: low {} of {}, normal {} of {}",
+            low.shed,
+            low.ok + low.shed,
+            normal.shed,
+            normal.ok + normal.shed
+        );
+    }
 }
