@@ -1,7 +1,8 @@
 //! The lab: a discrete-event simulation, in virtual time and one process, of clients,
 //! the router and a fleet of simulated vLLM engines. The router half is the core's real
 //! selection path (parser, policies, index, sessions) with the proxy's in-flight and
-//! pending-prefill accounting; the engine half is the simulator's own model (block prefix
+//! pending-prefill accounting, and, in the flow scenarios, the proxy's flow control over
+//! the core's (tenants and priorities sharing a full fleet); the engine half is the simulator's own model (block prefix
 //! cache with LRU and pinning, `max_num_seqs` scheduling, shared prefill throughput, decode
 //! interval), fed by the simulator's own template. The clients follow the replay's
 //! schedule and the report is the replay's, so a lab run reads like a real-time one.

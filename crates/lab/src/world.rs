@@ -1,8 +1,10 @@
 //! The discrete-event simulation: clients that follow the replay's schedule (sessions
 //! start at their arrival times, each next turn a think time after the previous answer,
-//! all under the replay's concurrency cap, first come first served), the lab's router,
-//! and one simulator engine per backend, all on one virtual clock. Events are handled in
-//! time order, ties in a fixed order, so a run is a pure function of its inputs.
+//! all under the replay's concurrency cap, first come first served; with flows, one party
+//! of clients per flow, `parties`), the lab's router (with flows and a tenants file, its
+//! flow control, `control`), and one simulator engine per backend, all on one virtual
+//! clock. Events are handled in time order, ties in a fixed order, so a run is a pure
+//! function of its inputs.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
