@@ -749,7 +749,7 @@ mod tests {
         let mut setting = small();
         setting.max_requests = None;
         let mut agent = Agent::new(18, 100.0, 2);
-        agent.contexts = (12_000, 12_000);
+        agent.contexts = (0, 12_000);
         let flow = |tenant, sessions, concurrency, measured| scenario::Flow {
             tenant,
             priority: prefix_router_core::flow::Priority::Normal,
