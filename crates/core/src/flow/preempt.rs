@@ -10,15 +10,16 @@
 //! is stopped at most once.
 //!
 //! It outranks another tenant's request at its own priority whose tenant is at or over
-//! its fair share. A higher priority stops no lower one: measured in
-//! `benches/tenants/noisy.sh` (`MODES=priority`), the work a stopped `normal` or `low`
-//! request does again, and the cache it churns, cost `high` more than sharing the prefill
-//! did, except when the queue is full of requests it may not shed: then a request stops
-//! the last placed request of the lowest priority below its own, on any backend
-//! ([`Preemptions::displace`]), rather than be shed itself; and when the home of a kept
-//! request's conversation is full: then it stops the last placed there of the lowest
-//! priority below its own, and takes its slot, rather than move and compute its context
-//! again elsewhere. Only with a tenants file: the table holds the requests in flight
+//! its fair share. A higher priority stops no lower one where it is placed: measured in
+//! `benches/tenants/noisy.sh` (`MODES=priority`) and in the lab, the work a stopped
+//! `normal` or `low` request does again, and the cache it churns, cost `high` more than
+//! sharing the prefill did. It stops the last placed request of the lowest priority below
+//! its own ([`Preemptions::displace`]) only for want of a slot: on any backend when the
+//! queue is full of requests it may not shed (rather than be shed itself), or when the
+//! reserve is kept for it and it would wait in the queue (rather than wait for a lower
+//! priority's request to end; [`super::home::make_room`]); at its conversation's home
+//! when that is full, taking the slot, rather than move and compute its context again
+//! elsewhere. Only with a tenants file: the table holds the requests in flight
 //! that have not answered yet, each until its first response byte.
 
 use std::cmp::Reverse;

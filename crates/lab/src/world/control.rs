@@ -158,7 +158,8 @@ impl<'w> World<'w> {
         }
     }
 
-    /// A waiter the reserve is kept for stops the requests it outranks where it would go.
+    /// A waiter the reserve is kept for stops a lower priority's request, and the requests
+    /// it outranks where it would go.
     fn make_room(&self, number: u64) {
         let Some(control) = &self.control else {
             return;
@@ -175,15 +176,11 @@ impl<'w> World<'w> {
         let router = &self.routers[0];
         let shares = control.shares;
         let preempt = |backend| shares.preempt(backend, tenant, priority);
+        let displace = || shares.displace(priority, None);
         self.asking(pending.want, |asked| {
             let unbounded = || router.unbounded(asked, cap);
-            flow::make_room(
-                cap,
-                &router.accounts(),
-                router.size(asked),
-                unbounded,
-                preempt,
-            );
+            let size = router.size(asked);
+            flow::make_room(cap, &router.accounts(), size, unbounded, preempt, displace);
         });
     }
 

@@ -463,7 +463,8 @@ fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
     let accounts = ready.accounts();
     let unbounded = || unbounded(state, cap, &accounts, route);
     let preempt = |backend| ticket.preempt(cap, backend);
-    flow::make_room(cap, &accounts, route.text(), unbounded, preempt);
+    let displace = || ticket.displace(None);
+    flow::make_room(cap, &accounts, route.text(), unbounded, preempt, displace);
 }
 
 /// A request the reserve is kept for whose conversation's home is not open to it stays

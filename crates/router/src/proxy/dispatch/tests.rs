@@ -496,6 +496,59 @@ async fn a_light_tenants_request_stops_an_unanswered_heavy_one_which_is_placed_a
 }
 
 #[tokio::test]
+async fn a_waiting_higher_priority_stops_an_unanswered_lower_one_and_takes_its_slot() {
+    use crate::tenants::{Priority, Shares};
+    let shares = Shares::default();
+    let state = state(1, true);
+    let limits = limits(1, Duration::from_secs(5));
+    let at = |priority| Ticket {
+        flow: prefix_router_core::flow::order::Ticket {
+            tenant: "p",
+            priority,
+            ..Default::default()
+        },
+        shares: Some(&shares),
+        ..Ticket::default()
+    };
+    let _low_share = shares.enter("p", 1, Priority::Low);
+    let mut low = Fake::new([Step::UntilStopped, Step::Answer]);
+    let mut high = Fake::new([Step::Answer]);
+    let trace = RequestTrace::default();
+    let low_run = run(
+        &state,
+        &limits,
+        &mut low,
+        &Route::AnyBackend,
+        at(Priority::Low),
+        &trace,
+    );
+    let high_run = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _high_share = shares.enter("p", 1, Priority::High);
+        let trace = RequestTrace::default();
+        let ticket = at(Priority::High);
+        let high = run(
+            &state,
+            &limits,
+            &mut high,
+            &Route::AnyBackend,
+            ticket,
+            &trace,
+        )
+        .await;
+        // Its response ended: its seat frees.
+        high.result.is_ok()
+    };
+    let both = async { tokio::join!(low_run, high_run) };
+    let (low_done, high_ok) = tokio::time::timeout(Duration::from_secs(3), both)
+        .await
+        .expect("high took the slot rather than wait for low's answer");
+    assert!(high_ok);
+    assert!(low_done.result.is_ok(), "low, stopped, was placed again");
+    assert_eq!(low.sent.len(), 2, "low was sent twice");
+}
+
+#[tokio::test]
 async fn placements_refused_in_a_row_pause_and_end_after_the_queue_timeout() {
     let mut refused = Refused::default();
     for _ in 0..REFUSED_IN_A_ROW {
