@@ -75,8 +75,8 @@ pub fn at_home(
 /// (`preempt` stops them on a backend and says how many): it takes a slot they free,
 /// ahead of them. Stopping a lower priority while it waits was measured in the lab's
 /// `priority` scenario (five seeds: `high`'s p99 over alone 0.81-1.64, mean 1.30,
-/// against 1.11-2.07, mean 1.51) and in `benches/tenants/noisy.sh` (three rounds
-/// interleaved: lower in each).
+/// against 1.11-2.07, mean 1.51) and in `benches/tenants/noisy.sh` (six rounds
+/// interleaved: lower in five, within the spread).
 pub fn make_room(
     cap: Cap,
     accounts: &[&Arc<Account>],
