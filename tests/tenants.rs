@@ -3,6 +3,8 @@
 //! `x-ratelimit-*` headers; keys never in logs or metrics; `POST /route` says whose request
 //! it is and whether it would wait.
 
+use std::time::{Duration, Instant};
+
 use prefix_router::config::Settings;
 use serde_json::Value;
 
@@ -139,7 +141,7 @@ async fn tokens_are_counted_from_what_the_answers_report() {
         if sum(&metrics, "prefix_router_tenant_tokens_total", &acme) >= 1203.0 {
             break;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (status, headers, body) = send(&router, Some("sk-acme"), None).await;
     assert_eq!(status, 429, "{body}");
@@ -212,7 +214,7 @@ fn arrivals(up: &Upstream) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
     let up = Upstream::start("a").await;
-    up.set_reply(Reply::Slow(std::time::Duration::from_millis(300)));
+    up.set_reply(Reply::Slow(Duration::from_millis(300)));
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         max_queued: Some(3),
@@ -258,7 +260,7 @@ async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_high_stops_a_low_request_in_flight_rather_than_wait_for_it() {
     let up = Upstream::start("a").await;
-    up.set_reply(Reply::Slow(std::time::Duration::from_millis(500)));
+    up.set_reply(Reply::Slow(Duration::from_millis(500)));
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         max_queued: Some(1),
@@ -288,6 +290,77 @@ async fn a_waiting_high_stops_a_low_request_in_flight_rather_than_wait_for_it() 
     assert_eq!(low_stopped(&router).await, 1.0);
 }
 
+/// A vLLM page of `running` requests and `waiting` ones queued.
+fn load_page(running: u32, waiting: u32) -> String {
+    format!(
+        "vllm:num_requests_running {running}\nvllm:num_requests_waiting {waiting}\n\
+         vllm:kv_cache_usage_perc 0.1\n"
+    )
+}
+
+/// Three requests placed on one backend before the router knew how many its engine runs,
+/// the engine then saying it runs one and queues two, under a tenants file with
+/// `standing` slots: what the backend received, in order, and when; and how many were
+/// stopped.
+async fn three_on_an_engine_of_one(standing: usize) -> (Vec<String>, Vec<Instant>, f64) {
+    let up = Upstream::start("a").await;
+    up.set_reply(Reply::Slow(ANSWER));
+    up.set_pages(&load_page(0, 0), "");
+    let file = format!(
+        "standing_slots = {standing}\n[tenants.p]\nkeys = [\"{}\"]\n",
+        sha256_entry("sk-priority")
+    );
+    let settings = Settings {
+        metrics_interval: Some(0.1),
+        queue_timeout: Some(10.0),
+        tenants_file: Some(tenants_file(&format!("take-back-{standing}"), &file)),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    let mut sent = Vec::new();
+    for (n, name) in ["one", "two", "three"].into_iter().enumerate() {
+        sent.push(tokio::spawn(post_named(router.url.clone(), name, "normal")));
+        router.wait_until(name, |_| up.count() == n + 1).await;
+    }
+    up.set_pages(&load_page(1, 2), "");
+    for request in sent {
+        assert_eq!(request.await.unwrap(), 200, "nothing lost");
+    }
+    let at = up.received().iter().map(|r| r.at).collect();
+    let metrics = router.metrics().await;
+    let stopped = sum(&metrics, "prefix_router_tenant_preempted_total", &[]);
+    (arrivals(&up), at, stopped)
+}
+
+/// How long the backend of [`three_on_an_engine_of_one`] takes to answer.
+const ANSWER: Duration = Duration::from_millis(1000);
+
+/// With standing slots, requests an engine queues past the hold the router learns from
+/// it are taken back: they wait in the router's queue, where priorities and shares act,
+/// and are placed again as the engine finishes what it runs. Without, they stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_standing_slots_what_an_engine_queues_past_its_hold_waits_in_the_router() {
+    let (mut arrived, at, stopped) = three_on_an_engine_of_one(1).await;
+    assert_eq!(arrived.len(), 5);
+    arrived[3..].sort();
+    assert_eq!(
+        arrived,
+        vec!["one", "two", "three", "three", "two"],
+        "the last two placed were taken back and placed again"
+    );
+    assert!(
+        at[3] >= at[0] + ANSWER && at[4] >= at[3] + ANSWER,
+        "placed again one at a time, as the engine had room: {at:?}"
+    );
+    assert_eq!(stopped, 2.0);
+    let (arrived, _, stopped) = three_on_an_engine_of_one(0).await;
+    assert_eq!(
+        (arrived, stopped),
+        (vec!["one".into(), "two".into(), "three".into()], 0.0),
+        "without standing slots"
+    );
+}
+
 /// A `high` turn whose conversation's home is full of a `low` request with no answer
 /// yet, while another backend is open, stops that request and takes its slot at home
 /// rather than move; the stopped request is placed again on the other backend.
@@ -314,7 +387,7 @@ async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_mo
     assert_eq!(post_chat(url.clone(), turn("first"), "high").await, 200);
     let home = ups.iter().position(|u| u.count() == 1).unwrap();
     let (home, other) = (&ups[home], &ups[1 - home]);
-    home.set_reply(Reply::Slow(std::time::Duration::from_millis(500)));
+    home.set_reply(Reply::Slow(Duration::from_millis(500)));
     let low = tokio::spawn(post_chat(url.clone(), turn("low"), "low"));
     router
         .wait_until("low is placed at home", |_| home.count() == 2)
@@ -443,7 +516,7 @@ async fn a_light_tenants_request_stops_a_heavy_ones_prefill_which_is_answered_af
     router
         .wait_until("the heavy requests prefill", prefilling)
         .await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let model = prefix_router_sim::DEFAULT_MODEL;
     let explained = route_as(&router, "sk-light", "normal", model).await;
     assert_eq!(

@@ -49,6 +49,8 @@ pub struct Account {
     /// What it ran when it last queued (0: never): the hold before it grew, which a
     /// reserve is kept under.
     ceiling: AtomicUsize,
+    /// The hold the requests in flight were placed under: the one before the last read.
+    placed_under: AtomicUsize,
     /// Requests in flight that a reserve was kept for, by [`Cap::band`], and the most of
     /// them at once in this window and the one before ([`KEPT_READS`] reads of its load
     /// each).
@@ -88,9 +90,9 @@ pub struct Cap {
     /// those a backend had at once).
     pub kept: bool,
     /// Slots this request leaves free while it leaves no reserve and is not one the
-    /// reserve is kept for (the tenants file's `standing_slots`), so that a light flow or
-    /// a higher priority arriving at a full fleet finds them at once; never a backend's
-    /// every slot.
+    /// reserve is kept for, or is kept for only against a lower priority (the tenants
+    /// file's `standing_slots`), so that a light flow or a higher priority arriving at a
+    /// full fleet finds them at once; never a backend's every slot.
     pub standing: usize,
     /// The band a request the reserve is kept for counts in (its priority, 0 lowest,
     /// below [`BANDS`]): its new conversations spread by the requests of its own band in
@@ -137,6 +139,7 @@ impl Account {
             kv_usage: AtomicU64::new(0),
             hold: AtomicUsize::new(0),
             ceiling: AtomicUsize::new(0),
+            placed_under: AtomicUsize::new(0),
             kept_peak: AtomicUsize::new(0),
             kept_before: AtomicUsize::new(0),
             kept_in: Default::default(),
@@ -213,6 +216,7 @@ impl Account {
     /// a reserve, stays). No hold until the engine first queued.
     pub fn learn_hold(&self, published: Published) {
         let hold = self.hold.load(Relaxed);
+        self.placed_under.store(hold, Relaxed);
         let next = if published.waiting > 0 {
             self.ceiling.store(published.running.max(1), Relaxed);
             published.running.max(1)
@@ -264,6 +268,7 @@ impl Account {
     /// Forgets the hold (flow control is off).
     pub fn forget_hold(&self) {
         self.hold.store(0, Relaxed);
+        self.placed_under.store(0, Relaxed);
         self.ceiling.store(0, Relaxed);
     }
 
@@ -275,6 +280,20 @@ impl Account {
     /// Requests in flight it takes before more are held in the router, if it learned one.
     pub fn hold(&self) -> Option<usize> {
         Some(self.hold.load(Relaxed)).filter(|&h| h > 0)
+    }
+
+    /// Requests placed past any hold that its engine queues, as placed before it learned
+    /// one: what it last published as waiting, at most its load over its hold and over
+    /// the hold before the last read (so that neither the quarter a hold probes past the
+    /// engine nor a hold that fell counts). 0 without a hold or a published load.
+    pub fn excess(&self) -> usize {
+        let (Some(hold), Some(published)) = (self.hold(), self.published()) else {
+            return 0;
+        };
+        let placed_under = self.placed_under.load(Relaxed);
+        (self.load())
+            .saturating_sub(hold.max(placed_under))
+            .min(published.waiting)
     }
 
     /// Whether it takes one more request under `cap` and its learned hold.

@@ -147,6 +147,10 @@ pub struct LabArgs {
     /// Backend 0 loses its whole prefix cache when half the requests have been sent.
     #[arg(long)]
     pub restart: bool,
+    /// Flow scenarios: the tenants file's `standing_slots`, slots of each held backend
+    /// left free for a light tenant or a higher priority to arrive at [default: 0].
+    #[arg(long)]
+    pub standing_slots: Option<usize>,
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -550,6 +554,10 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                 let mut s = scenario.clone();
                 (s.backends, s.kv_blocks) = (backends, kv_blocks);
                 s.concurrency = args.concurrency.unwrap_or(s.concurrency);
+                if let (Some(flows), Some(n)) = (s.flows.as_mut(), args.standing_slots) {
+                    flows.standing_slots = n;
+                    s.name.push_str(&format!(" standing={n}"));
+                }
                 let (sessions, rate, prompts) = match &mut s.source {
                     Source::Agent(a) => {
                         (&mut a.sessions, &mut a.session_rate, &mut a.system_prompts)
@@ -765,6 +773,7 @@ mod tests {
                 flows: vec![flow("a", 16, a_concurrency, false), flow("b", 2, 1, true)],
                 control,
                 max_queued: 1024,
+                standing_slots: 0,
             }),
             ..setting.scenario
         };
@@ -809,8 +818,9 @@ mod tests {
         assert!(!json(&small()).contains("\"flows\""), "no flows, no field");
     }
 
-    #[test]
-    fn under_priorities_low_is_shed_before_normal_and_high_never() {
+    /// `high`'s 2 sessions (1 in flight, measured) beside `normal`'s and `low`'s 16 each
+    /// (4 in flight each) on the small fleet, a queue of 2, `standing` slots.
+    fn priorities(standing: usize) -> Setting {
         use prefix_router_core::flow::Priority;
         let mut setting = neighbours(4, true);
         let Some(flows) = setting.scenario.flows.as_mut() else {
@@ -830,6 +840,13 @@ mod tests {
             flow(Priority::High, 2, 1, true),
         ];
         flows.max_queued = 2;
+        flows.standing_slots = standing;
+        setting
+    }
+
+    #[test]
+    fn under_priorities_low_is_shed_before_normal_and_high_never() {
+        let setting = priorities(0);
         let results = compare(&setting, &["kv_aware".to_string()], &mut |_| {}).unwrap();
         let [normal, low, high] = &results[0].flows[..] else {
             panic!("three flows");
@@ -844,6 +861,29 @@ mod tests {
             low.ok + low.shed,
             normal.shed,
             normal.ok + normal.shed
+        );
+    }
+
+    /// `high`'s 4 sessions, 2 in flight, arriving at 3 s (the holds learned) at a fleet
+    /// full of `normal`'s and `low`'s requests: its first turns start at once where a
+    /// standing slot was left for them.
+    #[test]
+    fn a_standing_slot_lets_highs_first_turns_start_at_once_beside_full_floods() {
+        let first_turn = |standing| {
+            let mut setting = priorities(standing);
+            let flows = setting.scenario.flows.as_mut().unwrap();
+            let high = flows.flows.iter_mut().find(|f| f.measured).unwrap();
+            (high.delay, high.sessions, high.concurrency) = (3.0, 4, 2);
+            let results = compare(&setting, &["kv_aware".to_string()], &mut |_| {});
+            let flows = results.unwrap().remove(0).flows;
+            let high = flows.iter().find(|f| f.measured).unwrap().clone();
+            assert_eq!((high.shed, high.failed), (0, 0));
+            high.first_turn_max_ms.unwrap()
+        };
+        let (none, one) = (first_turn(0), first_turn(1));
+        assert!(
+            one < none * 0.8,
+            "high's slowest first turn: {one} ms with a standing slot, {none} ms without"
         );
     }
 }

@@ -96,6 +96,8 @@ pub struct Flows {
     pub control: bool,
     /// The router's `--max-queued`.
     pub max_queued: usize,
+    /// The tenants file's `standing_slots` (default 0; `--standing-slots`).
+    pub standing_slots: usize,
 }
 
 /// One scenario.
@@ -243,6 +245,7 @@ fn flows() -> Vec<Scenario> {
                 flows,
                 control,
                 max_queued,
+                standing_slots: 0,
             }),
             ..with_agent(name, about, agent)
         }

@@ -109,7 +109,7 @@ pub fn run(
     let (routers, notes) = routers(router, backends, &clock);
     let shares = Shares::new(Arc::new(clock.clone()));
     let parties = Party::split(workloads, clients.concurrency, flows);
-    let control = (flows.filter(|f| f.control)).map(|f| Control::new(&shares, f.max_queued));
+    let control = (flows.filter(|f| f.control)).map(|f| Control::new(&shares, f));
     let mut world = World {
         clients,
         situation,
@@ -476,11 +476,11 @@ impl<'w> World<'w> {
 
     /// Replicas whose read of the engines' published load is due at `now` read it.
     fn scrape(&mut self, now: f64) {
-        for (replica, next) in self.scrapes.iter_mut().enumerate() {
-            if *next > now {
+        for replica in 0..self.scrapes.len() {
+            if self.scrapes[replica] > now {
                 continue;
             }
-            *next = now + self.scrape_interval;
+            self.scrapes[replica] = now + self.scrape_interval;
             for (backend, engine) in self.engines.iter().enumerate() {
                 let load = Published {
                     running: engine.running(),
@@ -491,6 +491,10 @@ impl<'w> World<'w> {
             }
             if self.control.is_some() {
                 self.routers[replica].share_holds();
+            }
+            if replica == 0 {
+                // Flow control's router.
+                self.take_back();
             }
         }
     }

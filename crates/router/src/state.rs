@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use pingora_core::connectors::TransportConnector;
-use prefix_router_core::ledger::Ledger;
+use prefix_router_core::ledger::{Account, Ledger};
 use prefix_router_core::policy::{Selector, Ties};
 
 use crate::admission::{AdmissionMetrics, Budget, Queue, RetryBudget};
-use crate::fleet::Fleet;
+use crate::fleet::{Fleet, FlowControl};
 use crate::kv_events::Records;
 use crate::limits::{Current, Live};
 use crate::stats::Stats;
@@ -148,5 +148,21 @@ impl State {
     pub fn swap_live(&self, live: Live) {
         self.live.swap(live);
         self.budget.wake();
+    }
+}
+
+impl FlowControl for State {
+    fn on(&self) -> bool {
+        self.live().tenants.configured()
+    }
+
+    /// With standing slots, takes back what the engines queue past their holds, as many
+    /// as the queue has room for ([`Tenancy::take_back`]).
+    fn read(&self, accounts: &[&Account]) {
+        let live = self.live();
+        let room = (live.limits.max_queued).saturating_sub(self.queue.len());
+        let standing = live.tenants.standing_slots();
+        self.tenancy
+            .take_back(accounts.iter().copied(), room, standing);
     }
 }

@@ -2,18 +2,21 @@
 //! priorities' fair shares of the fleet and the reserve kept for light flows
 //! ([`share`]), the requests a request outranking them may stop before their answer
 //! ([`preempt`]), the order of the router's queue ([`order`]), and where a request the
-//! reserve is kept for stays when its home is full ([`home`]). Time comes from a
+//! reserve is kept for stays when its home is full ([`home`]), and what an engine queues
+//! past its hold, taken back to the router's queue ([`excess`]). Time comes from a
 //! [`crate::clock::Clock`]; waking and stopping are the caller's (the router's tasks, the
 //! lab's events).
 
+pub mod excess;
 pub mod home;
 pub mod order;
 pub mod preempt;
 pub mod share;
 
+pub use excess::take_back;
 pub use home::{AtHome, at_home, make_room};
 pub use order::{Bounds, Key, Order, Shed};
-pub use preempt::{Preemptible, Preemptions};
+pub use preempt::{Preemptible, Preemptions, Stopped};
 pub use share::{ACTIVE_AFTER, Share, Shares};
 
 /// A request's priority (`x-priority`), lowest first.

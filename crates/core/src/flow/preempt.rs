@@ -7,7 +7,8 @@
 //! free) and they go back to the router's queue, to be placed again, by the policy, when
 //! a slot opens. Their clients see only the delay, or, if the queue is full, 503
 //! `overloaded` with `Retry-After` and nothing sent: nothing accepted is lost. A request
-//! is stopped at most once.
+//! is stopped at most once for another ([`Stopped::Outranked`]), besides being taken
+//! back once from an engine's queue ([`Stopped::TakenBack`]).
 //!
 //! It outranks another tenant's request at its own priority whose tenant is at or over
 //! its fair share. A higher priority stops no lower one where it is placed: measured in
@@ -31,9 +32,19 @@ use super::Priority;
 use super::share::Shares;
 use crate::BackendId;
 
-/// What stops a request: called once, when it is (the router closes its connection, the
-/// lab aborts it at its engine).
-pub type Stop = Box<dyn Fn() + Send + Sync>;
+/// What stops a request: called once, when it is, with why (the router closes its
+/// connection, the lab aborts it at its engine).
+pub type Stop = Box<dyn Fn(Stopped) + Send + Sync>;
+
+/// Why a request was stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// For a request that outranks it: placed again, it is not stopped again.
+    Outranked,
+    /// Taken back from its engine's queue ([`super::excess`]): placed again, it may
+    /// still be stopped once for a request that outranks it.
+    TakenBack,
+}
 
 /// A request in flight, not answered yet, that a request outranking it may stop.
 struct Flight {
@@ -102,7 +113,7 @@ impl Preemptions {
         flights.retain(|f| {
             let stop = f.outranked_by(backend, tenant, priority, shares);
             if stop {
-                (f.stop)();
+                (f.stop)(Stopped::Outranked);
             }
             !stop
         });
@@ -120,8 +131,28 @@ impl Preemptions {
         let Some(i) = lowest else {
             return false;
         };
-        (flights.swap_remove(i).stop)();
+        (flights.swap_remove(i).stop)(Stopped::Outranked);
         true
+    }
+
+    /// Stops the last `n` placed requests with no answer yet on `backend`, whatever their
+    /// priority; how many there were.
+    pub fn take_back(&self, backend: BackendId, n: usize) -> usize {
+        let mut flights = self.flights.lock();
+        let mut last: Vec<u64> = (flights.iter())
+            .filter(|f| f.backend == backend)
+            .map(|f| f.serial)
+            .collect();
+        last.sort_unstable_by_key(|&serial| Reverse(serial));
+        last.truncate(n);
+        flights.retain(|f| {
+            let stop = last.contains(&f.serial);
+            if stop {
+                (f.stop)(Stopped::TakenBack);
+            }
+            !stop
+        });
+        last.len()
     }
 
     /// Whether a request with no answer yet at a priority below `priority` is in flight
@@ -197,7 +228,7 @@ mod tests {
     fn counted() -> (Arc<AtomicUsize>, Stop) {
         let calls = Arc::new(AtomicUsize::new(0));
         let count = Arc::clone(&calls);
-        (calls, Box::new(move || _ = count.fetch_add(1, Relaxed)))
+        (calls, Box::new(move |_| _ = count.fetch_add(1, Relaxed)))
     }
 
     /// Registers a request, with the count of its stops.
@@ -278,5 +309,21 @@ mod tests {
         assert!(preemptions.displace(Priority::High, None));
         assert_eq!(stops(&normal), 1);
         assert!(preemptions.flights.lock().is_empty());
+    }
+
+    #[test]
+    fn taking_back_stops_the_last_placed_on_a_backend_whatever_their_priority() {
+        let preemptions = Preemptions::default();
+        let (one, two) = (BackendId(1), BackendId(2));
+        let (_first, first) = enter(&preemptions, one, Priority::Low, "a");
+        let (_second, second) = enter(&preemptions, one, Priority::High, "b");
+        let (_elsewhere, elsewhere) = enter(&preemptions, two, Priority::Low, "a");
+        let (_third, third) = enter(&preemptions, one, Priority::Normal, "a");
+        assert_eq!(preemptions.take_back(one, 0), 0);
+        assert_eq!(preemptions.take_back(one, 2), 2);
+        assert_eq!((stops(&first), stops(&second), stops(&third)), (0, 1, 1));
+        assert_eq!(preemptions.take_back(one, 5), 1, "only one is left there");
+        assert_eq!((stops(&first), stops(&elsewhere)), (1, 0));
+        assert_eq!(preemptions.take_back(one, 1), 0, "each once");
     }
 }

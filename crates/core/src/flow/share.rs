@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use super::Priority;
-use super::preempt::{Preemptible, Preemptions};
+use super::preempt::{Preemptible, Preemptions, Stop};
 use crate::BackendId;
 use crate::clock::{Clock, Monotonic};
 use crate::ledger::Cap;
@@ -85,13 +85,23 @@ impl Standing {
         !self.higher && (self.light || self.lower)
     }
 
+    /// Whether it leaves standing slots free: the reserve is not kept for it, or is kept
+    /// for it only against a lower priority while a higher one may still arrive.
+    fn leaves_standing(&self, priority: Priority) -> bool {
+        !self.kept_for() || (!self.light && priority < Priority::High)
+    }
+
     /// What it may take under the in-flight `limit`, leaving `standing` slots.
     fn cap(&self, limit: usize, standing: usize, priority: Priority) -> Cap {
         Cap {
             limit,
             reserve: (self.higher || self.other_light) && !self.kept_for(),
             kept: self.kept_for(),
-            standing: if self.kept_for() { 0 } else { standing },
+            standing: if self.leaves_standing(priority) {
+                standing
+            } else {
+                0
+            },
             band: priority as usize,
             ..Cap::default()
         }
@@ -193,7 +203,7 @@ impl Shares {
         backend: BackendId,
         tenant: &str,
         priority: Priority,
-        stop: Box<dyn Fn() + Send + Sync>,
+        stop: Stop,
     ) -> Preemptible<'_> {
         self.preemptions.enter(backend, tenant, priority, stop)
     }
@@ -208,6 +218,11 @@ impl Shares {
     /// `priority`, on `on` (`None`: any backend); whether there was one.
     pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
         self.preemptions.displace(priority, on)
+    }
+
+    /// Stops the last `n` placed requests with no answer yet on `backend`; how many.
+    pub fn take_back(&self, backend: BackendId, n: usize) -> usize {
+        self.preemptions.take_back(backend, n)
     }
 
     /// Whether a request with no answer yet at a priority below `priority` is in flight
@@ -362,5 +377,26 @@ mod tests {
         assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
         let _low = shares.enter("a", 1, Priority::Low);
         assert!(shares.cap("a", Priority::Low, 0, 0).reserve);
+    }
+
+    #[test]
+    fn standing_slots_are_left_for_a_higher_priority_not_yet_active() {
+        let shares = Shares::default();
+        let _low = shares.enter("a", 1, Priority::Low);
+        let _normal = shares.enter("a", 1, Priority::Normal);
+        let normal = shares.cap("a", Priority::Normal, 0, 1);
+        assert!(normal.kept, "kept against low");
+        assert_eq!(normal.standing, 1, "and still leaves a slot for high");
+        assert_eq!(shares.cap("a", Priority::High, 0, 1).standing, 0);
+        let _b = shares.enter("b", 1, Priority::Normal);
+        let _more: Vec<_> = (0..4)
+            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .collect();
+        assert!(shares.light("b", Priority::Normal));
+        assert_eq!(
+            shares.cap("b", Priority::Normal, 0, 1).standing,
+            0,
+            "a light tenant takes the slots left for it"
+        );
     }
 }

@@ -6,17 +6,21 @@
 //! ahead of it that it may not pass; a full queue sheds (503), as does a wait past the
 //! router's default `queue_timeout`; a request the reserve is kept for stays at its
 //! conversation's home, stops the requests it outranks where it is placed, and makes room
-//! while it waits; a stopped request leaves its engine and is admitted again. Where the
-//! proxy wakes a waiter on a freed slot, the lab looks at the queue after every event.
+//! while it waits; a stopped request leaves its engine and is admitted again; after each
+//! read of the engines' load, what an engine queues past its hold is taken back. Where
+//! the proxy wakes a waiter on a freed slot, the lab looks at the queue after every event.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use prefix_router_core::flow::{self, AtHome, Key, Order, Preemptible, Share, Shares, order};
+use prefix_router_core::flow::{
+    self, AtHome, Key, Order, Preemptible, Share, Shares, Stopped, order,
+};
 use prefix_router_core::ledger::Cap;
 
 use super::{Flowing, Placement, Want, World, seconds};
+use crate::scenario::Flows;
 
 /// The router's default `queue_timeout`, seconds.
 const QUEUE_TIMEOUT: f64 = 30.0;
@@ -26,8 +30,10 @@ pub(super) struct Control<'w> {
     shares: &'w Shares,
     order: Order<Pending<'w>>,
     max_queued: usize,
-    /// Placed requests stopped (their numbers at the engines), not yet taken off.
-    stopped: Arc<Mutex<Vec<u64>>>,
+    /// Slots of each held backend left free for an arrival (`standing_slots`).
+    standing: usize,
+    /// Placed requests stopped (their numbers at the engines, and why), not yet taken off.
+    stopped: Arc<Mutex<Vec<(u64, Stopped)>>>,
     /// Each waiting request's place in the order, by its number.
     waiting: HashMap<u64, Key>,
     next: u64,
@@ -40,17 +46,18 @@ pub(super) struct Pending<'w> {
     /// When its client sent it.
     sent: f64,
     share: Share<'w>,
-    /// Whether it was stopped once (it is not stopped again).
+    /// Whether it was stopped for a request outranking it (it is not stopped so again).
     preempted: bool,
 }
 
 impl<'w> Control<'w> {
-    /// Flow control over `shares`, a queue of `max_queued` at most.
-    pub(super) fn new(shares: &'w Shares, max_queued: usize) -> Self {
+    /// Flow control over `shares`, with the queue bound and standing slots of `flows`.
+    pub(super) fn new(shares: &'w Shares, flows: &Flows) -> Self {
         Control {
             shares,
             order: Order::default(),
-            max_queued,
+            max_queued: flows.max_queued,
+            standing: flows.standing_slots,
             stopped: Arc::default(),
             waiting: HashMap::new(),
             next: 0,
@@ -90,12 +97,14 @@ impl<'w> World<'w> {
         }
     }
 
-    /// What `pending` may take of a backend now (`Ticket::cap`, no standing slots).
+    /// What `pending` may take of a backend now (`Ticket::cap`).
     fn cap(&self, pending: &Pending) -> Cap {
         let (tenant, priority) = self.parties[pending.want.party].identity();
-        let shares = self.control.as_ref().map(|c| c.shares);
         let limit = self.routers[0].limit();
-        shares.map_or(Cap::from(limit), |s| s.cap(tenant, priority, limit, 0))
+        match &self.control {
+            Some(c) => c.shares.cap(tenant, priority, limit, c.standing),
+            None => Cap::from(limit),
+        }
     }
 
     /// Whether `pending` goes ahead of the waiters (`Ticket::passes`): none waits, or the
@@ -240,7 +249,7 @@ impl<'w> World<'w> {
             shares.preempt(backend, tenant, priority);
         }
         let stopped = Arc::clone(&control.stopped);
-        let stop = Box::new(move || stopped.lock().push(id));
+        let stop = Box::new(move |why| stopped.lock().push((id, why)));
         let preemptible = (!pending.preempted && !cap.kept)
             .then(|| shares.preemptible(backend, tenant, priority, stop));
         (Some(pending.share), preemptible)
@@ -261,6 +270,19 @@ impl<'w> World<'w> {
         }
     }
 
+    /// After a read of the engines' load, with standing slots: the requests an engine
+    /// queues past its hold wait in the router's queue instead, as many as it has room
+    /// for (`flow::take_back`).
+    pub(super) fn take_back(&self) {
+        let Some(control) = &self.control else {
+            return;
+        };
+        let room = control.max_queued.saturating_sub(control.order.len());
+        let accounts = self.routers[0].accounts();
+        let accounts = accounts.iter().map(|a| &***a);
+        flow::take_back(control.shares, accounts, room, control.standing);
+    }
+
     /// Takes the stopped requests off their engines and admits them again, and places the
     /// waiters first in order while a backend is open to them, until neither changes.
     pub(super) fn settle(&mut self, now: f64) {
@@ -270,8 +292,8 @@ impl<'w> World<'w> {
             };
             let stopped = std::mem::take(&mut *control.stopped.lock());
             let stopping = !stopped.is_empty();
-            for id in stopped {
-                self.stop(now, id);
+            for (id, why) in stopped {
+                self.stop(now, id, why);
             }
             if !self.place_waiters(now) && !stopping {
                 return;
@@ -281,7 +303,7 @@ impl<'w> World<'w> {
 
     /// Request `id` was stopped before its answer: its engine aborts it, its seat frees,
     /// and it is admitted again as it was sent.
-    fn stop(&mut self, now: f64, id: u64) {
+    fn stop(&mut self, now: f64, id: u64, why: Stopped) {
         let Some(mut live) = self.live.remove(&id) else {
             return;
         };
@@ -302,7 +324,7 @@ impl<'w> World<'w> {
             want: live.want,
             sent: live.sent,
             share,
-            preempted: true,
+            preempted: why == Stopped::Outranked,
         };
         self.admit(now, pending);
     }

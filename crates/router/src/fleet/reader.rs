@@ -5,7 +5,8 @@
 //! round has no published load until the next one; its last known capacity stays. With
 //! flow control on (a tenants file), each published queue teaches the backend's account
 //! where to hold work back in the router ([`Account::learn_hold`]); a backend that never
-//! queued takes the hold its peers learned.
+//! queued takes the hold its peers learned; then flow control hears of the read
+//! ([`FlowControl::read`]: it takes back what the engines queue past their holds).
 //!
 //! The models each backend lists ([`models`](super::models)) are read with its first
 //! metrics and then every `models_interval`; not llama.cpp's, which answers any `model`.
@@ -19,7 +20,7 @@ use async_trait::async_trait;
 use log::info;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use prefix_router_core::ledger;
+use prefix_router_core::ledger::{self, Account};
 
 use super::fetch::Fetcher;
 use super::{Backend, Fleet, Served, metrics};
@@ -54,28 +55,32 @@ enum Engine {
     Other,
 }
 
+/// What the reader asks of flow control.
+pub trait FlowControl: Send + Sync {
+    /// Whether flow control is on now (a reload may change it): holds are learned.
+    fn on(&self) -> bool;
+
+    /// A read of every backend in `accounts` ended, with flow control on, their holds
+    /// learned.
+    fn read(&self, accounts: &[&Account]);
+}
+
 /// The reader of one fleet's metrics, run as a background service.
 pub struct MetricsReader {
     settings: ReaderSettings,
     fleet: Arc<Fleet>,
     fetcher: Fetcher,
-    /// Whether flow control is on now (a reload may change it).
-    flow_control: Box<dyn Fn() -> bool + Send + Sync>,
+    flow: Arc<dyn FlowControl>,
 }
 
 impl MetricsReader {
-    /// Reads `fleet`'s backends as `settings` say; `flow_control` says whether holds are
-    /// learned.
-    pub fn new(
-        settings: ReaderSettings,
-        fleet: Arc<Fleet>,
-        flow_control: impl Fn() -> bool + Send + Sync + 'static,
-    ) -> Self {
+    /// Reads `fleet`'s backends as `settings` say; holds are learned while `flow` is on.
+    pub fn new(settings: ReaderSettings, fleet: Arc<Fleet>, flow: Arc<dyn FlowControl>) -> Self {
         MetricsReader {
             settings,
             fetcher: Fetcher::new(&fleet),
             fleet,
-            flow_control: Box::new(flow_control),
+            flow,
         }
     }
 
@@ -89,8 +94,10 @@ impl MetricsReader {
             }
         });
         futures_util::future::join_all(reads).await;
-        if (self.flow_control)() {
-            ledger::share_holds(snapshot.backends.iter().map(|b| &*b.account));
+        if self.flow.on() {
+            let accounts: Vec<&Account> = snapshot.backends.iter().map(|b| &*b.account).collect();
+            ledger::share_holds(accounts.iter().copied());
+            self.flow.read(&accounts);
         }
     }
 
@@ -143,7 +150,7 @@ impl MetricsReader {
         }
         account.set_published(page.load);
         match page.load {
-            Some(load) if (self.flow_control)() => account.learn_hold(load),
+            Some(load) if self.flow.on() => account.learn_hold(load),
             _ => account.forget_hold(),
         }
         Some(if page.llama_cpp {

@@ -233,7 +233,7 @@ impl Refused {
 /// Sends the request of `exchange`, placed on `backend` under `cap`: one the reserve is
 /// kept for first stops those there that it outranks and that have no answer yet; one it
 /// is not kept for may be stopped so until its answer, unless it was once (`preempted`,
-/// set when it is).
+/// set when it is; not when it was only taken back from the engine's queue).
 async fn send<E: Exchange>(
     state: &State,
     exchange: &mut E,
@@ -250,7 +250,7 @@ async fn send<E: Exchange>(
         .send(backend, preemptible.as_ref().map(|p| p.stop()))
         .await;
     if let Err(Failure::Preempted) = sent {
-        *preempted = true;
+        *preempted = !preemptible.as_ref().is_some_and(|p| p.taken_back());
         state
             .tenancy
             .preempted(ticket.flow.tenant, ticket.flow.priority);

@@ -24,7 +24,9 @@ use crate::admission::AdmissionMetrics;
 use crate::config::{Config, Source};
 use crate::control::{Control, Triggers};
 use crate::epp::Epp;
-use crate::fleet::{Discovery, Fleet, FleetGauges, HealthChecks, MetricsReader, Resolving};
+use crate::fleet::{
+    Discovery, Fleet, FleetGauges, FlowControl, HealthChecks, MetricsReader, Resolving,
+};
 use crate::kv_events::{KvEventMetrics, Records, Subscribers};
 use crate::limits::Current;
 use crate::proxy::Router;
@@ -123,14 +125,10 @@ pub fn build(
             config.boot.listen.clone()
         }
     };
-    let flow_control = {
-        let state = Arc::clone(&state);
-        move || state.live().tenants.configured()
-    };
     let reader = MetricsReader::new(
         config.boot.metrics.clone(),
         Arc::clone(&fleet),
-        flow_control,
+        Arc::clone(&state) as Arc<dyn FlowControl>,
     );
     let control = Arc::new(Control::new(
         config.clone(),

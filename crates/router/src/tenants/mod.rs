@@ -56,6 +56,8 @@ pub struct Tenants {
     default: Option<usize>,
     /// Whether a file is configured.
     configured: bool,
+    /// The file's `standing_slots`.
+    standing_slots: usize,
 }
 
 /// Why a request's tenant is refused.
@@ -115,6 +117,7 @@ impl Tenants {
         let file: File = toml::from_str(text).map_err(|e| TenantsError(e.to_string()))?;
         let mut tenants = Tenants {
             configured: true,
+            standing_slots: file.standing_slots,
             ..Tenants::default()
         };
         for (name, entry) in file.tenants {
@@ -165,6 +168,11 @@ impl Tenants {
     /// Whether a tenants file is configured (flow control is on).
     pub fn configured(&self) -> bool {
         self.configured
+    }
+
+    /// The file's `standing_slots` (0 without a file).
+    pub fn standing_slots(&self) -> usize {
+        self.standing_slots
     }
 
     /// Every tenant, in the file's order of names.

@@ -4,9 +4,10 @@
 //! then closes, the engine aborts it, and it goes back to the router's queue.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use prefix_router_core::BackendId;
-use prefix_router_core::flow::Preemptible as Registered;
+use prefix_router_core::flow::{Preemptible as Registered, Stopped};
 use tokio::sync::Notify;
 
 use super::{Priority, Shares};
@@ -17,18 +18,30 @@ use super::{Priority, Shares};
 pub struct Preemptible<'p> {
     _registered: Registered<'p>,
     stop: Arc<Notify>,
+    taken_back: Arc<AtomicBool>,
 }
 
 impl<'p> Preemptible<'p> {
     /// Registers a request of `tenant` at `priority` placed on `backend` in `shares`.
     pub fn enter(shares: &'p Shares, backend: BackendId, tenant: &str, priority: Priority) -> Self {
         let stop = Arc::new(Notify::new());
-        let notify = Arc::clone(&stop);
-        let stopper = Box::new(move || notify.notify_one());
+        let taken_back = Arc::new(AtomicBool::new(false));
+        let (notify, taken) = (Arc::clone(&stop), Arc::clone(&taken_back));
+        let stopper = Box::new(move |why| {
+            taken.store(why == Stopped::TakenBack, Relaxed);
+            notify.notify_one();
+        });
         Preemptible {
             _registered: shares.preemptible(backend, tenant, priority, stopper),
             stop,
+            taken_back,
         }
+    }
+
+    /// Whether it was stopped to be taken back from its engine's queue (it may be
+    /// stopped once more for a request that outranks it), not for such a request.
+    pub fn taken_back(&self) -> bool {
+        self.taken_back.load(Relaxed)
     }
 
     /// What resolves when the request is stopped (at once if it was already).

@@ -7,6 +7,8 @@ use std::time::Instant;
 
 use std::collections::HashMap;
 
+use prefix_router_core::flow;
+use prefix_router_core::ledger::Account;
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
 
 use super::rate::{Limit, RateLimits, Verdict};
@@ -176,6 +178,18 @@ impl Tenancy {
     /// a tenants file.
     pub fn shares(&self, identity: &Identity) -> Option<&Shares> {
         identity.tenant.map(|_| &self.shares)
+    }
+
+    /// With `standing` slots, stops the requests `accounts`' engines queue past their
+    /// holds, `room` at most ([`flow::take_back`]); they wait in the router's queue. How
+    /// many.
+    pub fn take_back<'a>(
+        &self,
+        accounts: impl IntoIterator<Item = &'a Account>,
+        room: usize,
+        standing: usize,
+    ) -> usize {
+        flow::take_back(&self.shares, accounts, room, standing)
     }
 
     /// A request admitted as `charge` cost `tokens` (prompt and completion), as its answer
