@@ -6,10 +6,11 @@
 //! tenant waiting in the router. After each read of the backends' load, the last placed
 //! of those requests with no answer yet are stopped, as many as the engine said it queues
 //! past the hold ([`Account::excess`]: not the quarter a hold probes past the engine,
-//! nor what a hold that fell leaves) and the router's queue has room for, and wait in the router's queue
-//! instead; their clients see only the delay, and each may still be stopped once for a
-//! request that outranks it ([`super::Stopped::TakenBack`]). Only requests that may be
-//! stopped at all (not one the reserve is kept for, nor one stopped for another).
+//! nor what a hold that fell leaves) and the router's queue has room for, and wait in
+//! the router's queue instead; their clients see only the delay, and each may still be
+//! stopped once for a request that outranks it ([`super::Stopped::TakenBack`]). Only
+//! requests that may be stopped at all (not one the reserve is kept for, nor one
+//! stopped for another).
 //!
 //! Only with standing slots (`standing_slots`), which it frees: at a start, a flood's
 //! first requests queued up to 26 deep in one or two engines of 4, whose standing slots
