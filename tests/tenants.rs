@@ -3,10 +3,12 @@
 //! `x-ratelimit-*` headers; keys never in logs or metrics; `POST /route` says whose request
 //! it is and whether it would wait.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prefix_router::config::Settings;
 use serde_json::Value;
+use tokio::sync::Notify;
 
 use crate::support::*;
 
@@ -359,6 +361,81 @@ async fn with_standing_slots_what_an_engine_queues_past_its_hold_waits_in_the_ro
         (vec!["one".into(), "two".into(), "three".into()], 0.0),
         "without standing slots"
     );
+}
+
+/// A heavy tenant's requests, light `b` in flight beside them, on a backend publishing
+/// 1,024 tokens of KV and a hold of 8: how many reached the backend before any ended, and
+/// whether all were answered. With `kv`, the backend publishes its KV capacity.
+async fn heavy_beside_light(kv: bool) -> (usize, bool) {
+    let up = Upstream::start("a").await;
+    let gate = Arc::new(Notify::new());
+    up.set_reply(Reply::Sse {
+        chunks: 2,
+        gate: Arc::clone(&gate),
+    });
+    let capacity = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"64\"} 1.0\n";
+    let page = format!("{}{}", if kv { capacity } else { "" }, load_page(8, 1));
+    up.set_pages(&page, "");
+    let file = format!(
+        "[tenants.a]\nkeys = [\"{}\"]\n[tenants.b]\nkeys = [\"{}\"]\n",
+        sha256_entry("sk-heavy"),
+        sha256_entry("sk-light")
+    );
+    let settings = Settings {
+        metrics_interval: Some(0.1),
+        queue_timeout: Some(10.0),
+        tenants_file: Some(tenants_file(&format!("kv-{kv}"), &file)),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    let account = |r: &TestRouter| Arc::clone(r.state().fleet.ready(&[]).accounts()[0]);
+    let held = |r: &TestRouter| {
+        let account = account(r);
+        account.hold().is_some() && account.capacity().is_some() == kv
+    };
+    router.wait_until("the hold is learned", held).await;
+    // Tokens at 4 bytes each: a's two short requests, b's 500, then a's 200 each.
+    let sent = [("sk-heavy", 8), ("sk-heavy", 8), ("sk-light", 2_000)]
+        .into_iter()
+        .chain([("sk-heavy", 800); 3]);
+    let mut asked = Vec::new();
+    for (n, (key, bytes)) in sent.enumerate() {
+        let text = "x".repeat(bytes);
+        asked.push(tokio::spawn(ask_as(router.url.clone(), key, text)));
+        // Answered (its prefill no longer holds others back), or queued.
+        let placed = |r: &TestRouter| {
+            let answered = up.count() == n + 1 && account(r).pending().0 == 0;
+            answered || r.state().queue.len() == 1
+        };
+        router.wait_until("answered or queued", placed).await;
+    }
+    let before = up.count();
+    for _ in 0..200 {
+        if asked.iter().all(|a| a.is_finished()) {
+            break;
+        }
+        gate.notify_waiters();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut answered = true;
+    for a in asked {
+        answered &= a.await.unwrap().0 == 200;
+    }
+    (before, answered)
+}
+
+/// Where the engines are bound by KV, a tenant over its share leaves the KV that a light
+/// tenant's requests had in flight: the heavy request that would fill the backend's KV
+/// past it waits in the router's queue until one ends. Without a published capacity,
+/// slots alone decide.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heavy_tenant_leaves_the_kv_a_light_ones_requests_had_in_flight() {
+    assert_eq!(
+        heavy_beside_light(true).await,
+        (5, true),
+        "5 + 200 + 200 + 500 fit in 1,024 tokens; a third 200 waits, and is answered"
+    );
+    assert_eq!(heavy_beside_light(false).await, (6, true), "slots only");
 }
 
 /// A `high` turn whose conversation's home is full of a `low` request with no answer

@@ -1,8 +1,8 @@
 //! The placement ledger: what the router knows of each backend from its own placements,
 //! kept the same way wherever placement happens (the proxy in real time, the lab in
-//! virtual time). Per backend an [`Account`]: requests in flight, prefill pending (routing
-//! text sent there, not expected cached, not answered yet) and the KV capacity the backend
-//! published. A [`Seat`] is one placed request: it counts from [`Ledger::place`] until it
+//! virtual time). Per backend an [`Account`]: requests in flight and their prompt tokens,
+//! prefill pending (routing text sent there, not expected cached, not answered yet) and
+//! the KV capacity the backend published. A [`Seat`] is one placed request: it counts from [`Ledger::place`] until it
 //! drops, its prefill until [`Seat::answered`]. The ledger also holds the in-flight limit's
 //! rule and the upkeep schedule of the selector's index and tables ([`Ledger::upkeep`]).
 //!
@@ -51,16 +51,54 @@ pub struct Account {
     ceiling: AtomicUsize,
     /// The hold the requests in flight were placed under: the one before the last read.
     placed_under: AtomicUsize,
-    /// Requests in flight that a reserve was kept for, by [`Cap::band`], and the most of
-    /// them at once in this window and the one before ([`KEPT_READS`] reads of its load
-    /// each).
+    /// Prompt tokens of the requests in flight, as estimated when placed.
+    tokens: AtomicUsize,
+    /// Requests in flight that a reserve was kept for, by [`Cap::band`].
     kept_in: [AtomicUsize; BANDS],
+    /// Requests in flight that a reserve was kept for, every band, and their prompt
+    /// tokens, each with its most at once lately.
+    kept: Peaked,
+    kept_tokens: Peaked,
     /// Requests a reserve was kept for that have no answer yet (prefilling).
     kept_prefilling: AtomicUsize,
-    kept_peak: AtomicUsize,
-    kept_before: AtomicUsize,
     reads: AtomicUsize,
     on_free: Box<dyn Fn() + Send + Sync>,
+}
+
+/// A count, with the most it reached at once in this window of [`KEPT_READS`] reads and
+/// the one before.
+#[derive(Debug, Default)]
+struct Peaked {
+    now: AtomicUsize,
+    peak: AtomicUsize,
+    before: AtomicUsize,
+}
+
+impl Peaked {
+    fn add(&self, n: usize) {
+        let now = self.now.fetch_add(n, Relaxed) + n;
+        self.peak.fetch_max(now, Relaxed);
+    }
+
+    fn sub(&self, n: usize) {
+        self.now.fetch_sub(n, Relaxed);
+    }
+
+    fn now(&self) -> usize {
+        self.now.load(Relaxed)
+    }
+
+    /// Starts a new window.
+    fn turn(&self) {
+        let peak = self.peak.swap(self.now(), Relaxed);
+        self.before.store(peak, Relaxed);
+    }
+
+    /// The most at once lately, or now.
+    fn lately(&self) -> usize {
+        let peaks = (self.peak.load(Relaxed)).max(self.before.load(Relaxed));
+        peaks.max(self.now())
+    }
 }
 
 /// Reads of a backend's load ([`Account::learn_hold`], one a second by default) over which
@@ -78,8 +116,10 @@ pub const BANDS: usize = 3;
 /// queued (its ceiling), at least one slot, and more where the requests it is kept for
 /// recently had more in flight at once than they have now (up to half the ceiling), so
 /// that a light tenant's conversations find their slots free where their prefixes are.
-/// A reserve counts only where a hold was learned: a backend with room is never held
-/// back. A plain `usize` is a limit with no reserve.
+/// Where the backend published its KV capacity, a request leaving the reserve also
+/// leaves the KV those requests had in flight lately ([`Cap::tokens`]). A reserve counts
+/// only where a hold was learned: a backend with room is never held back. A plain
+/// `usize` is a limit with no reserve.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Cap {
     /// Requests in flight at most (0: no limit).
@@ -101,6 +141,10 @@ pub struct Cap {
     /// Slots past the limit and the hold this request may take (default 0): those it
     /// just freed by stopping requests there, which they let go a moment later.
     pub over: usize,
+    /// Its prompt tokens, as estimated at admission (default 0): counted in its
+    /// backend's KV in flight, which a request leaving the reserve free keeps under the
+    /// backend's capacity less what the requests the reserve is kept for had lately.
+    pub tokens: usize,
     /// Whether it goes to its conversation's home, where a request the reserve is kept
     /// for may take slots past the backend's ceiling, up to its hold (into the engine's
     /// queue), rather than move and compute its context again elsewhere (default false).
@@ -140,9 +184,10 @@ impl Account {
             hold: AtomicUsize::new(0),
             ceiling: AtomicUsize::new(0),
             placed_under: AtomicUsize::new(0),
-            kept_peak: AtomicUsize::new(0),
-            kept_before: AtomicUsize::new(0),
+            tokens: AtomicUsize::new(0),
             kept_in: Default::default(),
+            kept: Peaked::default(),
+            kept_tokens: Peaked::default(),
             kept_prefilling: AtomicUsize::new(0),
             reads: AtomicUsize::new(0),
             on_free: Box::new(|| {}),
@@ -227,8 +272,8 @@ impl Account {
         };
         self.hold.store(next, Relaxed);
         if self.reads.fetch_add(1, Relaxed) % KEPT_READS == KEPT_READS - 1 {
-            let peak = self.kept_peak.swap(self.kept(), Relaxed);
-            self.kept_before.store(peak, Relaxed);
+            self.kept.turn();
+            self.kept_tokens.turn();
         }
     }
 
@@ -244,25 +289,26 @@ impl Account {
         }
     }
 
-    /// Requests in flight that a reserve was kept for, every band.
-    fn kept(&self) -> usize {
-        self.kept_in.iter().map(|k| k.load(Relaxed)).sum()
-    }
-
-    /// The most requests it kept a reserve for at once in this window and the one before.
-    fn kept_peak(&self) -> usize {
-        (self.kept_peak.load(Relaxed)).max(self.kept_before.load(Relaxed))
-    }
-
-    /// Requests it kept a reserve for, at most at once lately or now.
-    fn kept_lately(&self) -> usize {
-        self.kept_peak().max(self.kept())
-    }
-
     /// The slots a request that leaves the reserve keeps free under `ceiling`.
     fn reserve(&self, ceiling: usize) -> usize {
-        let wanted = self.kept_peak().saturating_sub(self.kept());
+        let wanted = self.kept.lately().saturating_sub(self.kept.now());
         (ceiling / 8).max(1).max(wanted.min(ceiling / 2))
+    }
+
+    /// Whether a request of `tokens` prompt tokens that leaves the reserve free leaves
+    /// the KV that the requests the reserve is kept for had in flight here lately, at
+    /// most half the published capacity; the first such request always fits. Where the
+    /// engines are bound by KV rather than by sequences, a free slot is no room: the
+    /// heavy flow's requests fill the KV and the engine evicts the light flow's
+    /// conversations between their turns (measured in `benches/tenants/noisy.sh` on
+    /// engines of 16 sequences). True where the capacity is unknown.
+    fn leaves_kv(&self, tokens: usize) -> bool {
+        let Some(capacity) = self.capacity() else {
+            return true;
+        };
+        let others = (self.tokens.load(Relaxed)).saturating_sub(self.kept_tokens.now());
+        let kept = self.kept_tokens.lately().min(capacity.0 / 2);
+        others == 0 || others + tokens + kept <= capacity.0
     }
 
     /// Forgets the hold (flow control is off).
@@ -327,6 +373,7 @@ impl Account {
             && (cap.limit == 0 || load < cap.limit)
             && (hold == 0 || load < hold)
             && (!reserved || load + free < ceiling.min(hold))
+            && (!cap.reserve || hold == 0 || self.leaves_kv(cap.tokens))
     }
 
     /// The backend as a policy sees it.
@@ -340,7 +387,7 @@ impl Account {
             hash: self.hash,
             published: self.published(),
             recorded: None,
-            kept: self.kept_lately(),
+            kept: self.kept.lately(),
         }
     }
 
@@ -359,15 +406,18 @@ impl Account {
         let next = |n: usize| self.below(n, cap).then_some(n + 1);
         self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
+        self.tokens.fetch_add(cap.tokens, Relaxed);
         let band = cap.kept_band();
         if let Some(band) = band {
             self.kept_in[band].fetch_add(1, Relaxed);
-            self.kept_peak.fetch_max(self.kept(), Relaxed);
+            self.kept.add(1);
+            self.kept_tokens.add(cap.tokens);
             self.kept_prefilling.fetch_add(1, Relaxed);
         }
         Some(Seat {
             account: Arc::clone(self),
             prefill: AtomicUsize::new(prefill.0),
+            tokens: cap.tokens,
             decision,
             band,
             guarding: AtomicBool::new(band.is_some()),
@@ -402,6 +452,8 @@ pub fn share_holds<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
 pub struct Seat {
     account: Arc<Account>,
     prefill: AtomicUsize,
+    /// Its prompt tokens, as estimated when placed ([`Cap::tokens`]).
+    tokens: usize,
     decision: Decision,
     /// The band it counts in among its backend's requests kept a reserve for, if it does.
     band: Option<usize>,
@@ -443,8 +495,11 @@ impl Drop for Seat {
     fn drop(&mut self) {
         self.answered();
         self.account.inflight.fetch_sub(1, Relaxed);
+        self.account.tokens.fetch_sub(self.tokens, Relaxed);
         if let Some(band) = self.band {
             self.account.kept_in[band].fetch_sub(1, Relaxed);
+            self.account.kept.sub(1);
+            self.account.kept_tokens.sub(self.tokens);
         }
         (self.account.on_free)();
     }
@@ -803,6 +858,50 @@ mod tests {
         drop(held);
         all[1].learn_hold(load(1, 2));
         assert_eq!(place(&all[1], standing(1)).len(), 1, "never the only slot");
+    }
+
+    #[test]
+    fn a_request_leaving_the_reserve_leaves_the_kv_the_kept_ones_had_lately() {
+        let all = accounts(1);
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let one = [&all[0]];
+        let place = |cap: Cap| match ledger.place(&one, cap, TextBytes(1), first) {
+            Placing::Placed { seat, .. } => Some(seat),
+            _ => None,
+        };
+        let heavy = Cap {
+            reserve: true,
+            tokens: 250,
+            ..Cap::default()
+        };
+        let heavies = || (0..8).map_while(|_| place(heavy)).collect::<Vec<_>>();
+        all[0].set_capacity(Some(Tokens(1_000)));
+        all[0].learn_hold(load(16, 2));
+        let answered = |tokens| {
+            let seat = place(Cap {
+                kept: true,
+                tokens,
+                ..Cap::default()
+            });
+            seat.inspect(Seat::answered)
+        };
+        let kept = answered(400);
+        assert_eq!(heavies().len(), 2, "250 + 250 + the kept 400 fill 1,000");
+        drop(kept);
+        assert_eq!(
+            heavies().len(),
+            2,
+            "what the kept one had lately stays free"
+        );
+        for _ in 0..2 * KEPT_READS {
+            all[0].learn_hold(load(16, 2));
+        }
+        assert_eq!(heavies().len(), 4, "until two windows passed");
+        let huge = answered(5_000);
+        assert_eq!(heavies().len(), 2, "at most half the capacity is left");
+        drop(huge);
+        all[0].set_capacity(None);
+        assert_eq!(heavies().len(), 8, "no capacity published: slots only");
     }
 
     #[test]

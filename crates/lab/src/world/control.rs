@@ -102,9 +102,19 @@ impl<'w> World<'w> {
         let (tenant, priority) = self.parties[pending.want.party].identity();
         let limit = self.routers[0].limit();
         match &self.control {
-            Some(c) => c.shares.cap(tenant, priority, limit, c.standing),
+            Some(c) => Cap {
+                tokens: usize::try_from(self.prompt_tokens(pending)).unwrap_or(usize::MAX),
+                ..c.shares.cap(tenant, priority, limit, c.standing)
+            },
             None => Cap::from(limit),
         }
+    }
+
+    /// `pending`'s prompt tokens (its cost in the queue's order).
+    fn prompt_tokens(&self, pending: &Pending) -> u64 {
+        let want = pending.want;
+        let turns = self.parties[want.party].plan.sessions()[want.session].turns();
+        turns[want.turn].prompt_tokens()
     }
 
     /// Whether `pending` goes ahead of the waiters (`Ticket::passes`): none waits, or the
@@ -125,6 +135,7 @@ impl<'w> World<'w> {
     /// wait past its bound (`dispatch::displaced`), or sheds `pending` itself; a waiter
     /// the reserve is kept for makes room.
     fn join(&mut self, now: f64, pending: Pending<'w>) {
+        let cost = self.prompt_tokens(&pending);
         let Some(control) = self.control.as_mut() else {
             return;
         };
@@ -133,9 +144,7 @@ impl<'w> World<'w> {
             priority,
             tenant,
             weight: 1,
-            cost: self.parties[pending.want.party].plan.sessions()[pending.want.session].turns()
-                [pending.want.turn]
-                .prompt_tokens(),
+            cost,
         };
         let promoted = seconds(now + QUEUE_TIMEOUT / 2.0);
         let number = pending.number;

@@ -61,14 +61,14 @@ pub async fn explain(
     let limit = limits.max_inflight_per_backend;
     let live_config = state.live();
     let identity = live_config.tenants.identify(headers);
+    let size = prepared.size();
     let ticket = identity.as_ref().ok().map(|identity| Ticket {
         arriving: true,
-        ..steps::ticket(state, identity, 1)
+        ..steps::ticket(state, identity, size.tokens().0 as u64)
     });
     let cap = ticket.map_or(Cap::from(limit), |t| t.cap(limit));
     let decided = prepare::decide(state, &accounts, cap, &request);
     let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
-    let size = prepared.size();
     let matches = (state.selector.index())
         .map(|index| index.matches(request.model, &request.chain(), size.text()));
     let live = state.selector.live(accounts.iter().map(|a| a.id));

@@ -42,12 +42,15 @@ pub struct Ticket<'t> {
 
 impl<'t> Ticket<'t> {
     /// What it may take of a backend under the in-flight `limit` (0: none), with the
-    /// reserve its tenant's share asks, as it stands now.
+    /// reserve its tenant's share asks, as it stands now, and its cost as its prompt.
     pub fn cap(&self, limit: usize) -> Cap {
         let (tenant, priority, standing) = (self.flow.tenant, self.flow.priority, self.standing);
-        let cap = |s: &Shares| match self.arriving {
-            true => s.cap_arriving(tenant, self.flow.weight, priority, limit, standing),
-            false => s.cap(tenant, priority, limit, standing),
+        let cap = |s: &Shares| Cap {
+            tokens: usize::try_from(self.flow.cost).unwrap_or(usize::MAX),
+            ..match self.arriving {
+                true => s.cap_arriving(tenant, self.flow.weight, priority, limit, standing),
+                false => s.cap(tenant, priority, limit, standing),
+            }
         };
         self.shares.map_or(Cap::from(limit), cap)
     }
