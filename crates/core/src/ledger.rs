@@ -406,7 +406,9 @@ impl Account {
         let next = |n: usize| self.below(n, cap).then_some(n + 1);
         self.inflight.fetch_update(Relaxed, Relaxed, next).ok()?;
         self.pending.fetch_add(prefill.0, Relaxed);
-        self.tokens.fetch_add(cap.tokens, Relaxed);
+        if cap.tokens > 0 {
+            self.tokens.fetch_add(cap.tokens, Relaxed);
+        }
         let band = cap.kept_band();
         if let Some(band) = band {
             self.kept_in[band].fetch_add(1, Relaxed);
@@ -495,7 +497,9 @@ impl Drop for Seat {
     fn drop(&mut self) {
         self.answered();
         self.account.inflight.fetch_sub(1, Relaxed);
-        self.account.tokens.fetch_sub(self.tokens, Relaxed);
+        if self.tokens > 0 {
+            self.account.tokens.fetch_sub(self.tokens, Relaxed);
+        }
         if let Some(band) = self.band {
             self.account.kept_in[band].fetch_sub(1, Relaxed);
             self.account.kept.sub(1);
