@@ -300,6 +300,18 @@ fn load_page(running: u32, waiting: u32) -> String {
     )
 }
 
+/// A router in front of `up` reading its load every 0.1 s, with the tenants file `text`
+/// (named `name`) and a queue timeout of 10 s.
+fn reading_load(up: &Upstream, name: &str, text: &str) -> TestRouter {
+    let settings = Settings {
+        metrics_interval: Some(0.1),
+        queue_timeout: Some(10.0),
+        tenants_file: Some(tenants_file(name, text)),
+        ..settings(&[up])
+    };
+    TestRouter::start(settings, 1)
+}
+
 /// Three requests placed on one backend before the router knew how many its engine runs,
 /// the engine then saying it runs one and queues two, under a tenants file with
 /// `standing` slots: what the backend received, in order, and when; and how many were
@@ -312,13 +324,7 @@ async fn three_on_an_engine_of_one(standing: usize) -> (Vec<String>, Vec<Instant
         "standing_slots = {standing}\n[tenants.p]\nkeys = [\"{}\"]\n",
         sha256_entry("sk-priority")
     );
-    let settings = Settings {
-        metrics_interval: Some(0.1),
-        queue_timeout: Some(10.0),
-        tenants_file: Some(tenants_file(&format!("take-back-{standing}"), &file)),
-        ..settings(&[&up])
-    };
-    let router = TestRouter::start(settings, 1);
+    let router = reading_load(&up, &format!("take-back-{standing}"), &file);
     let mut sent = Vec::new();
     for (n, name) in ["one", "two", "three"].into_iter().enumerate() {
         sent.push(tokio::spawn(post_named(router.url.clone(), name, "normal")));
@@ -381,13 +387,7 @@ async fn heavy_beside_light(kv: bool) -> (usize, bool) {
         sha256_entry("sk-heavy"),
         sha256_entry("sk-light")
     );
-    let settings = Settings {
-        metrics_interval: Some(0.1),
-        queue_timeout: Some(10.0),
-        tenants_file: Some(tenants_file(&format!("kv-{kv}"), &file)),
-        ..settings(&[&up])
-    };
-    let router = TestRouter::start(settings, 1);
+    let router = reading_load(&up, &format!("kv-{kv}"), &file);
     let account = |r: &TestRouter| Arc::clone(r.state().fleet.ready(&[]).accounts()[0]);
     let held = |r: &TestRouter| {
         let account = account(r);
