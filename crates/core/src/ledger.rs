@@ -2,9 +2,10 @@
 //! kept the same way wherever placement happens (the proxy in real time, the lab in
 //! virtual time). Per backend an [`Account`]: requests in flight and their prompt tokens,
 //! prefill pending (routing text sent there, not expected cached, not answered yet) and
-//! the KV capacity the backend published. A [`Seat`] is one placed request: it counts from [`Ledger::place`] until it
-//! drops, its prefill until [`Seat::answered`]. The ledger also holds the in-flight limit's
-//! rule and the upkeep schedule of the selector's index and tables ([`Ledger::upkeep`]).
+//! the KV capacity the backend published. A [`Seat`] is one placed request: it counts
+//! from [`Ledger::place`] until it drops, its prefill until [`Seat::answered`]. The ledger
+//! also holds the in-flight limit's rule and the upkeep schedule of the selector's index
+//! and tables ([`Ledger::upkeep`]).
 //!
 //! Synchronous and lock-free on the request path (atomics); no I/O, no clock of its own.
 
@@ -308,7 +309,7 @@ impl Account {
         };
         let others = (self.tokens.load(Relaxed)).saturating_sub(self.kept_tokens.now());
         let kept = self.kept_tokens.lately().min(capacity.0 / 2);
-        others == 0 || others + tokens + kept <= capacity.0
+        others == 0 || others.saturating_add(tokens).saturating_add(kept) <= capacity.0
     }
 
     /// Forgets the hold (flow control is off).
