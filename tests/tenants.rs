@@ -410,6 +410,15 @@ async fn heavy_beside_light(kv: bool) -> (usize, bool) {
         router.wait_until("answered or queued", placed).await;
     }
     let before = up.count();
+    let body = chat(&[("user", "x".repeat(800))]);
+    let explained = explain_as(&router, "sk-heavy", "normal", &body).await;
+    let backend = &explained["backends"][0];
+    assert_eq!(backend["open"], !kv, "POST /route agrees: {explained}");
+    assert!(
+        backend["kept_tokens"].as_u64() >= Some(500)
+            && backend["inflight_tokens"].as_u64() >= Some(900),
+        "and shows the KV in flight and left for b: {explained}"
+    );
     for _ in 0..200 {
         if asked.iter().all(|a| a.is_finished()) {
             break;

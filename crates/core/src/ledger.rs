@@ -212,6 +212,14 @@ impl Account {
         TextBytes(self.pending.load(Relaxed))
     }
 
+    /// Prompt tokens of the requests in flight here (as estimated at admission, with a
+    /// tenants file), and the most that requests a reserve was kept for had in flight
+    /// here lately: the KV a request leaving the reserve leaves them.
+    pub fn tokens_in_flight(&self) -> (Tokens, Tokens) {
+        let all = Tokens(self.tokens.load(Relaxed));
+        (all, Tokens(self.kept_tokens.lately()))
+    }
+
     /// The KV capacity the backend published, if it did.
     pub fn capacity(&self) -> Option<Tokens> {
         Some(Tokens(self.capacity.load(Relaxed))).filter(|t| t.0 > 0)
