@@ -151,6 +151,11 @@ pub struct LabArgs {
     /// left free for a light tenant or a higher priority to arrive at [default: 0].
     #[arg(long)]
     pub standing_slots: Option<usize>,
+    /// Flow scenarios: engines running K times the sequences, and every flow K times the
+    /// sessions and the requests in flight, under a queue K times as long [default: 1].
+    /// From 4, the engines are bound by KV rather than by sequences.
+    #[arg(long)]
+    pub flow_scale: Option<usize>,
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -558,6 +563,15 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                     flows.standing_slots = n;
                     s.name.push_str(&format!(" standing={n}"));
                 }
+                let k = match (s.flows.as_mut(), args.flow_scale) {
+                    (Some(flows), Some(k)) if k > 1 => {
+                        flows.scale(k);
+                        s.max_num_seqs *= k;
+                        s.name.push_str(&format!(" x{k}"));
+                        k
+                    }
+                    _ => 1,
+                };
                 let (sessions, rate, prompts) = match &mut s.source {
                     Source::Agent(a) => {
                         (&mut a.sessions, &mut a.session_rate, &mut a.system_prompts)
@@ -572,7 +586,7 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                         continue;
                     }
                 };
-                *sessions = n;
+                *sessions = n * k;
                 *rate = args.session_rate.unwrap_or(*rate);
                 *prompts = args.system_prompts.unwrap_or(*prompts);
                 let swept =
@@ -816,6 +830,38 @@ mod tests {
         assert!(once.contains("\"flows\""));
         assert_eq!(once, json(&neighbours(8, true)), "deterministic");
         assert!(!json(&small()).contains("\"flows\""), "no flows, no field");
+    }
+
+    #[test]
+    fn a_flow_scale_multiplies_the_engines_the_flows_and_the_queue() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            lab: LabArgs,
+        }
+        let args = <Cli as clap::Parser>::parse_from(["lab", "--flow-scale", "4"]).lab;
+        let all = scenario::all(std::path::Path::new("."));
+        let noisy = all.iter().find(|s| s.name == "noisy-neighbour").unwrap();
+        let scaled = sweep(noisy, &args).unwrap();
+        let s = &scaled[0];
+        assert_eq!(
+            (s.name.as_str(), s.max_num_seqs),
+            ("noisy-neighbour x4", 16)
+        );
+        let flows = s.flows.as_ref().unwrap();
+        let sizes: Vec<_> = flows
+            .flows
+            .iter()
+            .map(|f| (f.sessions, f.concurrency))
+            .collect();
+        assert_eq!(
+            (sizes, flows.max_queued),
+            (vec![(512, 256), (32, 16)], 4096)
+        );
+        let Source::Agent(agent) = &s.source else {
+            panic!("an agent workload");
+        };
+        assert_eq!(agent.sessions, 544, "every flow's sessions");
     }
 
     /// `high`'s 2 sessions (1 in flight, measured) beside `normal`'s and `low`'s 16 each

@@ -100,6 +100,17 @@ pub struct Flows {
     pub standing_slots: usize,
 }
 
+impl Flows {
+    /// `k` times the sessions and the requests in flight of every flow, and the queue.
+    pub fn scale(&mut self, k: usize) {
+        for flow in &mut self.flows {
+            flow.sessions *= k;
+            flow.concurrency *= k;
+        }
+        self.max_queued *= k;
+    }
+}
+
 /// One scenario.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Scenario {
