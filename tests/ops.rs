@@ -528,8 +528,9 @@ fn router_config(dir: &std::path::Path, workers: &[&Upstream]) -> (PathBuf, Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_run_as_the_unit_runs_it_notifies_ready() {
     let up = Upstream::start("a").await;
-    let dir = socket_dir("notify");
-    let (config, url, upgrade) = router_config(&dir, &[&up]);
+    let scratch = socket_dir("notify");
+    let dir = scratch.path();
+    let (config, url, upgrade) = router_config(dir, &[&up]);
     let socket_path = dir.join("notify.sock");
     let _ = std::fs::remove_file(&socket_path);
     let socket = std::os::unix::net::UnixDatagram::bind(&socket_path).unwrap();
@@ -587,12 +588,12 @@ enum Trigger {
     Usr2,
 }
 
-/// A directory for a test's Unix sockets: under the system's temporary directory, as a
-/// socket's path must stay within 108 bytes, which `target/tmp` in a deep checkout may not.
-fn socket_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("prefix-router-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory for a test's Unix sockets, removed when dropped: under the system's
+/// temporary directory, as a socket's path must stay within 108 bytes, which `target/tmp`
+/// in a deep checkout may not.
+fn socket_dir(name: &str) -> tempfile::TempDir {
+    let prefix = format!("prefix-router-{name}-");
+    tempfile::Builder::new().prefix(&prefix).tempdir().unwrap()
 }
 
 /// A datagram socket standing in for systemd's notify socket.
@@ -621,13 +622,14 @@ fn next_ready_pid(socket: &std::os::unix::net::UnixDatagram) -> u32 {
 
 async fn upgrade_under_load(trigger: Trigger) {
     let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    let dir = socket_dir(if trigger == Trigger::Quit {
+    let scratch = socket_dir(if trigger == Trigger::Quit {
         "upgrade-quit"
     } else {
         "upgrade-usr2"
     });
-    let (config, url, upgrade) = router_config(&dir, &[&a, &b]);
-    let (notify_path, notify) = notify_socket(&dir);
+    let dir = scratch.path();
+    let (config, url, upgrade) = router_config(dir, &[&a, &b]);
+    let (notify_path, notify) = notify_socket(dir);
     let args = [
         "--config",
         config.to_str().unwrap(),
