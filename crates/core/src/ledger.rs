@@ -62,6 +62,17 @@ pub struct Account {
     kept_tokens: Peaked,
     /// Requests a reserve was kept for that have no answer yet (prefilling).
     kept_prefilling: AtomicUsize,
+    /// Prompt tokens in flight of the requests a reserve is kept for that leave none
+    /// themselves (a light tenant's, the highest active priority's), with their most at
+    /// once lately: the KV [`protect_kv`] keeps for them.
+    top_tokens: Peaked,
+    /// Whether its KV is kept for those requests ([`protect_kv`]): no request that leaves
+    /// the reserve is placed here while it is held.
+    protected: AtomicBool,
+    /// Whether one of those requests, since they were last all idle, found most of the
+    /// context predicted cached evicted here while its requests in flight had prompts of
+    /// half its KV or more ([`protect_kv`]).
+    top_evicted: AtomicBool,
     reads: AtomicUsize,
     on_free: Box<dyn Fn() + Send + Sync>,
 }
@@ -157,6 +168,12 @@ impl Cap {
     fn kept_band(&self) -> Option<usize> {
         self.kept.then(|| self.band.min(BANDS - 1))
     }
+
+    /// Whether it is kept a reserve for and leaves none: the KV of [`protect_kv`] is kept
+    /// for it.
+    fn top(&self) -> bool {
+        self.kept && !self.reserve
+    }
 }
 
 impl From<usize> for Cap {
@@ -190,6 +207,9 @@ impl Account {
             kept: Peaked::default(),
             kept_tokens: Peaked::default(),
             kept_prefilling: AtomicUsize::new(0),
+            top_tokens: Peaked::default(),
+            protected: AtomicBool::new(false),
+            top_evicted: AtomicBool::new(false),
             reads: AtomicUsize::new(0),
             on_free: Box::new(|| {}),
         }
@@ -218,6 +238,12 @@ impl Account {
     pub fn tokens_in_flight(&self) -> (Tokens, Tokens) {
         let all = Tokens(self.tokens.load(Relaxed));
         (all, Tokens(self.kept_tokens.lately()))
+    }
+
+    /// Whether its KV is kept for light flows and the highest priority: no request that
+    /// leaves them a reserve is placed here while it is held ([`protect_kv`]).
+    pub fn kv_kept(&self) -> bool {
+        self.protected.load(Relaxed)
     }
 
     /// The KV capacity the backend published, if it did.
@@ -283,6 +309,7 @@ impl Account {
         if self.reads.fetch_add(1, Relaxed) % KEPT_READS == KEPT_READS - 1 {
             self.kept.turn();
             self.kept_tokens.turn();
+            self.top_tokens.turn();
         }
     }
 
@@ -378,7 +405,9 @@ impl Account {
         let reserved = free > 0 && hold > 0 && ceiling > 0;
         let load = load.saturating_sub(cap.over);
         let guarded = cap.reserve && hold > 0 && self.kept_prefilling.load(Relaxed) > 0;
+        let protected = cap.reserve && hold > 0 && self.protected.load(Relaxed);
         !guarded
+            && !protected
             && (cap.limit == 0 || load < cap.limit)
             && (hold == 0 || load < hold)
             && (!reserved || load + free < ceiling.min(hold))
@@ -397,6 +426,7 @@ impl Account {
             published: self.published(),
             recorded: None,
             kept: self.kept.lately(),
+            protected: false,
         }
     }
 
@@ -425,12 +455,16 @@ impl Account {
             self.kept_tokens.add(cap.tokens);
             self.kept_prefilling.fetch_add(1, Relaxed);
         }
+        if cap.top() {
+            self.top_tokens.add(cap.tokens);
+        }
         Some(Seat {
             account: Arc::clone(self),
             prefill: AtomicUsize::new(prefill.0),
             tokens: cap.tokens,
             decision,
             band,
+            top: cap.top(),
             guarding: AtomicBool::new(band.is_some()),
         })
     }
@@ -458,6 +492,49 @@ pub fn share_holds<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
     published.for_each(|a| a.adopt_hold(peers));
 }
 
+/// Keeps the KV of some of `accounts` for the requests a reserve is kept for that leave
+/// none themselves (a light tenant's, the highest active priority's), after a read of
+/// them all. Where the engines are bound by KV, a heavy flow's prefills evict a light
+/// flow's conversations between their turns however many slots are left free: engines
+/// evict the least recently used blocks, whoever's. Measured in the lab
+/// (`--flow-scale 4 --flow-load 2`), limiting the KV a heavy flow keeps in flight did not
+/// stop it; keeping its requests off the backends that hold the light flow's KV did.
+/// So, once one of those requests found most of the context predicted cached evicted
+/// on a backend whose requests in flight had prompts of half its KV or more, and until
+/// they are all idle, the backends where they had the most prompt tokens in flight
+/// lately are kept for them: as many as hold half again those tokens, at most half the
+/// backends with a published capacity. No request that leaves the reserve is placed on
+/// a held one of them, and their new conversations go there first. On engines whose KV
+/// holds every conversation (the lab's flow scenarios on engines of 4) nothing is kept.
+pub fn protect_kv<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
+    let mut sized: SmallVec<[(&Account, usize, usize); 16]> = accounts
+        .clone()
+        .filter_map(|a| Some((a, a.top_tokens.lately(), a.capacity()?.0)))
+        .collect();
+    let wanted = sized.iter().map(|&(_, top, _)| top).sum::<usize>();
+    let bound = accounts.clone().any(|a| a.top_evicted.load(Relaxed));
+    let mut needed = if bound {
+        wanted.saturating_add(wanted / 2)
+    } else {
+        0
+    };
+    sized.sort_by_key(|&(a, top, _)| (std::cmp::Reverse(top), a.id));
+    let most = sized.len() / 2;
+    for a in accounts {
+        a.protected.store(false, Relaxed);
+        if wanted == 0 {
+            a.top_evicted.store(false, Relaxed);
+        }
+    }
+    for &(account, _, capacity) in sized.iter().take(most) {
+        if needed == 0 {
+            break;
+        }
+        account.protected.store(true, Relaxed);
+        needed = needed.saturating_sub(capacity);
+    }
+}
+
 /// One placed request: in flight on its backend until it drops.
 #[derive(Debug)]
 pub struct Seat {
@@ -468,6 +545,8 @@ pub struct Seat {
     decision: Decision,
     /// The band it counts in among its backend's requests kept a reserve for, if it does.
     band: Option<usize>,
+    /// Whether its tokens count in its backend's KV kept ([`Cap::top`]).
+    top: bool,
     /// Whether it is kept a reserve for and has no answer yet (the prefill guard).
     guarding: AtomicBool,
 }
@@ -499,6 +578,16 @@ impl Seat {
         if let Some(index) = selector.index() {
             index.observe(self.account.id, self.decision.matched, cached);
         }
+        let account = &self.account;
+        let heavy = || {
+            let tokens = account.tokens.load(Relaxed);
+            account
+                .capacity()
+                .is_some_and(|c| tokens.saturating_mul(2) >= c.0)
+        };
+        if self.top && cached.0.saturating_mul(2) < self.decision.matched.tokens().0 && heavy() {
+            account.top_evicted.store(true, Relaxed);
+        }
     }
 }
 
@@ -513,6 +602,9 @@ impl Drop for Seat {
             self.account.kept_in[band].fetch_sub(1, Relaxed);
             self.account.kept.sub(1);
             self.account.kept_tokens.sub(self.tokens);
+        }
+        if self.top {
+            self.account.top_tokens.sub(self.tokens);
         }
         (self.account.on_free)();
     }
@@ -644,6 +736,7 @@ impl Ledger {
             if let Some(band) = cap.kept_band() {
                 candidate.kept = accounts[i].kept_in[band].load(Relaxed);
             }
+            candidate.protected = cap.top() && accounts[i].protected.load(Relaxed);
             candidate
         };
         let candidates: SmallVec<[Candidate; 16]> = open.iter().map(|&i| candidate(i)).collect();
@@ -915,6 +1008,81 @@ mod tests {
         drop(huge);
         all[0].set_capacity(None);
         assert_eq!(heavies().len(), 8, "no capacity published: slots only");
+    }
+
+    #[test]
+    fn once_a_light_flows_context_is_evicted_where_kv_is_full_the_floods_leave_its_backends() {
+        let all = accounts(4);
+        let refs: Vec<&Arc<Account>> = all.iter().collect();
+        let ledger = Ledger::new(Duration::from_secs(60));
+        let params = crate::policy::testing::params(0.5, 32);
+        let selector = crate::policy::choose("least_load").unwrap().build(&params);
+        for a in &all {
+            a.set_capacity(Some(Tokens(2_000)));
+            a.learn_hold(load(16, 2));
+        }
+        let place = |i: usize, cap: Cap, matched: Tokens| {
+            let choose = |_: &[Candidate]| Decision {
+                matched: matched.text(),
+                ..first(&[])
+            };
+            match ledger.place(&refs[i..=i], cap, TextBytes(1), choose) {
+                Placing::Placed { seat, .. } => Some(seat).inspect(Seat::answered),
+                _ => None,
+            }
+        };
+        let (light, flood) = (
+            Cap {
+                kept: true,
+                tokens: 300,
+                ..Cap::default()
+            },
+            Cap {
+                reserve: true,
+                tokens: 100,
+                ..Cap::default()
+            },
+        );
+        let on = |i: usize, cap: Cap| place(i, cap, Tokens(0));
+        // A light flow's turn predicted to find 200 tokens cached at backend `i` finds 10.
+        let evicted = |i: usize| {
+            let seat = place(i, light, Tokens(200)).expect("placed");
+            seat.reported(&selector, Tokens(10));
+        };
+        let protect = || protect_kv(all.iter().map(|a| &**a));
+        let protected = || all.iter().map(|a| a.kv_kept()).collect::<Vec<_>>();
+        let lights = [on(0, light), on(1, light), on(1, light)];
+        let floods: Vec<_> = (0..4).map(|i| on(i, flood)).collect();
+        assert!(floods.iter().all(Option::is_some));
+        evicted(0);
+        protect();
+        assert_eq!(
+            protected(),
+            [false; 4],
+            "evicted where the prompts in flight (700 tokens) fill under half the KV"
+        );
+        let more: Vec<_> = (0..3).map(|_| on(1, flood)).collect();
+        evicted(1);
+        protect();
+        assert_eq!(
+            protected(),
+            [true, true, false, false],
+            "evicted at 1,300 of 2,000: the light flow's two backends, for half again its \
+             1,500 tokens lately, at most half the fleet"
+        );
+        assert!(on(1, flood).is_none(), "a flood leaves them");
+        assert!(on(2, flood).is_some(), "and goes to the others");
+        assert!(on(1, light).is_some(), "the light flow goes there");
+        drop((lights, more));
+        for _ in 0..2 * KEPT_READS {
+            all.iter().for_each(|a| a.learn_hold(load(16, 2)));
+        }
+        protect();
+        assert_eq!(protected(), [false; 4], "the light flow idle");
+        let back = on(1, light);
+        protect();
+        assert!(back.is_some());
+        assert_eq!(protected(), [false; 4], "back, and not evicted since");
     }
 
     #[test]

@@ -156,6 +156,12 @@ pub struct LabArgs {
     /// From 4, the engines are bound by KV rather than by sequences.
     #[arg(long)]
     pub flow_scale: Option<usize>,
+    /// Flow scenarios with `--flow-scale`: every flow L times the sessions and the requests
+    /// in flight, under a queue L times as long, instead of K times [default: K]. At
+    /// `--flow-scale 4 --flow-load 2` the flows are those of `benches/tenants/noisy.sh`
+    /// on engines of 16 sequences.
+    #[arg(long)]
+    pub flow_load: Option<usize>,
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -565,10 +571,14 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                 }
                 let k = match (s.flows.as_mut(), args.flow_scale) {
                     (Some(flows), Some(k)) if k > 1 => {
-                        flows.scale(k);
+                        let load = args.flow_load.unwrap_or(k).max(1);
+                        flows.scale(load);
                         s.max_num_seqs *= k;
                         s.name.push_str(&format!(" x{k}"));
-                        k
+                        if load != k {
+                            s.name.push_str(&format!(" load {load}"));
+                        }
+                        load
                     }
                     _ => 1,
                 };
@@ -833,35 +843,54 @@ mod tests {
     }
 
     #[test]
-    fn a_flow_scale_multiplies_the_engines_the_flows_and_the_queue() {
+    fn a_flow_scale_multiplies_the_engines_and_a_flow_load_the_flows_and_the_queue() {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             lab: LabArgs,
         }
-        let args = <Cli as clap::Parser>::parse_from(["lab", "--flow-scale", "4"]).lab;
         let all = scenario::all(std::path::Path::new("."));
         let noisy = all.iter().find(|s| s.name == "noisy-neighbour").unwrap();
-        let scaled = sweep(noisy, &args).unwrap();
-        let s = &scaled[0];
-        assert_eq!(
-            (s.name.as_str(), s.max_num_seqs),
-            ("noisy-neighbour x4", 16)
-        );
-        let flows = s.flows.as_ref().unwrap();
-        let sizes: Vec<_> = flows
-            .flows
-            .iter()
-            .map(|f| (f.sessions, f.concurrency))
-            .collect();
-        assert_eq!(
-            (sizes, flows.max_queued),
-            (vec![(512, 256), (32, 16)], 4096)
-        );
-        let Source::Agent(agent) = &s.source else {
-            panic!("an agent workload");
+        let scaled = |args: &[&str]| {
+            let args = <Cli as clap::Parser>::parse_from([&["lab"], args].concat()).lab;
+            let s = sweep(noisy, &args).unwrap().remove(0);
+            let flows = s.flows.as_ref().unwrap();
+            let sizes: Vec<_> = (flows.flows.iter())
+                .map(|f| (f.sessions, f.concurrency))
+                .collect();
+            let Source::Agent(agent) = &s.source else {
+                panic!("an agent workload");
+            };
+            let sessions = agent.sessions;
+            (
+                s.name.clone(),
+                s.max_num_seqs,
+                sizes,
+                flows.max_queued,
+                sessions,
+            )
         };
-        assert_eq!(agent.sessions, 544, "every flow's sessions");
+        assert_eq!(
+            scaled(&["--flow-scale", "4"]),
+            (
+                "noisy-neighbour x4".to_string(),
+                16,
+                vec![(512, 256), (32, 16)],
+                4096,
+                544
+            )
+        );
+        assert_eq!(
+            scaled(&["--flow-scale", "4", "--flow-load", "2"]),
+            (
+                "noisy-neighbour x4 load 2".to_string(),
+                16,
+                vec![(256, 128), (16, 8)],
+                2048,
+                272
+            ),
+            "the engines 4 times, the flows twice"
+        );
     }
 
     /// `high`'s 2 sessions (1 in flight, measured) beside `normal`'s and `low`'s 16 each

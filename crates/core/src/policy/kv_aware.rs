@@ -24,7 +24,9 @@
 //!   hot prefix ([`Matches::hot`](crate::tree::Matches::hot)) counts as held everywhere,
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
 //!   session's own context a lot. A kept flow's new conversation, and its opening turn
-//!   whatever prompt that shares, first goes where the kept requests of its priority
+//!   whatever prompt that shares, first goes to a backend whose KV is kept for it
+//!   where the engines are bound by KV ([`Candidate::protected`](super::Candidate)),
+//!   then where the kept requests of its priority
 //!   have the fewest in flight ([`Candidate::kept`](super::Candidate)), before KV room:
 //!   their conversations stay home, where the reserve kept for them is a slot or two, so
 //!   a light tenant whose conversations piled onto one backend beside a heavy one waited
@@ -207,6 +209,7 @@ impl KvAware {
         };
         self.ties.best(Turn::of(view.ask.request), view.len(), |i| {
             (
+                candidates[i].protected,
                 Reverse(kept(i)),
                 !any_room || view.room(i),
                 Reverse((cost(i) * 16.0) as u64),

@@ -84,6 +84,10 @@ pub struct Candidate {
     /// at most at once lately (the ledger's window of a few seconds), or now. 0 without
     /// flow control.
     pub kept: usize,
+    /// Whether its KV is kept for this request's flow (a light tenant, the highest active
+    /// priority) where the engines are bound by KV: its new conversations go there first.
+    /// Default false.
+    pub protected: bool,
 }
 
 /// The load a backend publishes of itself (vLLM's `/metrics`), as a router last read it.

@@ -22,6 +22,7 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             published: None,
             recorded: None,
             kept: 0,
+            protected: false,
         })
         .collect()
 }

@@ -84,6 +84,7 @@ pub async fn explain(
                 "capacity_tokens": a.capacity().map(|t| t.0),
                 "inflight_tokens": a.tokens_in_flight().0.0,
                 "kept_tokens": a.tokens_in_flight().1.0,
+                "kv_kept": a.kv_kept(),
                 "slots": a.sequences(),
                 "open": a.open(cap),
                 "would_stop": ticket.map_or(0, |t| t.outranked(cap, a.id)),

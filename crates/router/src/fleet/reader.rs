@@ -97,6 +97,7 @@ impl MetricsReader {
         if self.flow.on() {
             let accounts: Vec<&Account> = snapshot.backends.iter().map(|b| &*b.account).collect();
             ledger::share_holds(accounts.iter().copied());
+            ledger::protect_kv(accounts.iter().copied());
             self.flow.read(&accounts);
         }
     }
