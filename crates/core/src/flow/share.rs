@@ -97,6 +97,7 @@ impl Standing {
             limit,
             reserve: (self.higher || self.other_light) && !self.kept_for(),
             kept: self.kept_for(),
+            light: self.light,
             standing: if self.leaves_standing(priority) {
                 standing
             } else {

@@ -24,8 +24,8 @@
 //!   hot prefix ([`Matches::hot`](crate::tree::Matches::hot)) counts as held everywhere,
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
 //!   session's own context a lot. A kept flow's new conversation, and its opening turn
-//!   whatever prompt that shares, first goes to a backend whose KV is kept for it
-//!   where the engines are bound by KV ([`Candidate::protected`](super::Candidate)),
+//!   whatever prompt that shares, first goes to a backend whose KV is kept for its
+//!   tenant where the engines are bound by KV ([`Candidate::protected`](super::Candidate)),
 //!   then where the kept requests of its priority
 //!   have the fewest in flight ([`Candidate::kept`](super::Candidate)), before KV room:
 //!   their conversations stay home, where the reserve kept for them is a slot or two, so

@@ -84,9 +84,8 @@ pub struct Candidate {
     /// at most at once lately (the ledger's window of a few seconds), or now. 0 without
     /// flow control.
     pub kept: usize,
-    /// Whether its KV is kept for this request's flow (a light tenant, the highest active
-    /// priority) where the engines are bound by KV: its new conversations go there first.
-    /// Default false.
+    /// Whether its KV is kept for this request's tenant (a light one) where the engines
+    /// are bound by KV: its new conversations go there first. Default false.
     pub protected: bool,
 }
 
