@@ -569,7 +569,7 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                     flows.standing_slots = n;
                     s.name.push_str(&format!(" standing={n}"));
                 }
-                let k = match (s.flows.as_mut(), args.flow_scale) {
+                let flow_load = match (s.flows.as_mut(), args.flow_scale) {
                     (Some(flows), Some(k)) if k > 1 => {
                         let load = args.flow_load.unwrap_or(k).max(1);
                         flows.scale(load);
@@ -596,7 +596,7 @@ fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
                         continue;
                     }
                 };
-                *sessions = n * k;
+                *sessions = n * flow_load;
                 *rate = args.session_rate.unwrap_or(*rate);
                 *prompts = args.system_prompts.unwrap_or(*prompts);
                 let swept =
