@@ -527,18 +527,19 @@ pub fn protect_kv<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
     } else {
         0
     };
-    for a in accounts {
-        a.protected.store(false, Relaxed);
-        if wanted == 0 {
-            a.top_evicted.store(false, Relaxed);
-        }
-    }
+    let mut kept: SmallVec<[BackendId; 8]> = SmallVec::new();
     for &(account, _, capacity) in sized.iter().take(most) {
         if needed == 0 {
             break;
         }
-        account.protected.store(true, Relaxed);
+        kept.push(account.id);
         needed = needed.saturating_sub(capacity);
+    }
+    for a in accounts {
+        a.protected.store(kept.contains(&a.id), Relaxed);
+        if wanted == 0 {
+            a.top_evicted.store(false, Relaxed);
+        }
     }
 }
 
