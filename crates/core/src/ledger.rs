@@ -7,8 +7,11 @@
 //! also holds the in-flight limit's rule and the upkeep schedule of the selector's index
 //! and tables ([`Ledger::upkeep`]).
 //!
-//! Synchronous and lock-free on the request path (atomics); no I/O, no clock of its own.
+//! Synchronous and lock-free on the request path (atomics), but for a light tenant's
+//! request where a tenants file is set (a lock per backend: [`protect_kv`]); no I/O, no
+//! clock of its own.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
@@ -62,10 +65,12 @@ pub struct Account {
     kept_tokens: Peaked,
     /// Requests a reserve was kept for that have no answer yet (prefilling).
     kept_prefilling: AtomicUsize,
-    /// Prompt tokens in flight of light tenants' requests a reserve is kept for
-    /// ([`Cap::light`]), with their most at once lately: the KV [`protect_kv`] keeps for
-    /// them.
-    top_tokens: Peaked,
+    /// Light tenants' conversations last placed here by requests a reserve is kept for
+    /// ([`Cap::top`]), each with its prompt tokens and the read it was placed at, for
+    /// [`HOME_READS`] reads; and their tokens in all: the KV [`protect_kv`] keeps for
+    /// them. Requests in flight are not it: those conversations wait between turns.
+    top_homes: Mutex<HashMap<u128, (usize, usize)>>,
+    top_resident: AtomicUsize,
     /// Whether its KV is kept for those requests ([`protect_kv`]): no request that leaves
     /// the reserve is placed here while it is held.
     protected: AtomicBool,
@@ -118,6 +123,15 @@ impl Peaked {
 /// window before it.
 pub const KEPT_READS: usize = 5;
 
+/// Reads a light tenant's conversation counts in its home's KV after its last request
+/// was placed ([`protect_kv`]): 10, a pause between turns of 5-10 s at the default
+/// 1 s between reads.
+pub const HOME_READS: usize = 10;
+
+/// Light tenants' conversations an account counts at most ([`protect_kv`]); past it,
+/// new ones are not counted (memory stays bounded).
+const MAX_HOMES: usize = 65_536;
+
 /// Bands of requests a reserve is kept for ([`Cap::band`]): one per priority.
 pub const BANDS: usize = 3;
 
@@ -164,6 +178,10 @@ pub struct Cap {
     /// for may take slots past the backend's ceiling, up to its hold (into the engine's
     /// queue), rather than move and compute its context again elsewhere (default false).
     pub home: bool,
+    /// Its conversation ([`Request::conversation`](crate::policy::Request::conversation);
+    /// 0, the default: none): a light tenant's is counted in its home's KV
+    /// ([`protect_kv`]).
+    pub conversation: u128,
 }
 
 impl Cap {
@@ -210,7 +228,8 @@ impl Account {
             kept: Peaked::default(),
             kept_tokens: Peaked::default(),
             kept_prefilling: AtomicUsize::new(0),
-            top_tokens: Peaked::default(),
+            top_homes: Mutex::default(),
+            top_resident: AtomicUsize::new(0),
             protected: AtomicBool::new(false),
             top_evicted: AtomicBool::new(false),
             reads: AtomicUsize::new(0),
@@ -247,6 +266,50 @@ impl Account {
     /// placed here while it is held ([`protect_kv`]).
     pub fn kv_kept(&self) -> bool {
         self.protected.load(Relaxed)
+    }
+
+    /// Whether light tenants' conversations here, with `tokens` more, stay within two
+    /// thirds of its published KV (the third left for them to grow): where [`protect_kv`]
+    /// keeps it, their conversations move here only then. Without it, all that moved
+    /// piled on one kept backend and evicted each other (`benches/tenants/noisy.sh`,
+    /// engines of 16, one round of two).
+    fn keeps_room_for(&self, tokens: usize) -> bool {
+        let wanted = self.top_resident.load(Relaxed).saturating_add(tokens);
+        self.capacity()
+            .is_some_and(|c| wanted.saturating_mul(3) <= c.0.saturating_mul(2))
+    }
+
+    /// Counts light tenant's `conversation` of `tokens` here, placed now.
+    fn note_top_home(&self, conversation: u128, tokens: usize) {
+        let read = self.reads.load(Relaxed);
+        let mut homes = self.top_homes.lock();
+        if homes.len() < MAX_HOMES || homes.contains_key(&conversation) {
+            let before = homes
+                .insert(conversation, (tokens, read))
+                .map_or(0, |(t, _)| t);
+            let resident = self.top_resident.load(Relaxed).saturating_sub(before);
+            self.top_resident
+                .store(resident.saturating_add(tokens), Relaxed);
+        }
+    }
+
+    /// Stops counting light tenant's `conversation` here: it moved.
+    fn move_top_home(&self, conversation: u128) {
+        let mut homes = self.top_homes.lock();
+        if let Some((tokens, _)) = homes.remove(&conversation) {
+            self.top_resident.fetch_sub(tokens, Relaxed);
+        }
+    }
+
+    /// Stops counting the conversations last placed [`HOME_READS`] reads ago or more.
+    fn forget_top_homes(&self) {
+        let read = self.reads.load(Relaxed);
+        let mut homes = self.top_homes.lock();
+        if !homes.is_empty() {
+            homes.retain(|_, &mut (_, at)| read.wrapping_sub(at) < HOME_READS);
+            let resident = homes.values().map(|&(tokens, _)| tokens).sum();
+            self.top_resident.store(resident, Relaxed);
+        }
     }
 
     /// The KV capacity the backend published, if it did.
@@ -312,8 +375,8 @@ impl Account {
         if self.reads.fetch_add(1, Relaxed) % KEPT_READS == KEPT_READS - 1 {
             self.kept.turn();
             self.kept_tokens.turn();
-            self.top_tokens.turn();
         }
+        self.forget_top_homes();
     }
 
     /// Takes `peers`' hold and ceiling (the largest its fleet's other backends learned)
@@ -430,6 +493,7 @@ impl Account {
             recorded: None,
             kept: self.kept.lately(),
             protected: false,
+            kv_kept: false,
         }
     }
 
@@ -457,9 +521,6 @@ impl Account {
             self.kept.add(1);
             self.kept_tokens.add(cap.tokens);
             self.kept_prefilling.fetch_add(1, Relaxed);
-        }
-        if cap.top() {
-            self.top_tokens.add(cap.tokens);
         }
         Some(Seat {
             account: Arc::clone(self),
@@ -503,37 +564,38 @@ pub fn share_holds<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
 /// keeps in flight did not stop it; keeping its requests off the backends that hold the
 /// light tenant's KV did. So, once one of those requests found most of the context
 /// predicted cached evicted on a backend whose requests in flight had prompts of half its
-/// KV or more, and until they are all idle, the backends where they had the most prompt
-/// tokens in flight lately are kept for them: as many as hold half again those tokens, at
-/// most half the backends with a published capacity, and none while those tokens
-/// outgrow that half (more than any fair share). No request that leaves the reserve is
-/// placed on a held one of them, and the light tenants' new conversations go there
-/// first. Where the KV holds every conversation (the lab's flow scenarios on engines of
-/// 4) nothing is kept. Not for priorities: kept for `high` in `benches/tenants/noisy.sh`
-/// on engines of 16, it cost `normal` 40% of its answers and left `high`'s TTFT p99
-/// where it was.
+/// KV or more, and until they are all idle, backends are kept for them: as many as hold
+/// half again the tokens of their conversations ([`HOME_READS`]), first those kept
+/// already, then those where they have the most; at most three quarters of the backends
+/// with a published capacity, and none while those tokens outgrow them. No request that
+/// leaves the reserve is placed on a held one of them, and the light tenants'
+/// conversations move there ([`Candidate::protected`]). Kept backends stay kept while
+/// the flows are active: chosen again at each read, they moved under the conversations
+/// moved to them. Where the KV holds every conversation (the lab's flow scenarios on
+/// engines of 4) nothing is kept. Not for priorities: kept for `high` in
+/// `benches/tenants/noisy.sh` on engines of 16, it cost `normal` 40% of its answers and
+/// left `high`'s TTFT p99 where it was.
 pub fn protect_kv<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
     let mut sized: SmallVec<[(&Account, usize, usize); 16]> = accounts
         .clone()
-        .filter_map(|a| Some((a, a.top_tokens.lately(), a.capacity()?.0)))
+        .filter_map(|a| Some((a, a.top_resident.load(Relaxed), a.capacity()?.0)))
         .collect();
     let wanted = sized.iter().map(|&(_, top, _)| top).sum::<usize>();
     let bound = accounts.clone().any(|a| a.top_evicted.load(Relaxed));
     sized.sort_by_key(|&(a, top, _)| (std::cmp::Reverse(top), a.id));
-    let most = sized.len() / 2;
+    let most = sized.len() * 3 / 4;
     let room: usize = sized.iter().take(most).map(|&(_, _, c)| c).sum();
-    let mut needed = if bound && wanted <= room {
-        wanted.saturating_add(wanted / 2)
-    } else {
-        0
-    };
     let mut kept: SmallVec<[BackendId; 8]> = SmallVec::new();
-    for &(account, _, capacity) in sized.iter().take(most) {
-        if needed == 0 {
-            break;
+    if bound && (1..=room).contains(&wanted) {
+        sized.sort_by_key(|&(a, _, _)| !a.protected.load(Relaxed));
+        let mut needed = wanted.saturating_add(wanted / 2);
+        for &(account, _, capacity) in sized.iter().take(most) {
+            if needed == 0 && !account.protected.load(Relaxed) {
+                break;
+            }
+            kept.push(account.id);
+            needed = needed.saturating_sub(capacity);
         }
-        kept.push(account.id);
-        needed = needed.saturating_sub(capacity);
     }
     for a in accounts {
         a.protected.store(kept.contains(&a.id), Relaxed);
@@ -610,9 +672,6 @@ impl Drop for Seat {
             self.account.kept_in[band].fetch_sub(1, Relaxed);
             self.account.kept.sub(1);
             self.account.kept_tokens.sub(self.tokens);
-        }
-        if self.top {
-            self.account.top_tokens.sub(self.tokens);
         }
         (self.account.on_free)();
     }
@@ -707,10 +766,18 @@ impl Ledger {
             return Placing::Taken;
         };
         let prefill = text.saturating_sub(decision.matched);
-        match accounts[index].take(cap, prefill, decision) {
-            Some(seat) => Placing::Placed { seat, index },
-            None => Placing::Taken,
+        let Some(seat) = accounts[index].take(cap, prefill, decision) else {
+            return Placing::Taken;
+        };
+        if cap.top() && cap.conversation != 0 {
+            for (i, account) in accounts.iter().enumerate() {
+                match i == index {
+                    true => account.note_top_home(cap.conversation, cap.tokens),
+                    false => account.move_top_home(cap.conversation),
+                }
+            }
         }
+        Placing::Placed { seat, index }
     }
 
     /// What [`Self::place`] would choose, without taking a seat (`POST /route`): the
@@ -744,7 +811,8 @@ impl Ledger {
             if let Some(band) = cap.kept_band() {
                 candidate.kept = accounts[i].kept_in[band].load(Relaxed);
             }
-            candidate.protected = cap.top() && accounts[i].protected.load(Relaxed);
+            candidate.kv_kept = cap.top() && accounts[i].protected.load(Relaxed);
+            candidate.protected = candidate.kv_kept && accounts[i].keeps_room_for(cap.tokens);
             candidate
         };
         let candidates: SmallVec<[Candidate; 16]> = open.iter().map(|&i| candidate(i)).collect();
@@ -1029,66 +1097,91 @@ mod tests {
             a.set_capacity(Some(Tokens(2_000)));
             a.learn_hold(load(16, 2));
         }
+        // On backend `i`, predicted to find `matched` cached; among all backends, so that
+        // a light conversation placed here is no longer counted where it was.
         let place = |i: usize, cap: Cap, matched: Tokens| {
-            let choose = |_: &[Candidate]| Decision {
+            let choose = |candidates: &[Candidate]| Decision {
+                index: candidates
+                    .iter()
+                    .position(|c| c.id == all[i].id)
+                    .unwrap_or(9),
                 matched: matched.text(),
                 ..first(&[])
             };
-            match ledger.place(&refs[i..=i], cap, TextBytes(1), choose) {
+            match ledger.place(&refs, cap, TextBytes(1), choose) {
                 Placing::Placed { seat, .. } => Some(seat).inspect(Seat::answered),
                 _ => None,
             }
         };
-        let (light, flood) = (
-            Cap {
-                kept: true,
-                light: true,
-                tokens: 300,
-                ..Cap::default()
-            },
-            Cap {
-                reserve: true,
-                tokens: 100,
-                ..Cap::default()
-            },
-        );
+        let light = |conversation: u128| Cap {
+            kept: true,
+            light: true,
+            tokens: 400,
+            conversation,
+            ..Cap::default()
+        };
+        let flood = Cap {
+            reserve: true,
+            tokens: 100,
+            ..Cap::default()
+        };
         let on = |i: usize, cap: Cap| place(i, cap, Tokens(0));
-        // A light flow's turn predicted to find 200 tokens cached at backend `i` finds 10.
-        let evicted = |i: usize| {
-            let seat = place(i, light, Tokens(200)).expect("placed");
+        // Conversation `c`'s turn predicted to find 200 tokens cached at backend `i` finds 10.
+        let evicted = |i: usize, c: u128| {
+            let seat = place(i, light(c), Tokens(200)).expect("placed");
             seat.reported(&selector, Tokens(10));
         };
         let protect = || protect_kv(all.iter().map(|a| &**a));
         let protected = || all.iter().map(|a| a.kv_kept()).collect::<Vec<_>>();
-        let lights = [on(0, light), on(1, light), on(1, light)];
+        let lights = [on(0, light(1)), on(1, light(2)), on(1, light(3))];
         let floods: Vec<_> = (0..4).map(|i| on(i, flood)).collect();
         assert!(floods.iter().all(Option::is_some));
-        evicted(0);
+        evicted(0, 1);
         protect();
         assert_eq!(
             protected(),
             [false; 4],
-            "evicted where the prompts in flight (700 tokens) fill under half the KV"
+            "evicted where the prompts in flight (900 tokens) fill under half the KV"
         );
         let more: Vec<_> = (0..3).map(|_| on(1, flood)).collect();
-        evicted(1);
+        evicted(1, 2);
         protect();
         assert_eq!(
             protected(),
-            [true, true, false, false],
-            "evicted at 1,300 of 2,000: the light flow's two backends, for half again its \
-             1,500 tokens lately, at most half the fleet"
+            [false, true, false, false],
+            "evicted at 1,600 of 2,000: the backend of most of the light flow's 1,200 \
+             tokens of conversations, for half again those"
         );
-        assert!(on(1, flood).is_none(), "a flood leaves them");
+        assert!(on(1, flood).is_none(), "a flood leaves it");
         assert!(on(2, flood).is_some(), "and goes to the others");
-        assert!(on(1, light).is_some(), "the light flow goes there");
-        drop((lights, more));
-        for _ in 0..2 * KEPT_READS {
+        let moved = on(2, light(3));
+        protect();
+        assert_eq!(
+            protected(),
+            [false, true, false, false],
+            "kept while the flow is active, though it has as much on backends 0 and 2"
+        );
+        let opened = [on(3, light(4)), on(3, light(5))];
+        protect();
+        assert_eq!(
+            protected(),
+            [false, true, false, true],
+            "one more for its 2,000 tokens: the one where it has the most"
+        );
+        let grown = [on(0, light(6)), on(2, light(7))];
+        protect();
+        assert_eq!(
+            protected(),
+            [true, true, false, true],
+            "at most three quarters of the fleet for its 2,800"
+        );
+        drop((lights, more, moved, opened, grown));
+        for _ in 0..HOME_READS {
             all.iter().for_each(|a| a.learn_hold(load(16, 2)));
         }
         protect();
         assert_eq!(protected(), [false; 4], "the light flow idle");
-        let back = on(1, light);
+        let back = on(1, light(2));
         protect();
         assert!(back.is_some());
         assert_eq!(protected(), [false; 4], "back, and not evicted since");

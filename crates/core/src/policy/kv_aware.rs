@@ -26,8 +26,10 @@
 //!   session's own context a lot. A kept flow's new conversation, and its opening turn
 //!   whatever prompt that shares, first goes to a backend whose KV is kept for its
 //!   tenant where the engines are bound by KV ([`Candidate::protected`](super::Candidate)),
-//!   then where the kept requests of its priority
-//!   have the fewest in flight ([`Candidate::kept`](super::Candidate)), before KV room:
+//!   and a later turn of a conversation whose home is not kept for it moves there (once:
+//!   it pays one prefill for turns its tenant's flood no longer evicts); then where the
+//!   kept requests of its priority have the fewest in flight
+//!   ([`Candidate::kept`](super::Candidate)), before KV room:
 //!   their conversations stay home, where the reserve kept for them is a slot or two, so
 //!   a light tenant whose conversations piled onto one backend beside a heavy one waited
 //!   there for each other's slots (measured in `benches/tenants/noisy.sh`).
@@ -236,6 +238,12 @@ impl Rule for KvAware {
             {
                 (self.place(&view), Outcome::Imbalance)
             }
+            // A light tenant's conversation moves to the backends kept for it.
+            Some(home)
+                if !ask.candidates[home].kv_kept && ask.candidates.iter().any(|c| c.protected) =>
+            {
+                (self.place(&view), Outcome::Placed)
+            }
             Some(home) => (home, Outcome::PrefixHit),
             None => (self.place(&view), Outcome::Placed),
         };
@@ -322,6 +330,34 @@ mod tests {
         let d = s.select(&kept, &fleet);
         assert_ne!(d.index, held, "{d:?}");
         assert_eq!(d.outcome, Outcome::Placed);
+    }
+
+    #[test]
+    fn a_light_tenants_conversation_moves_to_a_backend_kept_for_it_with_room() {
+        let s = selector();
+        let mut fleet = fleet(3, 100 * PROMPT.len());
+        let first = conversation(user(0), &[]);
+        let home = s.select(&request(&first, None), &fleet).index;
+        let answer = "assistant: a long answer and a tool result ".repeat(30);
+        let turn = conversation(user(0), &[Box::leak(answer.into_boxed_str())]);
+        let next = |fleet: &[Candidate]| s.select(&request(&turn, None), fleet);
+        let other = (home + 1) % 3;
+        fleet[other].kv_kept = true;
+        assert_eq!(
+            next(&fleet).index,
+            home,
+            "a kept backend without room: it stays"
+        );
+        fleet[other].protected = true;
+        let d = next(&fleet);
+        assert_eq!((d.index, d.outcome), (other, Outcome::Placed), "it moves");
+        fleet[home].kv_kept = true;
+        let d = next(&fleet);
+        assert_eq!(
+            (d.index, d.outcome),
+            (other, Outcome::PrefixHit),
+            "and stays"
+        );
     }
 
     #[test]

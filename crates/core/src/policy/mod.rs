@@ -85,8 +85,12 @@ pub struct Candidate {
     /// flow control.
     pub kept: usize,
     /// Whether its KV is kept for this request's tenant (a light one) where the engines
-    /// are bound by KV: its new conversations go there first. Default false.
+    /// are bound by KV, with room for this request: the tenant's conversations go there
+    /// first, and move there from backends not kept. Default false.
     pub protected: bool,
+    /// Whether its KV is kept for this request's tenant, with room or not: its
+    /// conversations there stay. Default false.
+    pub kv_kept: bool,
 }
 
 /// The load a backend publishes of itself (vLLM's `/metrics`), as a router last read it.
@@ -209,7 +213,8 @@ pub enum Outcome {
     Balanced,
     /// Placed by hashing a key.
     Hashed,
-    /// A new conversation, placed by the room its backend has for it.
+    /// A new conversation, placed by the room its backend has for it (or one moved to the
+    /// backends kept for its tenant).
     Placed,
 }
 

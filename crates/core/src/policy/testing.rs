@@ -23,6 +23,7 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             recorded: None,
             kept: 0,
             protected: false,
+            kv_kept: false,
         })
         .collect()
 }

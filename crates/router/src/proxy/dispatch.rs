@@ -323,6 +323,13 @@ fn place(
     trace: &RequestTrace,
 ) -> Option<(Seat, Arc<Backend>)> {
     let text = route.text();
+    let cap = match route {
+        Route::Policy(request) => Cap {
+            conversation: request.conversation(),
+            ..cap
+        },
+        Route::AnyBackend => cap,
+    };
     let recorded = Cell::new(false);
     let choose = |candidates: &[Candidate]| match route {
         Route::Policy(request) => prepare::choose(state, request, cap, candidates, &recorded),
