@@ -155,8 +155,9 @@ pub struct Cap {
     /// Whether this request is one the reserve is kept for (counted in how many of
     /// those a backend had at once).
     pub kept: bool,
-    /// Whether its tenant is below its fair share (default false): the KV of
-    /// [`protect_kv`] is kept for such a tenant's requests the reserve is kept for.
+    /// Whether it is of a light flow (default false): its tenant is below its fair share,
+    /// or it is `high` while a lower priority is active. The KV of [`protect_kv`] is kept
+    /// for such requests that the reserve is kept for.
     pub light: bool,
     /// Slots this request leaves free while it leaves no reserve and is not one the
     /// reserve is kept for, or is kept for only against a lower priority (the tenants
@@ -556,25 +557,27 @@ pub fn share_holds<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
     published.for_each(|a| a.adopt_hold(peers));
 }
 
-/// Keeps the KV of some of `accounts` for light tenants' requests a reserve is kept for
-/// ([`Cap::light`]), after a read of them all. Where the engines are bound by KV, a heavy
-/// tenant's prefills evict a light tenant's conversations between their turns however
-/// many slots are left free: engines evict the least recently used blocks, whoever's.
-/// Measured in the lab (`--flow-scale 4 --flow-load 2`), limiting the KV a heavy tenant
-/// keeps in flight did not stop it; keeping its requests off the backends that hold the
-/// light tenant's KV did. So, once one of those requests found most of the context
-/// predicted cached evicted on a backend whose requests in flight had prompts of half its
-/// KV or more, and until they are all idle, backends are kept for them: as many as hold
-/// half again the tokens of their conversations ([`HOME_READS`]), first those kept
-/// already, then those where they have the most; at most three quarters of the backends
-/// with a published capacity, and none while those tokens outgrow them. No request that
-/// leaves the reserve is placed on a held one of them, and the light tenants'
-/// conversations move there ([`Candidate::protected`]). Kept backends stay kept while
-/// the flows are active: chosen again at each read, they moved under the conversations
-/// moved to them. Where the KV holds every conversation (the lab's flow scenarios on
-/// engines of 4) nothing is kept. Not for priorities: kept for `high` in
-/// `benches/tenants/noisy.sh` on engines of 16, it cost `normal` 40% of its answers and
-/// left `high`'s TTFT p99 where it was.
+/// Keeps the KV of some of `accounts` for light flows' requests a reserve is kept for
+/// ([`Cap::light`]: a tenant below its share, or `high`), after a read of them all.
+/// Where the engines are bound by KV, a heavy flow's prefills evict a light flow's
+/// conversations between their turns however many slots are left free: engines evict
+/// the least recently used blocks, whoever's. Measured in the lab (`--flow-scale 4
+/// --flow-load 2`), limiting the KV a heavy tenant keeps in flight did not stop it;
+/// keeping its requests off the backends that hold the light tenant's KV did. So, once
+/// one of those requests found most of the context predicted cached evicted on a backend
+/// whose requests in flight had prompts of half its KV or more, and until they are all
+/// idle, backends are kept for them: as many as hold half again the tokens of their
+/// conversations ([`HOME_READS`]), first those kept already, then those where they have
+/// the most; at most three quarters of the backends with a published capacity, and none
+/// while those tokens outgrow them. No request that leaves the reserve is placed on a
+/// held one of them, and the light flows' conversations move there
+/// ([`Candidate::protected`]). Kept backends stay kept while the flows are active:
+/// chosen again at each read, they moved under the conversations moved to them. Where
+/// the KV holds every conversation (the lab's flow scenarios on engines of 4) nothing is
+/// kept. For `high` in `benches/tenants/noisy.sh` on engines of 16, a first version
+/// (sized by requests in flight, nothing moved) cost `normal` 40% of its answers and left
+/// `high`'s TTFT p99 where it was; this one brought it from 1.5-1.6 s to 0.2-0.8 s, at
+/// 3-9% of `normal`'s answers a second.
 pub fn protect_kv<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {
     let mut sized: SmallVec<[(&Account, usize, usize); 16]> = accounts
         .clone()

@@ -97,7 +97,7 @@ impl Standing {
             limit,
             reserve: (self.higher || self.other_light) && !self.kept_for(),
             kept: self.kept_for(),
-            light: self.light,
+            light: self.light || (priority == Priority::High && self.kept_for()),
             standing: if self.leaves_standing(priority) {
                 standing
             } else {
@@ -378,6 +378,11 @@ mod tests {
         assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
         let _low = shares.enter("a", 1, Priority::Low);
         assert!(shares.cap("a", Priority::Low, 0, 0).reserve);
+        assert!(
+            shares.cap("a", Priority::High, 0, 0).light,
+            "the KV kept for light flows is kept for high"
+        );
+        assert!(!shares.cap("a", Priority::Normal, 0, 0).light);
     }
 
     #[test]
