@@ -180,8 +180,8 @@ pub struct Cap {
     /// queue), rather than move and compute its context again elsewhere (default false).
     pub home: bool,
     /// Its conversation ([`Request::conversation`](crate::policy::Request::conversation);
-    /// 0, the default: none): a light tenant's is counted in its home's KV
-    /// ([`protect_kv`]).
+    /// 0, the default: none): a light flow's is counted in its home's KV
+    /// ([`protect_kv`]). Set by [`Self::of_conversation`].
     pub conversation: u128,
 }
 
@@ -195,6 +195,16 @@ impl Cap {
     /// [`protect_kv`] is kept for it.
     fn top(&self) -> bool {
         self.kept && self.light
+    }
+
+    /// This cap with its request's `conversation` ([`Self::conversation`]), computed only
+    /// where it is counted: for a light flow's request kept a reserve for (the hash is
+    /// not paid without flow control).
+    pub fn of_conversation(self, conversation: impl FnOnce() -> u128) -> Cap {
+        Cap {
+            conversation: if self.top() { conversation() } else { 0 },
+            ..self
+        }
     }
 }
 

@@ -190,10 +190,7 @@ impl LabRouter {
         self.clock.set(Duration::from_secs_f64(now.max(0.0)));
         let parsed = request::parse(Endpoint::Chat, asked.body)?;
         let request = self.request(&parsed, &asked, cap);
-        let cap = Cap {
-            conversation: request.conversation(),
-            ..cap
-        };
+        let cap = cap.of_conversation(|| request.conversation());
         let accounts: Vec<&Arc<Account>> = (self.accounts.iter().enumerate())
             .filter(|(i, _)| only.is_none_or(|o| o == *i))
             .map(|(_, a)| a)

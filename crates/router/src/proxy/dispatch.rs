@@ -324,10 +324,7 @@ fn place(
 ) -> Option<(Seat, Arc<Backend>)> {
     let text = route.text();
     let cap = match route {
-        Route::Policy(request) => Cap {
-            conversation: request.conversation(),
-            ..cap
-        },
+        Route::Policy(request) => cap.of_conversation(|| request.conversation()),
         Route::AnyBackend => cap,
     };
     let recorded = Cell::new(false);
