@@ -1100,6 +1100,18 @@ mod tests {
     }
 
     #[test]
+    fn a_conversation_is_hashed_only_for_a_light_flows_request_kept_a_reserve_for() {
+        let unhashed = Cap::default().of_conversation(|| panic!("hashed without flow control"));
+        assert_eq!(unhashed.conversation, 0);
+        let light = Cap {
+            kept: true,
+            light: true,
+            ..Cap::default()
+        };
+        assert_eq!(light.of_conversation(|| 7).conversation, 7);
+    }
+
+    #[test]
     fn once_a_light_flows_context_is_evicted_where_kv_is_full_the_floods_leave_its_backends() {
         let all = accounts(4);
         let refs: Vec<&Arc<Account>> = all.iter().collect();
