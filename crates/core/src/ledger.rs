@@ -7,7 +7,7 @@
 //! also holds the in-flight limit's rule and the upkeep schedule of the selector's index
 //! and tables ([`Ledger::upkeep`]).
 //!
-//! Synchronous and lock-free on the request path (atomics), but for a light tenant's
+//! Synchronous and lock-free on the request path (atomics), but for a light flow's
 //! request where a tenants file is set (a lock per backend: [`protect_kv`]); no I/O, no
 //! clock of its own.
 
@@ -123,7 +123,7 @@ impl Peaked {
 /// window before it.
 pub const KEPT_READS: usize = 5;
 
-/// Reads a light tenant's conversation counts in its home's KV after its last request
+/// Reads a light flow's conversation counts in its home's KV after its last request
 /// was placed ([`protect_kv`]): 10, a pause between turns of 5-10 s at the default
 /// 1 s between reads.
 pub const HOME_READS: usize = 10;
@@ -191,7 +191,7 @@ impl Cap {
         self.kept.then(|| self.band.min(BANDS - 1))
     }
 
-    /// Whether it is a light tenant's request kept a reserve for: the KV of
+    /// Whether it is a light flow's request kept a reserve for: the KV of
     /// [`protect_kv`] is kept for it.
     fn top(&self) -> bool {
         self.kept && self.light
@@ -273,13 +273,13 @@ impl Account {
         (all, Tokens(self.kept_tokens.lately()))
     }
 
-    /// Whether its KV is kept for light tenants: no request that leaves them a reserve is
+    /// Whether its KV is kept for light flows: no request that leaves them a reserve is
     /// placed here while it is held ([`protect_kv`]).
     pub fn kv_kept(&self) -> bool {
         self.protected.load(Relaxed)
     }
 
-    /// Whether light tenants' conversations here, with `tokens` more, stay within two
+    /// Whether light flows' conversations here, with `tokens` more, stay within two
     /// thirds of its published KV (the third left for them to grow): where [`protect_kv`]
     /// keeps it, their conversations move here only then. Without it, all that moved
     /// piled on one kept backend and evicted each other (`benches/tenants/noisy.sh`,
@@ -290,7 +290,7 @@ impl Account {
             .is_some_and(|c| wanted.saturating_mul(3) <= c.0.saturating_mul(2))
     }
 
-    /// Counts light tenant's `conversation` of `tokens` here, placed now.
+    /// Counts a light flow's `conversation` of `tokens` here, placed now.
     fn note_top_home(&self, conversation: u128, tokens: usize) {
         let read = self.reads.load(Relaxed);
         let mut homes = self.top_homes.lock();
@@ -304,7 +304,7 @@ impl Account {
         }
     }
 
-    /// Stops counting light tenant's `conversation` here: it moved.
+    /// Stops counting a light flow's `conversation` here: it moved.
     fn move_top_home(&self, conversation: u128) {
         let mut homes = self.top_homes.lock();
         if let Some((tokens, _)) = homes.remove(&conversation) {

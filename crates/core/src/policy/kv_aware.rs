@@ -25,7 +25,7 @@
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
 //!   session's own context a lot. A kept flow's new conversation, and its opening turn
 //!   whatever prompt that shares, first goes to a backend whose KV is kept for its
-//!   tenant where the engines are bound by KV ([`Candidate::protected`](super::Candidate)),
+//!   flow where the engines are bound by KV ([`Candidate::protected`](super::Candidate)),
 //!   and a later turn of a conversation whose home is not kept for it moves there (once:
 //!   it pays one prefill for turns its tenant's flood no longer evicts); then where the
 //!   kept requests of its priority have the fewest in flight
@@ -238,7 +238,7 @@ impl Rule for KvAware {
             {
                 (self.place(&view), Outcome::Imbalance)
             }
-            // A light tenant's conversation moves to the backends kept for it.
+            // A light flow's conversation moves to the backends kept for it.
             Some(home)
                 if !ask.candidates[home].kv_kept && ask.candidates.iter().any(|c| c.protected) =>
             {

@@ -84,11 +84,11 @@ pub struct Candidate {
     /// at most at once lately (the ledger's window of a few seconds), or now. 0 without
     /// flow control.
     pub kept: usize,
-    /// Whether its KV is kept for this request's tenant (a light one) where the engines
-    /// are bound by KV, with room for this request: the tenant's conversations go there
+    /// Whether its KV is kept for this request's flow (a light one) where the engines
+    /// are bound by KV, with room for this request: the flow's conversations go there
     /// first, and move there from backends not kept. Default false.
     pub protected: bool,
-    /// Whether its KV is kept for this request's tenant, with room or not: its
+    /// Whether its KV is kept for this request's flow, with room or not: its
     /// conversations there stay. Default false.
     pub kv_kept: bool,
 }
