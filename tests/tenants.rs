@@ -292,6 +292,56 @@ async fn a_waiting_high_stops_a_low_request_in_flight_rather_than_wait_for_it() 
     assert_eq!(low_stopped(&router).await, 1.0);
 }
 
+/// With no lower request left without an answer to stop, a `high` request that finds the
+/// queue full of `high` waits past its bound while `low` runs, by at most as many
+/// requests as `low` has in flight: the next `high` gets 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_high_request_waits_past_a_full_queue_for_a_low_one_that_already_answered() {
+    let up = Upstream::start("a").await;
+    let gate = Arc::new(Notify::new());
+    up.set_reply(Reply::Sse {
+        chunks: 2,
+        gate: Arc::clone(&gate),
+    });
+    let settings = Settings {
+        max_inflight_per_backend: Some(1),
+        max_queued: Some(1),
+        queue_timeout: Some(10.0),
+        tenants_file: Some(priority_tenants("past-the-bound")),
+        ..settings(&[&up])
+    };
+    let router = TestRouter::start(settings, 1);
+    let url = router.url.clone();
+    let low = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("x-priority", "low")
+        .bearer_auth("sk-priority")
+        .json(&chat(&[("user", "low".into())]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(low.status(), 200, "low answered, its stream held open");
+    up.set_reply(Reply::Json);
+    let mut highs = Vec::new();
+    for (queued, name) in [(1, "first high"), (2, "second high")] {
+        highs.push(tokio::spawn(post_named(url.clone(), name, "high")));
+        router
+            .wait_until("the high request waits", |r| {
+                r.state().queue.len() == queued
+            })
+            .await;
+    }
+    let third = post_named(url.clone(), "third high", "high").await;
+    assert_eq!(third, 503, "one past the bound, for the one low in flight");
+    gate.notify_one();
+    assert!(low.text().await.unwrap().ends_with("data: [DONE]\n\n"));
+    for high in highs {
+        assert_eq!(high.await.unwrap(), 200);
+    }
+    assert_eq!(arrivals(&up), vec!["low", "first high", "second high"]);
+    assert_eq!(low_stopped(&router).await, 0.0);
+}
+
 /// A vLLM page of `running` requests and `waiting` ones queued.
 fn load_page(running: u32, waiting: u32) -> String {
     format!(

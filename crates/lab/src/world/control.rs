@@ -131,9 +131,9 @@ impl<'w> World<'w> {
     }
 
     /// `pending` waits in the queue: a full one sheds its last waiter of a lower priority
-    /// (or of the tenant with the most), or stops a running request of a lower priority to
-    /// wait past its bound (`dispatch::displaced`), or sheds `pending` itself; a waiter
-    /// the reserve is kept for makes room.
+    /// (or of the tenant with the most), or waits past its bound for a lower priority's
+    /// request (`Shares::past_bound`, as `dispatch::displaced`), or sheds `pending`
+    /// itself; a waiter the reserve is kept for makes room.
     fn join(&mut self, now: f64, pending: Pending<'w>) {
         let cost = self.prompt_tokens(&pending);
         let Some(control) = self.control.as_mut() else {
@@ -152,11 +152,9 @@ impl<'w> World<'w> {
             .order
             .join(control.max_queued, &ticket, promoted, pending)
         {
-            Err(pending)
-                if control.order.len() >= control.max_queued
-                    && control.shares.displace(priority, None) =>
-            {
-                control.order.join(usize::MAX, &ticket, promoted, pending)
+            Err(pending) if control.order.len() >= control.max_queued => {
+                let bound = control.shares.past_bound(priority, control.max_queued);
+                control.order.join(bound, &ticket, promoted, pending)
             }
             joined => joined,
         };

@@ -85,6 +85,13 @@ impl<'t> Ticket<'t> {
             .is_some_and(|s| s.displace(self.flow.priority, on))
     }
 
+    /// The bound it may wait past in a queue full at `bound` of waiters it may not shed
+    /// ([`Shares::past_bound`], with a tenants file; else `bound`).
+    pub fn past_bound(&self, bound: usize) -> usize {
+        self.shares
+            .map_or(bound, |s| s.past_bound(self.flow.priority, bound))
+    }
+
     /// Whether [`Self::displace`] on `on` would find a request to stop: one of a lower
     /// priority, with no answer yet, is in flight there.
     pub fn outranks_any(&self, on: Option<BackendId>) -> bool {

@@ -439,25 +439,20 @@ async fn admitted<E: Exchange>(
     })
 }
 
-/// A place for `ticket` that the queue, full of waiters it may not shed, refused: it
-/// stops the last placed request with no answer yet at the lowest priority below its own
-/// (which, sent back to the queue, finds it full in turn and gets 503), and waits past
-/// the queue's bound for the slot that frees. Lowest priority is shed first, whether it
-/// waits or runs; the excess is bounded by the requests stopped.
+/// A place for `ticket` that the queue, full of waiters it may not shed, refused: past
+/// the bound [`Ticket::past_bound`] gives it (unbounded once it stopped a request it
+/// outranks; else by those it outranks, all answered), for the slot one of them frees.
 fn displaced<'q>(
     queue: &'q Queue,
     bounds: Bounds,
     ticket: Ticket,
     promote_after: Duration,
 ) -> Option<Place<'q>> {
-    if queue.len() < bounds.all || !ticket.displace(None) {
+    if queue.len() < bounds.all {
         return None;
     }
-    let unbounded = Bounds {
-        all: usize::MAX,
-        ..bounds
-    };
-    queue.join(unbounded, ticket, promote_after)
+    let all = ticket.past_bound(bounds.all);
+    queue.join(Bounds { all, ..bounds }, ticket, promote_after)
 }
 
 /// A request the reserve is kept for, waiting for a slot, makes room where it would go
