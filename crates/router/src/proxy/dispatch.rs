@@ -441,7 +441,8 @@ async fn admitted<E: Exchange>(
 
 /// A place for `ticket` that the queue, full of waiters it may not shed, refused: past
 /// the bound [`Ticket::past_bound`] gives it (unbounded once it stopped a request it
-/// outranks; else by those it outranks, all answered), for the slot one of them frees.
+/// outranks; else, for `high`, by those it outranks, all answered), for the slot one of
+/// them frees.
 fn displaced<'q>(
     queue: &'q Queue,
     bounds: Bounds,
