@@ -1,8 +1,9 @@
 //! The prefix index: which backend was sent which prefix, as chains of block hashes
-//! ([`blocks`]) in one sharded tree per model ([`tree`](crate::tree)), each backend's share
-//! bounded by a budget sized like its KV cache. A handle of its own: prefix policies match
-//! and record through it; upkeep evicts it and sizes its budgets from the capacities
-//! backends publish; responses correct those budgets ([`calibration`]); stats read it.
+//! ([`blocks`](crate::request::blocks)) in one sharded tree per model
+//! ([`tree`](crate::tree)), each backend's share bounded by a budget sized like its KV
+//! cache. A handle of its own: prefix policies match and record through it; upkeep evicts
+//! it and sizes its budgets from the capacities backends publish; responses correct those
+//! budgets (its `calibration` module); stats read it.
 //!
 //! Not a policy: it knows nothing of load, health or sessions.
 
