@@ -107,7 +107,15 @@ async fn spans_reach_a_real_otlp_receiver_linked_under_the_clients_trace() {
         prompt: 120,
         cached: 96,
     });
-    let router = TestRouter::start(traced(&[&up], &receiver.url), 1);
+    // A tenant whose key is the secret, so that admission's tenant paths run traced too.
+    let tenants = scratch_dir("traced-tenants").join("tenants.toml");
+    let entry = sha256_entry(SECRET_KEY);
+    std::fs::write(&tenants, format!("[tenants.acme]\nkeys = [\"{entry}\"]\n")).unwrap();
+    let settings = Settings {
+        tenants_file: Some(tenants),
+        ..traced(&[&up], &receiver.url)
+    };
+    let router = TestRouter::start(settings, 1);
     assert_eq!(traced_chat(&router).await, 200);
     let spans = receiver.spans(4).await;
 
