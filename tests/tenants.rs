@@ -171,6 +171,11 @@ async fn post_named(url: String, name: &'static str, priority: &'static str) -> 
 
 /// Posts `body` as a chat request with `priority`, as [`post_named`] does; its status.
 async fn post_chat(url: String, body: Value, priority: &'static str) -> u16 {
+    answer(&url, body, priority).await.status().as_u16()
+}
+
+/// The response to `body` posted as [`post_chat`] posts it, its body not read yet.
+async fn answer(url: &str, body: Value, priority: &str) -> reqwest::Response {
     client()
         .post(format!("{url}/v1/chat/completions"))
         .header("x-priority", priority)
@@ -179,8 +184,19 @@ async fn post_chat(url: String, body: Value, priority: &'static str) -> u16 {
         .send()
         .await
         .unwrap()
-        .status()
-        .as_u16()
+}
+
+/// A router in front of `up` with one slot and a queue of one, for [`priority_tenants`]
+/// `name`.
+fn one_slot_router(up: &Upstream, name: &str) -> TestRouter {
+    let settings = Settings {
+        max_inflight_per_backend: Some(1),
+        max_queued: Some(1),
+        queue_timeout: Some(10.0),
+        tenants_file: Some(priority_tenants(name)),
+        ..settings(&[up])
+    };
+    TestRouter::start(settings, 1)
 }
 
 /// A tenants file `name` of one tenant, keyed `sk-priority`, allowed every priority.
@@ -263,14 +279,7 @@ async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
 async fn a_waiting_high_stops_a_low_request_in_flight_rather_than_wait_for_it() {
     let up = Upstream::start("a").await;
     up.set_reply(Reply::Slow(Duration::from_millis(500)));
-    let settings = Settings {
-        max_inflight_per_backend: Some(1),
-        max_queued: Some(1),
-        queue_timeout: Some(10.0),
-        tenants_file: Some(priority_tenants("displace")),
-        ..settings(&[&up])
-    };
-    let router = TestRouter::start(settings, 1);
+    let router = one_slot_router(&up, "displace");
     let url = router.url.clone();
     let low = tokio::spawn(post_named(url.clone(), "low", "low"));
     router
@@ -303,23 +312,9 @@ async fn a_high_request_waits_past_a_full_queue_for_a_low_one_that_already_answe
         chunks: 2,
         gate: Arc::clone(&gate),
     });
-    let settings = Settings {
-        max_inflight_per_backend: Some(1),
-        max_queued: Some(1),
-        queue_timeout: Some(10.0),
-        tenants_file: Some(priority_tenants("past-the-bound")),
-        ..settings(&[&up])
-    };
-    let router = TestRouter::start(settings, 1);
+    let router = one_slot_router(&up, "past-the-bound");
     let url = router.url.clone();
-    let low = client()
-        .post(format!("{url}/v1/chat/completions"))
-        .header("x-priority", "low")
-        .bearer_auth("sk-priority")
-        .json(&chat(&[("user", "low".into())]))
-        .send()
-        .await
-        .unwrap();
+    let low = answer(&url, chat(&[("user", "low".into())]), "low").await;
     assert_eq!(low.status(), 200, "low answered, its stream held open");
     up.set_reply(Reply::Json);
     let mut highs = Vec::new();
