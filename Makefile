@@ -37,6 +37,7 @@ test-deps: deps
 	tests/kv_events/setup.sh target/kv-events >/dev/null
 	tests/otlp/setup.sh target/otlp >/dev/null
 	tests/envoy/setup.sh target/envoy >/dev/null
+	tests/vllm/setup.sh target/vllm >/dev/null
 
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)

@@ -11,7 +11,11 @@ bench_start() { # the router's release binary in $bin (built when missing), a lo
   mkdir -p "$out"
   trap stop EXIT
 }
-stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+stop() { # the processes started here, each waited for (not other background jobs)
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_ok() { # URL: up to 120 s for a 200
   for _ in $(seq 1 1200); do

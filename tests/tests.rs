@@ -27,3 +27,4 @@ mod tenants;
 mod tls;
 mod tokens;
 mod traces;
+mod vllm;

@@ -61,3 +61,16 @@ pub fn envoy() -> PathBuf {
     );
     binary
 }
+
+/// The `vllm` command of vLLM's CPU build, and the tiny Qwen3 model's directory.
+pub fn vllm() -> (PathBuf, PathBuf) {
+    let what = "vLLM's CPU build and a tiny model, tests/vllm/setup.sh";
+    fixture("vllm/venv/.installed", what);
+    (
+        fixture("vllm/venv/bin/vllm", what),
+        fixture("vllm/model/config.json", what)
+            .parent()
+            .map(PathBuf::from)
+            .unwrap_or_default(),
+    )
+}

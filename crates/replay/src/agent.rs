@@ -53,6 +53,10 @@ pub struct AgentConfig {
     /// Every message's and tool description's length is multiplied by this (1: the sizes
     /// above; 0.1 for engines on a CPU).
     pub message_scale: f64,
+    /// The shared system prompts' and tools' lengths are multiplied by this; `None`: by
+    /// `message_scale`. Apart, so that heavy-tailed sessions can have long messages (few
+    /// turns) beside short shared prompts, as an engine on a CPU needs.
+    pub prompt_scale: Option<f64>,
     /// Heavy-tailed session sizes: sessions end between this many tokens and
     /// `max_context_tokens` (see the module doc). 0: every session runs to the maximum.
     pub min_context_tokens: u64,
@@ -80,6 +84,7 @@ impl Default for AgentConfig {
             think_max: 5.0,
             system_prompts: 4,
             message_scale: 1.0,
+            prompt_scale: None,
             min_context_tokens: 0,
             overlap: 0.0,
         }
@@ -91,14 +96,15 @@ pub(crate) fn plan_agent(cfg: &AgentConfig) -> Plan {
     let mut plan = Plan::default();
     let bpt = u64::from(cfg.bytes_per_token.max(1));
     let mut rng = Rng::new(mix(cfg.seed, 0xA6E7));
-    let tools = tools_json(cfg.seed, cfg.message_scale);
+    let prompt_scale = cfg.prompt_scale.unwrap_or(cfg.message_scale);
+    let tools = tools_json(cfg.seed, prompt_scale);
     let tools_tokens = tokens(tools.len(), bpt);
     plan.tools = Some(plan.push_piece(tools, None, tools_tokens));
     let prompts: Vec<u32> = (0..cfg.system_prompts.max(1))
         .map(|i| {
             let len = rng.range(
-                scaled(20_000, cfg.message_scale),
-                scaled(40_000, cfg.message_scale),
+                scaled(20_000, prompt_scale),
+                scaled(40_000, prompt_scale),
             ) as usize;
             let json = render_message(Role::System, &text(mix(cfg.seed, 0x5157 + i as u64), len));
             let t = tokens(json.len(), bpt);
@@ -285,6 +291,19 @@ mod tests {
         assert_eq!(last(&a), last(&b));
         let other = plan_agent(&AgentConfig { seed: 2, ..small() });
         assert_ne!(a.pieces, other.pieces);
+    }
+
+    #[test]
+    fn the_prompt_scale_sizes_the_shared_prompts_alone() {
+        let plan = plan_agent(&small());
+        let short = plan_agent(&AgentConfig {
+            prompt_scale: Some(0.1),
+            ..small()
+        });
+        let shared = |p: &Plan| p.piece_tokens[0] + p.piece_tokens[1];
+        assert!(shared(&short) * 5 < shared(&plan));
+        let private = |p: &Plan| p.piece_tokens.last().copied();
+        assert_eq!(private(&short), private(&plan));
     }
 
     #[test]

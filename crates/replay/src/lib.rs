@@ -204,6 +204,10 @@ pub struct ReplayArgs {
     /// Agent workload: every message's length times this (0.1 sizes it for engines on a CPU).
     #[arg(long, default_value_t = 1.0)]
     pub message_scale: f64,
+    /// Agent workload: the shared system prompts' and tools' lengths times this [default:
+    /// --message-scale].
+    #[arg(long)]
+    pub prompt_scale: Option<f64>,
     /// Agent workload: sessions end between this many tokens and --max-context-tokens,
     /// heavy-tailed (a few sessions near the maximum, most far below) [default: 0, every
     /// session runs to the maximum].
@@ -252,6 +256,7 @@ impl Default for ReplayArgs {
             think_max: agent.think_max,
             system_prompts: agent.system_prompts,
             message_scale: agent.message_scale,
+            prompt_scale: agent.prompt_scale,
             min_context_tokens: agent.min_context_tokens,
             overlap: agent.overlap,
         }
@@ -271,6 +276,7 @@ impl ReplayArgs {
             think_max: self.think_max,
             system_prompts: self.system_prompts,
             message_scale: self.message_scale,
+            prompt_scale: self.prompt_scale,
             min_context_tokens: self.min_context_tokens,
             overlap: self.overlap,
         }
@@ -280,6 +286,9 @@ impl ReplayArgs {
         let bad = |m: &str| Err(ReplayError::InvalidArg(m.to_owned()));
         if !(self.message_scale.is_finite() && self.message_scale > 0.0) {
             return bad("--message-scale must be > 0");
+        }
+        if self.prompt_scale.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+            return bad("--prompt-scale must be > 0");
         }
         if !(self.speedup.is_finite() && self.speedup > 0.0) {
             return bad("--speedup must be > 0");

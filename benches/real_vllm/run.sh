@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# make real-vllm: the router in front of real vLLM. vLLM 0.32's CPU build and a tiny
+# random-weight Qwen3 (tests/vllm/setup.sh, cached under target/vllm), INSTANCES instances
+# (two to a core) with 32-token blocks, prefix caching, KV events and a KV sized to a share
+# of the workload's final contexts. Closed-loop coding-agent sessions (`prefix-router
+# replay --synthetic agent`, contexts sized for CPU prefill) are replayed once per front
+# and run: our policies, ours in vLLM mode (token mode on the model's own tokenizer and the
+# engines' KV events), smg 1.13.0, vllm-router 0.1.17's cache_aware and its kv_aware on the
+# same KV events. Every engine's prefix cache is emptied before each run. Prints one line
+# per run; the reports are kept in OUT.
+#
+# ENGINE=sim runs the same through `prefix-router sim` instances configured like the real
+# fleet (block size, KV blocks, max-num-seqs, max-model-len, the model's tokenizer, KV
+# events), with SIM_ARGS for the timing.
+#
+# Env: KV (shares of the sessions' final contexts the fleet's KV holds, a comma list;
+# default 0.6,1.0,1.5), RUNS (1), FRONTS (default vllm-mode,kv_aware,cache_aware,
+# prefill_aware,consistent_hash,round_robin,smg,vllm-router,vllm-router-kv; POLICY@PATH runs
+# the router at PATH), WORKLOAD (agent: 24 sessions over 4 prompts, 3.7K-33K tokens; shared:
+# 32 sessions over 2 long prompts), INSTANCES (4), MAX_NUM_SEQS (16), MAX_MODEL_LEN (32768:
+# longer prompts get 400; at most the KV less a block), THINK (1 s), SESSIONS, SESSION_RATE,
+# OUT (a directory for logs and reports; default a temporary one).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source benches/common.sh
+bench_start
+{ read -r vllm; read -r model; } < <(tests/vllm/setup.sh target/vllm)
+instances="${INSTANCES:-4}"
+block=32
+engine="${ENGINE:-vllm}"
+
+case "${WORKLOAD:-agent}" in
+  agent) workload=(--sessions "${SESSIONS:-24}" --system-prompts 4 --prompt-scale 0.15
+           --message-scale 1.5 --min-context-tokens 2500 --max-context-tokens 20000) ;;
+  shared) workload=(--sessions "${SESSIONS:-32}" --system-prompts 2 --prompt-scale 0.6
+            --message-scale 1.5 --min-context-tokens 5000 --max-context-tokens 20000) ;;
+  *) echo "unknown WORKLOAD ${WORKLOAD}" >&2; exit 1 ;;
+esac
+workload+=(--session-rate "${SESSION_RATE:-2}" --think-min "${THINK:-1}" --think-max "${THINK:-1}")
+
+free_pair() { # a free port P with P+1 free too (vLLM's HTTP port and its KV events')
+  python3 -c 'import socket
+while True:
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    try:
+        b = socket.socket(); b.bind(("0.0.0.0", p + 1)); b.close(); a.close(); print(p); break
+    except OSError:
+        a.close()'
+}
+
+contexts() { # the workload's final contexts in the model's tokens: "SUM MAX" (a simulator with the model's tokenizer, no KV limit)
+  local p; p=$(free_port)
+  "$bin" sim --count 1 --base-port "$p" --model tiny --tokenizer "$model" --kv-blocks 10000000 \
+    --max-model-len 10000000 --time-scale 100 >"$out/contexts-sim.log" 2>&1 &
+  local sim=$!
+  wait_ok "http://127.0.0.1:$p/health"
+  "$bin" replay --url "http://127.0.0.1:$p" --synthetic agent "${workload[@]}" --speedup 100 \
+    --model tiny --stream --quiet --requests-out "$out/contexts.jsonl" >/dev/null
+  kill "$sim"; wait "$sim" 2>/dev/null || true
+  python3 - "$out/contexts.jsonl" <<'PY'
+import json, sys
+final = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    final[r["session"]] = max(final.get(r["session"], 0), r["prompt_tokens"] or 0)
+print(sum(final.values()), max(final.values()))
+PY
+}
+
+start_engines() { # KV_BLOCKS MAX_MODEL_LEN: the instances, healthy; sets urls and events
+  urls=(); events=()
+  for i in $(seq 0 $((instances - 1))); do
+    local p; p=$(free_pair)
+    local dir="$out/engine-$i"; mkdir -p "$dir"/{cache,tmp,rpc,inductor}
+    local config="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$((p + 1))\"}"
+    if [ "$engine" = sim ]; then
+      "$bin" sim --count 1 --base-port "$p" --model tiny --tokenizer "$model" --block-tokens "$block" \
+        --kv-blocks "$1" --max-model-len "$2" --max-num-seqs "${MAX_NUM_SEQS:-16}" \
+        --kv-events-config "$config" ${SIM_ARGS:-} >"$dir/log" 2>&1 &
+    else
+      VLLM_CPU_OMP_THREADS_BIND=$((i % 2)) VLLM_CACHE_ROOT="$dir/cache" TMPDIR="$dir/tmp" \
+      VLLM_RPC_BASE_PATH="$dir/rpc" TORCHINDUCTOR_CACHE_DIR="$dir/inductor" VLLM_SERVER_DEV_MODE=1 \
+      HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
+        "$vllm" serve "$model" --served-model-name tiny --host 127.0.0.1 --port "$p" \
+        --dtype bfloat16 --enforce-eager --block-size "$block" --enable-prefix-caching \
+        --enable-prompt-tokens-details --enable-auto-tool-choice --tool-call-parser hermes \
+        --max-model-len "$2" --max-num-seqs "${MAX_NUM_SEQS:-16}" \
+        --num-gpu-blocks-override "$1" --kv-cache-memory-bytes $(($1 * block * 512)) \
+        --kv-events-config "$config" >"$dir/log" 2>&1 &
+    fi
+    engine_pids+=($!)
+    urls+=("http://127.0.0.1:$p"); events+=("tcp://127.0.0.1:$((p + 1))")
+  done
+  for u in "${urls[@]}"; do
+    for _ in $(seq 1 600); do curl -sf -o /dev/null "$u/health" && break; sleep 0.5; done
+    curl -sf -o /dev/null "$u/health" || { echo "$u never became healthy" >&2; exit 1; }
+  done
+}
+
+stop_engines() {
+  for p in "${engine_pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${engine_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  engine_pids=()
+}
+engine_pids=()
+trap 'stop; stop_engines' EXIT
+
+reset_caches() { # every engine's prefix cache emptied (vLLM's dev endpoint)
+  for u in "${urls[@]}"; do
+    for _ in $(seq 1 50); do
+      [ "$(curl -s -X POST "$u/reset_prefix_cache")" = '{"success":true}' ] && break
+      sleep 0.2
+    done
+  done
+}
+
+start_front() { # NAME: the front NAME in front of the engines; sets $port and $front_pid
+  case $1 in
+    vllm-mode) ROUTER_ARGS="--tokenizer $model --kv-events tcp://{host}:{port+1}" start_router kv_aware "${urls[@]}" ;;
+    smg) start_peer smg "${urls[@]}" ;;
+    vllm-router) start_peer vllm-router "${urls[@]}" ;;
+    vllm-router-kv) start_vllm_router_kv ;;
+    *@*) ROUTER_BIN="${1#*@}" start_router "${1%@*}" "${urls[@]}" ;;
+    *) start_router "$1" "${urls[@]}" ;;
+  esac
+  front_pid=${pids[-1]}
+}
+
+start_vllm_router_kv() { # vllm-router's kv_aware, fed by every engine's KV events
+  local exe sources=() i
+  exe=$(peer_bin vllm-router)
+  port=$(free_port)
+  for i in "${!urls[@]}"; do sources+=(--kv-event-source "${urls[$i]}=${events[$i]}"); done
+  VLLM_ROUTER_TOKENIZER="$model" "$exe" --host 127.0.0.1 --port "$port" --prometheus-port "$(free_port)" \
+    --policy kv_aware --worker-urls "${urls[@]}" "${sources[@]}" --kv-event-block-size "$block" \
+    --kv-event-model tiny >"$out/vllm-router-kv.log" 2>&1 &
+  pids+=($!)
+  for _ in $(seq 1 600); do
+    [ "$(curl -s "http://127.0.0.1:$port/list_workers" | python3 -c 'import json,sys; print(len(json.load(sys.stdin).get("urls", [])))' 2>/dev/null)" = "${#urls[@]}" ] && return 0
+    sleep 0.1
+  done
+  echo "vllm-router did not register its backends" >&2; return 1
+}
+
+cpu_seconds() { # PID: CPU seconds of PID and its descendants so far
+  python3 - "$1" <<'PY'
+import os, sys
+tick = os.sysconf("SC_CLK_TCK")
+def children(pid):
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out += open(f"/proc/{pid}/task/{task}/children").read().split()
+        except OSError:
+            pass
+    return out
+total, todo = 0, [sys.argv[1]]
+while todo:
+    pid = todo.pop()
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+        todo += children(pid)
+    except OSError:
+        pass
+print(f"{total / tick:.1f}")
+PY
+}
+
+replay() { # NAME KV RUN: the workload through $port, one line
+  local report="$out/${1//\//_}-$2-$3.json"
+  "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent "${workload[@]}" --speedup 1 \
+    --stream --quiet --backends "$instances" --concurrency 1024 --timeout 900 --model tiny \
+    --out "$report" --requests-out "${report%.json}.jsonl" >/dev/null
+  python3 - "$report" "${1/@*/@other}" "$2" "$3" "$(cpu_seconds "$front_pid")" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+t = r.get("ttft_ms") or {}
+q = r["requests"]
+refused = sum(n for kind, n in q["errors"].items() if kind == "http_400")
+print(f"{sys.argv[2]:16} kv={sys.argv[3]} run={sys.argv[4]} hit={(r['hit_rate'] or 0):.3f} "
+      f"ttft_p50={t.get('p50', 0) / 1000:.2f}s ttft_p99={t.get('p99', 0) / 1000:.2f}s "
+      f"makespan={r['elapsed_s']:.1f}s ok={q['ok']} refused={refused} failed={q['failed'] - refused} "
+      f"cpu={sys.argv[5]}s {dict((k, v) for k, v in q['errors'].items() if k != 'http_400') or ''}", flush=True)
+PY
+}
+
+read -r total largest < <(contexts)
+echo "workload ${WORKLOAD:-agent}: final contexts $total tokens in all, the largest $largest; engine $engine x$instances"
+IFS=, read -ra shares <<<"${KV:-0.6,1.0,1.5}"
+IFS=, read -ra fronts <<<"${FRONTS:-vllm-mode,kv_aware,cache_aware,prefill_aware,consistent_hash,round_robin,smg,vllm-router,vllm-router-kv}"
+for share in "${shares[@]}"; do
+  blocks=$(python3 -c "import math; print(math.ceil($share * $total / $instances / $block))")
+  len=$(( ${MAX_MODEL_LEN:-32768} < (blocks - 1) * block ? ${MAX_MODEL_LEN:-32768} : (blocks - 1) * block ))
+  echo "KV ${share}x: $blocks blocks ($((blocks * block)) tokens) per instance, max-model-len $len"
+  [ "$engine" = sim ] || start_engines "$blocks" "$len"
+  for run in $(seq 1 "${RUNS:-1}"); do
+    for front in "${fronts[@]}"; do
+      if [ "$engine" = sim ]; then start_engines "$blocks" "$len"; else reset_caches; fi
+      start_front "$front"
+      replay "$front" "$share" "$run"
+      stop
+      [ "$engine" = sim ] && stop_engines
+    done
+  done
+  stop_engines
+done

@@ -1,0 +1,205 @@
+//! The router in front of a real vLLM: vLLM 0.32's CPU build serving a tiny random-weight
+//! Qwen3 (`tests/vllm/setup.sh`, run by `make test-deps`), with 32-token blocks as on a
+//! CPU, its prefix cache, its `cached_tokens` and its KV events. The router runs in token
+//! mode on the model's own tokenizer directory and follows the engine's KV events. Fails
+//! (never skips) when vLLM does not start.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{TestRouter, free_loopback_addr, scratch_dir, settings};
+
+/// Tokens per KV block (a multiple of 32 on the CPU).
+const BLOCK: usize = 32;
+/// Longest prompt plus output vLLM accepts.
+const MAX_MODEL_LEN: usize = 2048;
+/// KV blocks: `MAX_MODEL_LEN` and a block, twice.
+const BLOCKS: usize = 2 * (MAX_MODEL_LEN / BLOCK + 1);
+/// The longest vLLM may take to start on a loaded 2-core machine (about 50 s idle).
+const START: Duration = Duration::from_secs(420);
+
+/// One `vllm serve`, stopped (its whole process group) when dropped.
+struct Vllm {
+    child: Child,
+    url: String,
+    events: u16,
+    log: PathBuf,
+}
+
+fn free_port() -> u16 {
+    let addr = free_loopback_addr().unwrap();
+    addr.rsplit_once(':').unwrap().1.parse().unwrap()
+}
+
+impl Vllm {
+    /// Starts vLLM on free ports and waits for its `/health`.
+    async fn start() -> Vllm {
+        let (vllm, model) = crate::support::fixtures::vllm();
+        let (port, events) = (free_port(), free_port());
+        let dir = scratch_dir("vllm");
+        let log = dir.join("vllm.log");
+        let mut command = Command::new(vllm);
+        command.arg("serve").arg(&model);
+        command.args(["--served-model-name", "tiny", "--host", "127.0.0.1"]);
+        command.args(["--port", &port.to_string()]);
+        command.args(["--dtype", "bfloat16", "--enforce-eager"]);
+        command.args(["--block-size", &BLOCK.to_string()]);
+        command.args(["--enable-prefix-caching", "--enable-prompt-tokens-details"]);
+        command.args(["--max-model-len", &MAX_MODEL_LEN.to_string()]);
+        command.args(["--max-num-seqs", "4"]);
+        command.args(["--num-gpu-blocks-override", &BLOCKS.to_string()]);
+        let bytes = BLOCKS * BLOCK * 512; // the model's KV: 512 bytes a token
+        command.args(["--kv-cache-memory-bytes", &bytes.to_string()]);
+        let config = json!({"enable_kv_cache_events": true, "publisher": "zmq",
+                            "endpoint": format!("tcp://*:{events}")});
+        command.args(["--kv-events-config", &config.to_string()]);
+        environment(&mut command, &dir);
+        command.stdout(Stdio::from(std::fs::File::create(&log).unwrap()));
+        command.stderr(Stdio::from(std::fs::File::options().append(true).open(&log).unwrap()));
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command.spawn().expect("vllm serve");
+        let mut vllm = Vllm {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            events,
+            log,
+        };
+        vllm.wait_healthy().await;
+        vllm
+    }
+
+    async fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + START;
+        let client = reqwest::Client::new();
+        loop {
+            let health = client.get(format!("{}/health", self.url)).send().await;
+            if health.is_ok_and(|r| r.status().is_success()) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("vLLM exited ({status}) before it was healthy:\n{}", self.tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "vLLM not healthy after {START:?}:\n{}",
+                self.tail()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// The end of its log.
+    fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<_> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+/// One core, and every file vLLM writes in `dir`.
+fn environment(command: &mut Command, dir: &Path) {
+    for sub in ["cache", "tmp", "rpc", "inductor"] {
+        std::fs::create_dir_all(dir.join(sub)).unwrap();
+    }
+    command.env("VLLM_CPU_OMP_THREADS_BIND", "0");
+    command.env("VLLM_CACHE_ROOT", dir.join("cache"));
+    command.env("TMPDIR", dir.join("tmp"));
+    command.env("VLLM_RPC_BASE_PATH", dir.join("rpc"));
+    command.env("TORCHINDUCTOR_CACHE_DIR", dir.join("inductor"));
+    command.env("HF_HUB_OFFLINE", "1");
+    command.env("VLLM_NO_USAGE_STATS", "1");
+}
+
+impl Drop for Vllm {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.child.wait();
+    }
+}
+
+fn chat(messages: &[Value], max_tokens: usize) -> Value {
+    json!({"model": "tiny", "max_tokens": max_tokens, "messages": messages})
+}
+
+async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .timeout(Duration::from_secs(120))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
+    let vllm = Vllm::start().await;
+    let (_, model) = crate::support::fixtures::vllm();
+    let mut s = settings(&[]);
+    s.worker_urls = Some(vec![vllm.url.clone()]);
+    s.tokenizer = Some(model);
+    s.kv_events = Some(format!("tcp://{{host}}:{}", vllm.events));
+    let router = TestRouter::start(s, 1);
+    let completions = format!("{}/v1/chat/completions", router.url);
+
+    // A second turn is served from vLLM's prefix cache, in whole blocks.
+    let system = "You review Rust code for a storage engine. ".repeat(40);
+    let mut messages = vec![
+        json!({"role": "system", "content": system}),
+        json!({"role": "user", "content": "What does this function do?"}),
+    ];
+    let (status, first) = post(&completions, &chat(&messages, 4)).await;
+    assert_eq!(status, 200, "{first}");
+    messages.push(json!({"role": "assistant", "content": "It flushes the log."}));
+    messages.push(json!({"role": "user", "content": "And when does it fail?"}));
+    let second = chat(&messages, 4);
+    let (status, answer) = post(&completions, &second).await;
+    assert_eq!(status, 200, "{answer}");
+    let usage = &answer["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    assert!(cached > 0 && cached % BLOCK as u64 == 0, "{usage}");
+
+    // The router counts that prompt as vLLM does, and its KV events show the blocks held.
+    let route = format!("{}/route", router.admin_url);
+    let wait = Instant::now() + Duration::from_secs(20);
+    let explained = loop {
+        let (status, explained) = post(&route, &second).await;
+        assert_eq!(status, 200, "{explained}");
+        let record = &explained["backends"][0]["record"];
+        if record["mode"] == "exact" && record["gpu_tokens"].as_u64() >= Some(cached) {
+            break explained;
+        }
+        assert!(Instant::now() < wait, "no record of the blocks: {explained}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(explained["mode"], "tokens", "{explained}");
+    assert_eq!(explained["prompt_tokens"].as_u64(), Some(prompt), "{explained}");
+    let matched = explained["matched_tokens"].as_u64().unwrap();
+    assert_eq!(matched % BLOCK as u64, 0, "whole engine blocks: {explained}");
+    assert!(matched >= cached, "{explained}");
+
+    // A prompt over max-model-len gets vLLM's own 400 through the router.
+    let long = "Every word here is a token or two of a prompt too long. ".repeat(400);
+    let too_long = chat(&[json!({"role": "user", "content": long})], 4);
+    let (status, refused) = post(&completions, &too_long).await;
+    assert_eq!(status, 400, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("maximum context length"), "{refused}");
+    drop(router);
+    drop(vllm);
+}
