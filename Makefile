@@ -4,12 +4,13 @@
 #   make test   - the whole test suite, with fmt and clippy over every target (benchmarks included)
 #   make overhead - the router's cost per request next to nginx's (installs wrk and nginx; ~3 min)
 #   make real-engine - the router in front of 4 llama.cpp servers (builds llama.cpp once)
+#   make real-vllm - the router and its peers in front of 4 real vLLM instances on the CPU
 #   make run    - the router on the defaults of conf/prefix-router.toml (add ARGS="--worker-urls ...")
 
 CARGO ?= cargo
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: deps test-deps core-is-pure lint demo test run bench overhead real-engine
+.PHONY: deps test-deps core-is-pure lint demo test run bench overhead real-engine real-vllm
 
 deps:
 	@command -v cmake >/dev/null 2>&1 || { \
@@ -77,3 +78,9 @@ overhead: deps
 # behind the router, every policy replayed on a multi-turn agent workload.
 real-engine: deps
 	PATH="$$PATH:$$HOME/.local/bin" benches/real_engine/run.sh
+
+# vLLM 0.32's CPU build and a tiny Qwen3 (installed once under target/vllm, about 6 GB), 4
+# instances, every policy, smg and vllm-router replayed on agent sessions at three KV sizes
+# (about 2 hours; KV, RUNS, FRONTS and WORKLOAD narrow it: benches/real_vllm/run.sh).
+real-vllm: deps
+	PATH="$$PATH:$$HOME/.local/bin" benches/real_vllm/run.sh

@@ -58,7 +58,9 @@ impl Vllm {
         command.args(["--kv-events-config", &config.to_string()]);
         environment(&mut command, &dir);
         command.stdout(Stdio::from(std::fs::File::create(&log).unwrap()));
-        command.stderr(Stdio::from(std::fs::File::options().append(true).open(&log).unwrap()));
+        command.stderr(Stdio::from(
+            std::fs::File::options().append(true).open(&log).unwrap(),
+        ));
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command.spawn().expect("vllm serve");
         let mut vllm = Vllm {
@@ -80,7 +82,10 @@ impl Vllm {
                 return;
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                panic!("vLLM exited ({status}) before it was healthy:\n{}", self.tail());
+                panic!(
+                    "vLLM exited ({status}) before it was healthy:\n{}",
+                    self.tail()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -170,7 +175,9 @@ async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
     let (status, answer) = post(&completions, &second).await;
     assert_eq!(status, 200, "{answer}");
     let usage = &answer["usage"];
-    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
     let prompt = usage["prompt_tokens"].as_u64().unwrap();
     assert!(cached > 0 && cached % BLOCK as u64 == 0, "{usage}");
 
@@ -184,22 +191,36 @@ async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
         if record["mode"] == "exact" && record["gpu_tokens"].as_u64() >= Some(cached) {
             break explained;
         }
-        assert!(Instant::now() < wait, "no record of the blocks: {explained}");
+        assert!(
+            Instant::now() < wait,
+            "no record of the blocks: {explained}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(explained["mode"], "tokens", "{explained}");
-    assert_eq!(explained["prompt_tokens"].as_u64(), Some(prompt), "{explained}");
-    let matched = explained["matched_tokens"].as_u64().unwrap();
-    assert_eq!(matched % BLOCK as u64, 0, "whole engine blocks: {explained}");
-    assert!(matched >= cached, "{explained}");
+    assert_eq!(
+        explained["prompt_tokens"].as_u64(),
+        Some(prompt),
+        "{explained}"
+    );
+    // What the engine's record holds, and what the router's own index predicts, both in
+    // whole blocks of the engine's size (read from its `vllm:cache_config_info`).
+    let recorded = explained["matched_tokens"].as_u64().unwrap();
+    let predicted = explained["backends"][0]["matched_tokens"].as_u64().unwrap();
+    assert_eq!((recorded, predicted), (cached, cached), "{explained}");
 
-    // A prompt over max-model-len gets vLLM's own 400 through the router.
+    // A prompt over max-model-len gets vLLM's own 400 through the router, and holds no
+    // KV: the conversation it opened is not counted live.
+    let live = |explained: &Value| explained["backends"][0]["live_conversations"].as_u64();
+    assert_eq!(live(&explained), Some(1), "{explained}");
     let long = "Every word here is a token or two of a prompt too long. ".repeat(400);
     let too_long = chat(&[json!({"role": "user", "content": long})], 4);
     let (status, refused) = post(&completions, &too_long).await;
     assert_eq!(status, 400, "{refused}");
     let message = refused["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("maximum context length"), "{refused}");
+    let (_, explained) = post(&route, &second).await;
+    assert_eq!(live(&explained), Some(1), "{explained}");
     drop(router);
     drop(vllm);
 }

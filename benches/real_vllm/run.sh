@@ -18,7 +18,8 @@
 # prefill_aware,consistent_hash,round_robin,smg,vllm-router,vllm-router-kv; POLICY@PATH runs
 # the router at PATH), WORKLOAD (agent: 24 sessions over 4 prompts, 3.7K-33K tokens; shared:
 # 32 sessions over 2 long prompts), INSTANCES (4), MAX_NUM_SEQS (16), MAX_MODEL_LEN (32768:
-# longer prompts get 400; at most the KV less a block), THINK (1 s), SESSIONS, SESSION_RATE,
+# longer prompts get 400; at most the KV less a block), THINK (1 s), OUTPUT_SCALE (0.25: answers
+# of 7-75 tokens, as a CPU decodes a token in tens of milliseconds), SESSIONS, SESSION_RATE,
 # OUT (a directory for logs and reports; default a temporary one).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,7 +37,7 @@ case "${WORKLOAD:-agent}" in
             --message-scale 1.5 --min-context-tokens 5000 --max-context-tokens 20000) ;;
   *) echo "unknown WORKLOAD ${WORKLOAD}" >&2; exit 1 ;;
 esac
-workload+=(--session-rate "${SESSION_RATE:-2}" --think-min "${THINK:-1}" --think-max "${THINK:-1}")
+workload+=(--output-scale "${OUTPUT_SCALE:-0.25}" --session-rate "${SESSION_RATE:-2}" --think-min "${THINK:-1}" --think-max "${THINK:-1}")
 
 free_pair() { # a free port P with P+1 free too (vLLM's HTTP port and its KV events')
   python3 -c 'import socket

@@ -20,8 +20,9 @@ use parking_lot::Mutex;
 use smallvec::SmallVec;
 
 use crate::BackendId;
+use crate::density::Density;
 use crate::policy::{Candidate, Decision, Published, Selector};
-use crate::units::{KeyBytes, TextBytes, Tokens};
+use crate::units::{KeyBytes, PromptSize, TextBytes, TextPerToken, Tokens};
 
 /// Time between two full upkeeps of the index and the tables, by default
 /// (`eviction_interval`).
@@ -38,7 +39,11 @@ pub struct Account {
     pending: AtomicUsize,
     /// KV tokens it published; 0 when unknown.
     capacity: AtomicUsize,
-    /// The capacity its index budget was last sized from, tokens.
+    /// Tokens per block of its KV cache it published; 0 when unknown.
+    block: AtomicUsize,
+    /// Bytes of routing text per token of its prompts, as its reports taught.
+    density: Density,
+    /// The capacity its index budget was last sized from, as routing text.
     sized: AtomicUsize,
     /// Sequences whose KV it keeps at once (slots) when it said; 0 when unknown.
     sequences: AtomicUsize,
@@ -226,6 +231,8 @@ impl Account {
             inflight: AtomicUsize::new(0),
             pending: AtomicUsize::new(0),
             capacity: AtomicUsize::new(0),
+            block: AtomicUsize::new(0),
+            density: Density::default(),
             sized: AtomicUsize::new(0),
             sequences: AtomicUsize::new(0),
             running: AtomicUsize::new(usize::MAX),
@@ -331,6 +338,21 @@ impl Account {
     /// Records the KV capacity the backend published (`None`: it does not say).
     pub fn set_capacity(&self, capacity: Option<Tokens>) {
         self.capacity.store(capacity.map_or(0, |t| t.0), Relaxed);
+    }
+
+    /// Bytes of routing text per token of its prompts (text mode), as its reports taught.
+    pub fn density(&self) -> TextPerToken {
+        self.density.get()
+    }
+
+    /// Tokens per block of its KV cache, if it published them.
+    pub fn block(&self) -> Option<Tokens> {
+        Some(Tokens(self.block.load(Relaxed))).filter(|t| t.0 > 0)
+    }
+
+    /// Records the block size the backend published (`None`: it does not say).
+    pub fn set_block(&self, block: Option<Tokens>) {
+        self.block.store(block.map_or(0, |t| t.0), Relaxed);
     }
 
     /// How many sequences' KV the backend keeps at once (llama.cpp's slots), if it said.
@@ -499,6 +521,8 @@ impl Account {
             pending: self.pending(),
             capacity: self.capacity().unwrap_or_default().text(),
             sequences: self.sequences().unwrap_or(0),
+            block: Tokens(self.block.load(Relaxed)),
+            text_per_token: self.density(),
             hash: self.hash,
             published: self.published(),
             recorded: None,
@@ -508,12 +532,18 @@ impl Account {
         }
     }
 
-    /// The capacity to size its index budget from, when it changed since last asked:
+    /// The capacity to size its index budget from, as routing text at its density, when it
+    /// changed since last asked (a density drifting by under 1/32 changes nothing):
     /// `Some(None)` for the configured budget (capacity unknown).
-    fn budget_change(&self) -> Option<Option<Tokens>> {
-        let now = self.capacity.load(Relaxed);
-        let before = self.sized.swap(now, Relaxed);
-        (before != now).then(|| self.capacity())
+    fn budget_change(&self) -> Option<Option<TextBytes>> {
+        let text = self.capacity().map(|c| self.density().text(c));
+        let now = text.map_or(0, |t| t.0);
+        let before = self.sized.load(Relaxed);
+        let moved = now.abs_diff(before) > before / 32 || (now == 0) != (before == 0);
+        moved.then(|| {
+            self.sized.store(now, Relaxed);
+            text
+        })
     }
 
     /// A seat for a request of `prefill` uncached text, while `cap` lets one more in. Check
@@ -634,6 +664,17 @@ pub struct Seat {
     guarding: AtomicBool,
 }
 
+/// What a backend reported of one placed request, beside the router's own measure of it.
+#[derive(Clone, Copy, Debug)]
+pub struct Report {
+    /// The request's size as the router measured it: routing text (text mode) or tokens.
+    pub size: PromptSize,
+    /// Its prompt tokens, as the backend counted them.
+    pub prompt: Tokens,
+    /// Of those, found in the backend's prefix cache.
+    pub cached: Tokens,
+}
+
 impl Seat {
     /// The account of the backend it is on.
     pub fn account(&self) -> &Arc<Account> {
@@ -655,12 +696,25 @@ impl Seat {
         }
     }
 
-    /// The backend reported `cached` tokens for it: the selector's index learns how that
-    /// compares with what it predicted.
-    pub fn reported(&self, selector: &Selector, cached: Tokens) {
+    /// The backend reported on it: a text-mode request teaches the backend's density, and
+    /// the selector's index learns how the cached tokens compare with what it predicted.
+    pub fn reported(&self, selector: &Selector, report: Report) {
+        let Report {
+            size,
+            prompt,
+            cached,
+        } = report;
+        let density = match size {
+            PromptSize::Text(routed) => {
+                self.account.density.learn(routed, prompt);
+                self.account.density()
+            }
+            PromptSize::Tokens(_) => TextPerToken::ASSUMED,
+        };
         if let Some(index) = selector.index() {
-            index.observe(self.account.id, self.decision.matched, cached);
+            index.observe(self.account.id, self.decision.matched, density.text(cached));
         }
+        let matched = density.tokens(self.decision.matched);
         let account = &self.account;
         let heavy = || {
             let tokens = account.tokens.load(Relaxed);
@@ -668,7 +722,7 @@ impl Seat {
                 .capacity()
                 .is_some_and(|c| tokens.saturating_mul(2) >= c.0)
         };
-        if self.top && cached.0.saturating_mul(2) < self.decision.matched.tokens().0 && heavy() {
+        if self.top && cached.0.saturating_mul(2) < matched.0 && heavy() {
             account.top_evicted.store(true, Relaxed);
         }
     }
@@ -1154,7 +1208,12 @@ mod tests {
         // Conversation `c`'s turn predicted to find 200 tokens cached at backend `i` finds 10.
         let evicted = |i: usize, c: u128| {
             let seat = place(i, light(c), Tokens(200)).expect("placed");
-            seat.reported(&selector, Tokens(10));
+            let report = Report {
+                size: PromptSize::Tokens(Tokens(400)),
+                prompt: Tokens(400),
+                cached: Tokens(10),
+            };
+            seat.reported(&selector, report);
         };
         let protect = || protect_kv(all.iter().map(|a| &**a));
         let protected = || all.iter().map(|a| a.kv_kept()).collect::<Vec<_>>();

@@ -13,6 +13,7 @@
 pub mod clock;
 #[cfg(test)]
 mod copies;
+pub mod density;
 pub mod events;
 pub mod flow;
 pub mod index;

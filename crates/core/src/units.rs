@@ -89,6 +89,11 @@ impl TextBytes {
         Tokens(self.0 / TEXT_BYTES_PER_TOKEN)
     }
 
+    /// The index keys that remember this text (whole blocks).
+    pub fn keys(self) -> KeyBytes {
+        KeyBytes(self.0 / BLOCK_BYTES * KEY_BYTES)
+    }
+
     /// This text rounded down to whole blocks.
     pub fn whole_blocks(self) -> TextBytes {
         TextBytes(self.0 / BLOCK_BYTES * BLOCK_BYTES)
@@ -104,6 +109,27 @@ impl KeyBytes {
     /// The tokens of KV these keys remember.
     pub fn tokens(self) -> Tokens {
         self.text().tokens()
+    }
+}
+
+/// Bytes of routing text per token of a backend's prompts (text mode): how its tokens
+/// convert to the text the router measures. [`TEXT_BYTES_PER_TOKEN`] is
+/// `TextPerToken::ASSUMED`; a backend's own is learned (`density`).
+#[derive(Clone, Copy, Debug, PartialEq, PartialOrd)]
+pub struct TextPerToken(pub f64);
+
+impl TextPerToken {
+    /// What the router assumes until a backend's reports say otherwise.
+    pub const ASSUMED: TextPerToken = TextPerToken(TEXT_BYTES_PER_TOKEN as f64);
+
+    /// The routing text `tokens` of the backend's prompts stand for.
+    pub fn text(self, tokens: Tokens) -> TextBytes {
+        TextBytes((tokens.0 as f64 * self.0) as usize)
+    }
+
+    /// The tokens `text` of routing text makes on the backend.
+    pub fn tokens(self, text: TextBytes) -> Tokens {
+        Tokens((text.0 as f64 / self.0.max(f64::MIN_POSITIVE)) as usize)
     }
 }
 

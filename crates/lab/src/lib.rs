@@ -291,6 +291,7 @@ impl Setting {
             eviction_interval: prefix_router_core::ledger::EVICTION_INTERVAL.as_secs_f64(),
             seed: self.seed,
             kv_tokens: (!self.unknown_capacity).then_some(Tokens(sim.kv_blocks * sim.block_tokens)),
+            block: (!self.unknown_capacity).then_some(Tokens(sim.block_tokens)),
             calibrate: self.calibrate,
             max_inflight_per_backend: self.max_inflight_per_backend,
             replicas: self.replicas.max(1),

@@ -10,14 +10,14 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue};
 use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
-use prefix_router_core::ledger::{self, Account, Cap, Ledger, Placing, Seat};
+use prefix_router_core::ledger::{self, Account, Cap, Ledger, Placing, Report, Seat};
 use prefix_router_core::policy::{
     Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
     SharedTunables, TokenBlocks, Tunables,
 };
 use prefix_router_core::request::{self, Endpoint, ParseError, SessionHeaders, SessionKey};
 use prefix_router_core::tree::TreeConfig;
-use prefix_router_core::units::{TextBytes, Tokens};
+use prefix_router_core::units::{PromptSize, TextBytes, Tokens};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// How the lab's router is set up: what the router's config would say.
@@ -38,6 +38,8 @@ pub struct RouterSetup {
     /// Each backend's KV capacity, as it publishes it in `vllm:cache_config_info`; `None`
     /// when backends do not say.
     pub kv_tokens: Option<Tokens>,
+    /// Tokens per KV block each engine publishes (`None`: it publishes no cache config).
+    pub block: Option<Tokens>,
     /// Whether the index budgets learn from the cached tokens backends report.
     pub calibrate: bool,
     /// Requests in flight per backend at most (0: no limit); beyond, the router holds
@@ -104,6 +106,8 @@ pub struct Placement {
     pub backend: usize,
     seat: Seat,
     conversation: u128,
+    /// The request's size as the router measured it.
+    size: PromptSize,
 }
 
 impl Placement {
@@ -156,6 +160,7 @@ impl LabRouter {
             .map(|(b, name)| {
                 let account = Account::new(BackendId(b as u32), xxh3_64(name.as_bytes()));
                 account.set_capacity(setup.kv_tokens);
+                account.set_block(setup.block);
                 Arc::new(account)
             })
             .collect();
@@ -212,6 +217,7 @@ impl LabRouter {
             backend: only.unwrap_or(index),
             seat,
             conversation: request.conversation(),
+            size: request.prompt_size(),
         }))
     }
 
@@ -298,11 +304,16 @@ impl LabRouter {
         self.accounts.iter().any(|a| a.hold().is_some())
     }
 
-    /// The placed request's response reported `cached_tokens` cached: the router learns
-    /// from it as the proxy does.
-    pub fn reported(&self, placement: &Placement, cached_tokens: u64) {
-        let cached = Tokens(usize::try_from(cached_tokens).unwrap_or(usize::MAX));
-        placement.seat.reported(&self.selector, cached);
+    /// The placed request's response reported `prompt_tokens`, `cached_tokens` of them
+    /// cached: the router learns from it as the proxy does.
+    pub fn reported(&self, placement: &Placement, prompt_tokens: u64, cached_tokens: u64) {
+        let tokens = |n: u64| Tokens(usize::try_from(n).unwrap_or(usize::MAX));
+        let report = Report {
+            size: placement.size,
+            prompt: tokens(prompt_tokens),
+            cached: tokens(cached_tokens),
+        };
+        placement.seat.reported(&self.selector, report);
     }
 
     /// Backend `backend` published `load` (read from its `/metrics`); with flow control

@@ -710,7 +710,8 @@ impl<'w> World<'w> {
                     return;
                 };
                 if let Some(placement) = live.placement {
-                    self.routers[live.replica].reported(&placement, live.cached as u64);
+                    let (prompt, cached) = (live.prompt as u64, live.cached as u64);
+                    self.routers[live.replica].reported(&placement, prompt, cached);
                     self.routed.0 += live.cached as u64;
                     self.routed.1 += live.prompt as u64;
                 }

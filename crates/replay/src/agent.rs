@@ -57,6 +57,9 @@ pub struct AgentConfig {
     /// `message_scale`. Apart, so that heavy-tailed sessions can have long messages (few
     /// turns) beside short shared prompts, as an engine on a CPU needs.
     pub prompt_scale: Option<f64>,
+    /// Every turn's `max_tokens` (30-300) is multiplied by this, at least 1 (default 1; an
+    /// engine on a CPU decodes a token in tens of milliseconds).
+    pub output_scale: f64,
     /// Heavy-tailed session sizes: sessions end between this many tokens and
     /// `max_context_tokens` (see the module doc). 0: every session runs to the maximum.
     pub min_context_tokens: u64,
@@ -85,6 +88,7 @@ impl Default for AgentConfig {
             system_prompts: 4,
             message_scale: 1.0,
             prompt_scale: None,
+            output_scale: 1.0,
             min_context_tokens: 0,
             overlap: 0.0,
         }
@@ -102,10 +106,8 @@ pub(crate) fn plan_agent(cfg: &AgentConfig) -> Plan {
     plan.tools = Some(plan.push_piece(tools, None, tools_tokens));
     let prompts: Vec<u32> = (0..cfg.system_prompts.max(1))
         .map(|i| {
-            let len = rng.range(
-                scaled(20_000, prompt_scale),
-                scaled(40_000, prompt_scale),
-            ) as usize;
+            let len =
+                rng.range(scaled(20_000, prompt_scale), scaled(40_000, prompt_scale)) as usize;
             let json = render_message(Role::System, &text(mix(cfg.seed, 0x5157 + i as u64), len));
             let t = tokens(json.len(), bpt);
             plan.push_piece(json, None, t)
@@ -250,7 +252,7 @@ impl<'a> SessionGen<'a> {
         let overlaps = !first && self.overlaps.unit() < self.cfg.overlap;
         Turn {
             pieces: self.messages.clone(),
-            max_tokens: self.rng.range(30, 300) as u32,
+            max_tokens: ((self.rng.range(30, 300) as f64 * self.cfg.output_scale) as u32).max(1),
             think_ms: think,
             prompt_tokens: self.context,
             overlaps,

@@ -208,6 +208,9 @@ pub struct ReplayArgs {
     /// --message-scale].
     #[arg(long)]
     pub prompt_scale: Option<f64>,
+    /// Agent workload: every turn's max_tokens (30-300) times this, at least 1.
+    #[arg(long, default_value_t = 1.0)]
+    pub output_scale: f64,
     /// Agent workload: sessions end between this many tokens and --max-context-tokens,
     /// heavy-tailed (a few sessions near the maximum, most far below) [default: 0, every
     /// session runs to the maximum].
@@ -257,6 +260,7 @@ impl Default for ReplayArgs {
             system_prompts: agent.system_prompts,
             message_scale: agent.message_scale,
             prompt_scale: agent.prompt_scale,
+            output_scale: agent.output_scale,
             min_context_tokens: agent.min_context_tokens,
             overlap: agent.overlap,
         }
@@ -277,6 +281,7 @@ impl ReplayArgs {
             system_prompts: self.system_prompts,
             message_scale: self.message_scale,
             prompt_scale: self.prompt_scale,
+            output_scale: self.output_scale,
             min_context_tokens: self.min_context_tokens,
             overlap: self.overlap,
         }
@@ -287,8 +292,14 @@ impl ReplayArgs {
         if !(self.message_scale.is_finite() && self.message_scale > 0.0) {
             return bad("--message-scale must be > 0");
         }
-        if self.prompt_scale.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+        if self
+            .prompt_scale
+            .is_some_and(|s| !(s.is_finite() && s > 0.0))
+        {
             return bad("--prompt-scale must be > 0");
+        }
+        if !(self.output_scale.is_finite() && self.output_scale > 0.0) {
+            return bad("--output-scale must be > 0");
         }
         if !(self.speedup.is_finite() && self.speedup > 0.0) {
             return bad("--speedup must be > 0");

@@ -76,9 +76,9 @@ impl PrefixIndex {
         self.trees.budget(backend).tokens().text()
     }
 
-    /// Sizes `backend`'s budget to `capacity` tokens of KV (what it published), or back to
-    /// the configured budget (`None`).
-    pub fn set_capacity(&self, backend: BackendId, capacity: Option<Tokens>) {
+    /// Sizes `backend`'s budget to `capacity`, its KV as routing text (what it published,
+    /// at its density), or back to the configured budget (`None`).
+    pub fn set_capacity(&self, backend: BackendId, capacity: Option<TextBytes>) {
         match capacity {
             Some(t) => self.ceilings.lock().insert(backend, t.keys()),
             None => self.ceilings.lock().remove(&backend),
@@ -91,16 +91,13 @@ impl PrefixIndex {
         self.trees.budget(backend).tokens()
     }
 
-    /// Learns from a response: `backend` reported `cached` tokens where the index predicted
-    /// it held `predicted` of the request's text.
-    pub fn observe(&self, backend: BackendId, predicted: TextBytes, cached: Tokens) {
+    /// Learns from a response: `backend` reported cached tokens standing for `delivered`
+    /// routing text where the index predicted it held `predicted` of the request's text.
+    pub fn observe(&self, backend: BackendId, predicted: TextBytes, delivered: TextBytes) {
         let Some(calibration) = &self.calibration else {
             return;
         };
-        if calibration
-            .observe(backend, predicted, cached.text())
-            .is_some()
-        {
+        if calibration.observe(backend, predicted, delivered).is_some() {
             self.apply_budget(backend);
         }
     }

@@ -27,7 +27,7 @@ pub fn build(params: &PolicyParams) -> Selector {
 impl Rule for Threshold {
     fn decide(&self, ask: &Ask) -> Decision {
         let (matches, candidates) = (ask.matches, ask.candidates);
-        let matched = |i: usize| matches.matched(candidates[i].id);
+        let matched = |i: usize| ask.matched(i);
         let tunables = self.tunables.get();
         if imbalanced(candidates, &tunables.balance) {
             let index = self.ties.least_loaded(Turn::of(ask.request), candidates);

@@ -93,8 +93,7 @@ struct View<'v> {
 
 impl View<'_> {
     fn matched(&self, i: usize) -> TextBytes {
-        let candidate = &self.ask.candidates[i];
-        (candidate.recorded).unwrap_or_else(|| self.ask.matches.matched(candidate.id))
+        (self.ask.candidates[i].recorded).unwrap_or_else(|| self.ask.matched(i))
     }
 
     fn len(&self) -> usize {

@@ -35,7 +35,7 @@ use crate::clock::Clock;
 use crate::index::PrefixIndex;
 use crate::request::{RoutingText, SessionKey, blocks};
 use crate::tree::TreeConfig;
-use crate::units::{PromptSize, TextBytes, Tokens};
+use crate::units::{PromptSize, TextBytes, TextPerToken, Tokens};
 
 /// Balance bounds shared by `cache_aware` and session affinity: the fleet is imbalanced when
 /// max in-flight - min in-flight > `abs` and max > min * `rel`.
@@ -63,13 +63,19 @@ pub struct Candidate {
     /// Routing text of its in-flight requests that was not expected cached and has not
     /// been answered yet: the prefill work queued there.
     pub pending: TextBytes,
-    /// Its KV capacity, as routing text; 0 when unknown (prefix policies then take what
-    /// their index may remember of it).
+    /// Its KV capacity, in the unit of `Request::size` (prefix policies convert it for a
+    /// text-mode request at `text_per_token`); 0 when unknown (they then take what their
+    /// index may remember of it).
     pub capacity: TextBytes,
+    /// Bytes of routing text per token of its prompts, as its reports taught (text mode).
+    pub text_per_token: TextPerToken,
     /// How many sequences' KV it keeps at once when each sequence has a KV of its own
     /// (llama.cpp's slots): a conversation beyond that many takes another's place. 0 when
     /// unknown or unbounded (vLLM's shared block pool).
     pub sequences: usize,
+    /// Tokens per block of its KV cache, as the engine published it; the engine reuses a
+    /// prefix in whole blocks. 0 when unknown (the index's own 16-token blocks).
+    pub block: Tokens,
     /// A stable hash of its address (same on every router replica).
     pub hash: u64,
     /// The load the backend itself published, as last read; `None` when it does not say.
@@ -106,6 +112,21 @@ pub struct Published {
 }
 
 impl Eq for Candidate {}
+
+impl Candidate {
+    /// What the engine would reuse of a `prompt` of which it holds `matched` (both in the
+    /// unit of `Request::size`): whole blocks of its own size, and never the prompt's last
+    /// token, which it always computes (vLLM looks up at most `prompt - 1` tokens).
+    /// Unchanged where its block is not known.
+    pub fn reusable(&self, matched: TextBytes, prompt: TextBytes) -> TextBytes {
+        let block = self.block.text().0;
+        if block == 0 {
+            return matched;
+        }
+        let most = matched.min(prompt.saturating_sub(Tokens(1).text()));
+        TextBytes(most.0 / block * block)
+    }
+}
 
 /// What a request offers a policy.
 #[derive(Clone, Copy)]

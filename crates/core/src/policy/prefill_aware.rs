@@ -29,14 +29,15 @@ pub fn build(params: &PolicyParams) -> Selector {
 impl Rule for LeastPrefill {
     fn decide(&self, ask: &Ask) -> Decision {
         let (matches, candidates) = (ask.matches, ask.candidates);
-        let matched = |i: usize| matches.matched(candidates[i].id);
+        let matched = |i: usize| ask.matched(i);
         let cost = |i: usize| candidates[i].pending + matches.total().saturating_sub(matched(i));
         let index = self
             .ties
             .best(Turn::of(ask.request), candidates.len(), |i| {
                 (Reverse(cost(i)), matched(i), Reverse(candidates[i].load))
             });
-        let outcome = match matches.best() {
+        let best = (0..candidates.len()).map(matched).max().unwrap_or_default();
+        let outcome = match best {
             TextBytes(0) => Outcome::PrefixMiss,
             best if matched(index) == best => Outcome::PrefixHit,
             _ => Outcome::Imbalance,

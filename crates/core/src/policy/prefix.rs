@@ -22,6 +22,15 @@ pub struct Ask<'a, 'r, 't> {
     pub request: &'a Request<'r, 't>,
 }
 
+impl Ask<'_, '_, '_> {
+    /// What candidate `i` is predicted to reuse of the request: its index match, as its
+    /// engine reuses it ([`Candidate::reusable`]).
+    pub fn matched(&self, i: usize) -> TextBytes {
+        let candidate = &self.candidates[i];
+        candidate.reusable(self.matches.matched(candidate.id), self.matches.total())
+    }
+}
+
 /// Picks a candidate from the prefix matches of a request.
 pub trait Rule: Send + Sync {
     /// Decides among the candidates.
@@ -47,17 +56,26 @@ impl<R: Rule> PrefixPolicy<R> {
     }
 }
 
+impl<R: Rule> PrefixPolicy<R> {
+    /// `candidate`'s KV in the unit of `request`'s size: tokens as they are in token mode,
+    /// routing text at the backend's density in text mode. A backend that did not say how
+    /// much KV it has is taken to hold what its index may remember: the configured budget
+    /// is the operator's word for it.
+    fn capacity(&self, candidate: &Candidate, request: &Request) -> TextBytes {
+        match candidate.capacity {
+            TextBytes(0) => self.index.reach(candidate.id),
+            kv if request.tokens.is_none() => candidate.text_per_token.text(kv.tokens()),
+            kv => kv,
+        }
+    }
+}
+
 impl<R: Rule> Policy for PrefixPolicy<R> {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
-        // A backend that did not say how much KV it has is taken to hold what its index
-        // may remember: the configured budget is the operator's word for it.
         let sized: SmallVec<[Candidate; 16]> = (candidates.iter())
-            .map(|c| match c.capacity {
-                TextBytes(0) => Candidate {
-                    capacity: self.index.reach(c.id),
-                    ..*c
-                },
-                _ => *c,
+            .map(|c| Candidate {
+                capacity: self.capacity(c, request),
+                ..*c
             })
             .collect();
         let candidates = &sized[..];
@@ -94,5 +112,27 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
         let matched = self.index.record(request.model, &chain, backend);
         self.rule.placed(request, backend);
         matched
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::testing::candidates;
+    use crate::units::Tokens;
+
+    #[test]
+    fn an_engine_reuses_whole_blocks_of_its_own_size_never_the_last_token() {
+        let mut candidate = candidates(&[0])[0];
+        let tokens = |n: usize| Tokens(n).text();
+        // Unknown block: the index's own match.
+        assert_eq!(candidate.reusable(tokens(528), tokens(533)), tokens(528));
+        // vLLM's CPU build, 32-token blocks: 528 matched of 533 is 16 blocks.
+        candidate.block = Tokens(32);
+        assert_eq!(candidate.reusable(tokens(528), tokens(533)), tokens(512));
+        // A prompt held whole is computed from its last block on.
+        assert_eq!(candidate.reusable(tokens(64), tokens(64)), tokens(32));
+        assert_eq!(candidate.reusable(tokens(64), tokens(65)), tokens(64));
+        assert_eq!(candidate.reusable(tokens(31), tokens(100)), tokens(0));
     }
 }

@@ -6,7 +6,7 @@ use super::{Balance, Candidate, PolicyParams, Request, SharedTunables, Tunables}
 use crate::BackendId;
 use crate::request::{RoutingText, SessionKey};
 use crate::tree::TreeConfig;
-use crate::units::{BLOCK_BYTES, TextBytes};
+use crate::units::{BLOCK_BYTES, TextBytes, TextPerToken, Tokens};
 
 /// Candidates with ids 0.., the given loads, and nothing else known.
 pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
@@ -18,6 +18,8 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             pending: TextBytes(0),
             capacity: TextBytes(0),
             sequences: 0,
+            block: Tokens(0),
+            text_per_token: TextPerToken::ASSUMED,
             hash: u64::from(i) * 7919,
             published: None,
             recorded: None,

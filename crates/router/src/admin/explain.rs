@@ -78,7 +78,8 @@ pub async fn explain(
             let live = live.as_ref().map(|l| l[i]);
             json!({
                 "url": url(i),
-                "matched_tokens": matches.as_ref().map(|m| tokens(m.matched(a.id))),
+                "matched_tokens": (matches.as_ref())
+                    .map(|m| tokens(a.candidate().reusable(m.matched(a.id), m.total()))),
                 "load": a.load(),
                 "pending_tokens": tokens(a.pending()),
                 "capacity_tokens": a.capacity().map(|t| t.0),
@@ -91,7 +92,7 @@ pub async fn explain(
                 "hold": a.hold(),
                 "home": home == Some(a.id),
                 "live_conversations": live.map(|l| l.conversations),
-                "live_tokens": live.map(|l| tokens(l.bytes)),
+                "live_tokens": live.map(|l| a.density().tokens(l.bytes).0),
                 "record": record(state, a.id, &request),
             })
         })

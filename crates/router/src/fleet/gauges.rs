@@ -68,7 +68,7 @@ impl FleetGauges {
                 .set(i64::from(b.is_ready()));
             if let Some(live) = live.and_then(|l| l.get(i)) {
                 (self.live.with_label_values(&url)).set(live.conversations as i64);
-                let tokens = live.bytes.tokens().0 as i64;
+                let tokens = b.account.density().tokens(live.bytes).0 as i64;
                 self.live_tokens.with_label_values(&url).set(tokens);
             }
             self.ejected

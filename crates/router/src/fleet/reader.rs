@@ -149,6 +149,7 @@ impl MetricsReader {
             account.set_capacity(capacity);
             account.set_sequences(sequences);
         }
+        account.set_block(page.block);
         account.set_published(page.load);
         match page.load {
             Some(load) if self.flow.on() => account.learn_hold(load),

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use log::debug;
 use prefix_router_core::flow::order;
-use prefix_router_core::ledger::Seat;
+use prefix_router_core::ledger::{Report, Seat};
 use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::Tokens;
 
@@ -113,7 +113,7 @@ pub fn note_end(state: &State, limits: &Limits, held: Held, route: &Route, finis
         route.released(state, backend.id);
     }
     if let Some(trace) = finished.trace {
-        note_response(state, backend, seat, trace);
+        note_response(state, backend, seat, route, trace);
     }
     let usage = finished.trace.and_then(|t| t.usage);
     if let Route::Policy(request) = route {
@@ -139,10 +139,15 @@ pub fn note_end(state: &State, limits: &Limits, held: Held, route: &Route, finis
 
 /// Stats get what was seen of the response, and the index what the backend reported it
 /// had cached against what it predicted.
-fn note_response(state: &State, backend: &Backend, seat: &Seat, trace: &Trace) {
-    if let Some(usage) = trace.usage {
-        let cached = Tokens(usize::try_from(usage.cached).unwrap_or(usize::MAX));
-        seat.reported(&state.selector, cached);
+fn note_response(state: &State, backend: &Backend, seat: &Seat, route: &Route, trace: &Trace) {
+    if let (Some(usage), Route::Policy(request)) = (trace.usage, route) {
+        let tokens = |n: u64| Tokens(usize::try_from(n).unwrap_or(usize::MAX));
+        let report = Report {
+            size: request.prompt_size(),
+            prompt: tokens(usage.prompt),
+            cached: tokens(usage.cached),
+        };
+        seat.reported(&state.selector, report);
     }
     let url = backend.worker.url.as_str();
     (state.stats).exchange(url, trace.first_byte, trace.total, trace.usage);

