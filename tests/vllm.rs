@@ -161,7 +161,7 @@ async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
     let router = TestRouter::start(s, 1);
     let completions = format!("{}/v1/chat/completions", router.url);
 
-    // A second turn is served from vLLM's prefix cache, in whole blocks.
+    // A first turn; the engine's KV events then show its blocks.
     let system = "You review Rust code for a storage engine. ".repeat(40);
     let mut messages = vec![
         json!({"role": "system", "content": system}),
@@ -172,46 +172,48 @@ async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
     messages.push(json!({"role": "assistant", "content": "It flushes the log."}));
     messages.push(json!({"role": "user", "content": "And when does it fail?"}));
     let second = chat(&messages, 4);
-    let (status, answer) = post(&completions, &second).await;
-    assert_eq!(status, 200, "{answer}");
-    let usage = &answer["usage"];
-    let cached = usage["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap();
-    let prompt = usage["prompt_tokens"].as_u64().unwrap();
-    assert!(cached > 0 && cached % BLOCK as u64 == 0, "{usage}");
-
-    // The router counts that prompt as vLLM does, and its KV events show the blocks held.
     let route = format!("{}/route", router.admin_url);
     let wait = Instant::now() + Duration::from_secs(20);
     let explained = loop {
         let (status, explained) = post(&route, &second).await;
         assert_eq!(status, 200, "{explained}");
         let record = &explained["backends"][0]["record"];
-        if record["mode"] == "exact" && record["gpu_tokens"].as_u64() >= Some(cached) {
+        if record["mode"] == "exact" && record["gpu_tokens"].as_u64() > Some(0) {
             break explained;
         }
-        assert!(
-            Instant::now() < wait,
-            "no record of the blocks: {explained}"
-        );
+        let late = Instant::now() > wait;
+        assert!(!late, "no record of the blocks: {explained}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(explained["mode"], "tokens", "{explained}");
-    assert_eq!(
-        explained["prompt_tokens"].as_u64(),
-        Some(prompt),
-        "{explained}"
-    );
-    // What the engine's record holds, and what the router's own index predicts, both in
-    // whole blocks of the engine's size (read from its `vllm:cache_config_info`).
+    // What the engine's record holds of the second turn, and what the router's own index
+    // predicts, in whole blocks of the engine's size (read from `vllm:cache_config_info`).
     let recorded = explained["matched_tokens"].as_u64().unwrap();
     let predicted = explained["backends"][0]["matched_tokens"].as_u64().unwrap();
-    assert_eq!((recorded, predicted), (cached, cached), "{explained}");
+
+    // The second turn is served from vLLM's prefix cache: exactly as recorded and predicted,
+    // and the router counted its prompt as vLLM did.
+    let (status, answer) = post(&completions, &second).await;
+    assert_eq!(status, 200, "{answer}");
+    let usage = &answer["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert!(cached > Some(0), "{usage}");
+    assert_eq!(
+        (Some(recorded), Some(predicted)),
+        (cached, cached),
+        "{explained} {usage}"
+    );
+    let prompt = usage["prompt_tokens"].as_u64();
+    assert_eq!(
+        explained["prompt_tokens"].as_u64(),
+        prompt,
+        "{explained} {usage}"
+    );
 
     // A prompt over max-model-len gets vLLM's own 400 through the router, and holds no
     // KV: the conversation it opened is not counted live.
     let live = |explained: &Value| explained["backends"][0]["live_conversations"].as_u64();
+    let (_, explained) = post(&route, &second).await;
     assert_eq!(live(&explained), Some(1), "{explained}");
     let long = "Every word here is a token or two of a prompt too long. ".repeat(400);
     let too_long = chat(&[json!({"role": "user", "content": long})], 4);

@@ -117,7 +117,6 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::policy::testing::candidates;
     use crate::units::Tokens;
 
