@@ -519,6 +519,11 @@ async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_mo
     let home = ups.iter().position(|u| u.count() == 1).unwrap();
     let (home, other) = (&ups[home], &ups[1 - home]);
     home.set_reply(Reply::Slow(Duration::from_millis(500)));
+    // The first turn's slot is free once the router has closed its exchange, which on a
+    // loaded machine can come a moment after the client had its status.
+    router
+        .wait_until("first is done", |r| r.inflight() == 0)
+        .await;
     let low = tokio::spawn(post_chat(url.clone(), turn("low"), "low"));
     router
         .wait_until("low is placed at home", |_| home.count() == 2)

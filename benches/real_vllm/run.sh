@@ -11,12 +11,13 @@
 #
 # ENGINE=sim runs the same through `prefix-router sim` instances configured like the real
 # fleet (block size, KV blocks, max-num-seqs, max-model-len, the model's tokenizer, KV
-# events), with SIM_ARGS for the timing.
+# events), fresh for every run, with SIM_ARGS for the timing and SPEEDUP (default 1) for
+# the replay's and the simulators' clocks.
 #
 # Env: KV (shares of the sessions' final contexts the fleet's KV holds, a comma list;
 # default 0.6,1.0,1.5), RUNS (1), FRONTS (default vllm-mode,kv_aware,cache_aware,
-# prefill_aware,consistent_hash,round_robin,smg,vllm-router,vllm-router-kv; POLICY@PATH runs
-# the router at PATH), WORKLOAD (agent: 24 sessions over 4 prompts, 3.7K-33K tokens; shared:
+# prefill_aware,consistent_hash,round_robin,smg,vllm-router,vllm-router-kv; token-mode is
+# ours on the model's tokens without KV events; POLICY@PATH runs the router at PATH), WORKLOAD (agent: 24 sessions over 4 prompts, 3.7K-33K tokens; shared:
 # 32 sessions over 2 long prompts), INSTANCES (4), MAX_NUM_SEQS (16), MAX_MODEL_LEN (32768:
 # longer prompts get 400; at most the KV less a block), THINK (1 s), OUTPUT_SCALE (0.25: answers
 # of 7-75 tokens, as a CPU decodes a token in tens of milliseconds), SESSIONS, SESSION_RATE,
@@ -77,7 +78,7 @@ start_engines() { # KV_BLOCKS MAX_MODEL_LEN: the instances, healthy; sets urls a
     if [ "$engine" = sim ]; then
       "$bin" sim --count 1 --base-port "$p" --model tiny --tokenizer "$model" --block-tokens "$block" \
         --kv-blocks "$1" --max-model-len "$2" --max-num-seqs "${MAX_NUM_SEQS:-16}" \
-        --kv-events-config "$config" ${SIM_ARGS:-} >"$dir/log" 2>&1 &
+        --kv-events-config "$config" --time-scale "${SPEEDUP:-1}" ${SIM_ARGS:-} >"$dir/log" 2>&1 &
     else
       VLLM_CPU_OMP_THREADS_BIND=$((i % 2)) VLLM_CACHE_ROOT="$dir/cache" TMPDIR="$dir/tmp" \
       VLLM_RPC_BASE_PATH="$dir/rpc" TORCHINDUCTOR_CACHE_DIR="$dir/inductor" VLLM_SERVER_DEV_MODE=1 \
@@ -98,12 +99,14 @@ start_engines() { # KV_BLOCKS MAX_MODEL_LEN: the instances, healthy; sets urls a
   done
 }
 
-stop_engines() {
+stop_engines() { # each engine's metrics kept in its log directory (its timing over the runs), then stopped
+  local i; stops=$((stops + 1))
+  for i in "${!urls[@]}"; do curl -s "${urls[$i]}/metrics" >"$out/engine-$i/metrics-$stops" || true; done
   for p in "${engine_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   for p in "${engine_pids[@]}"; do wait "$p" 2>/dev/null || true; done
   engine_pids=()
 }
-engine_pids=()
+engine_pids=(); urls=(); stops=0
 trap 'stop; stop_engines' EXIT
 
 reset_caches() { # every engine's prefix cache emptied (vLLM's dev endpoint)
@@ -118,6 +121,7 @@ reset_caches() { # every engine's prefix cache emptied (vLLM's dev endpoint)
 start_front() { # NAME: the front NAME in front of the engines; sets $port and $front_pid
   case $1 in
     vllm-mode) ROUTER_ARGS="--tokenizer $model --kv-events tcp://{host}:{port+1}" start_router kv_aware "${urls[@]}" ;;
+    token-mode) ROUTER_ARGS="--tokenizer $model" start_router kv_aware "${urls[@]}" ;;
     smg) start_peer smg "${urls[@]}" ;;
     vllm-router) start_peer vllm-router "${urls[@]}" ;;
     vllm-router-kv) start_vllm_router_kv ;;
@@ -170,19 +174,23 @@ PY
 
 replay() { # NAME KV RUN: the workload through $port, one line
   local report="$out/${1//\//_}-$2-$3.json"
-  "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent "${workload[@]}" --speedup 1 \
+  "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent "${workload[@]}" --speedup "${SPEEDUP:-1}" \
     --stream --quiet --backends "$instances" --concurrency 1024 --timeout 900 --model tiny \
-    --out "$report" --requests-out "${report%.json}.jsonl" >/dev/null
+    --backend-metrics "$(IFS=,; echo "${urls[*]}")" --out "$report" \
+    --requests-out "${report%.json}.jsonl" >/dev/null
   python3 - "$report" "${1/@*/@other}" "$2" "$3" "$(cpu_seconds "$front_pid")" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r.get("ttft_ms") or {}
 q = r["requests"]
 refused = sum(n for kind, n in q["errors"].items() if kind == "http_400")
+shares = (r.get("backend_metrics") or {}).get("rows") or []
+requests = "/".join(str(row.get("requests", 0)) for row in shares)
 print(f"{sys.argv[2]:16} kv={sys.argv[3]} run={sys.argv[4]} hit={(r['hit_rate'] or 0):.3f} "
       f"ttft_p50={t.get('p50', 0) / 1000:.2f}s ttft_p99={t.get('p99', 0) / 1000:.2f}s "
       f"makespan={r['elapsed_s']:.1f}s ok={q['ok']} refused={refused} failed={q['failed'] - refused} "
-      f"cpu={sys.argv[5]}s {dict((k, v) for k, v in q['errors'].items() if k != 'http_400') or ''}", flush=True)
+      f"cpu={sys.argv[5]}s per-backend={requests} "
+      f"{dict((k, v) for k, v in q['errors'].items() if k != 'http_400') or ''}", flush=True)
 PY
 }
 

@@ -2,10 +2,10 @@
 //! it reports. In text mode the router measures prompts in bytes of routing text, while a
 //! backend publishes its KV and reports its prompts in its tokenizer's tokens. A fixed
 //! [`TEXT_BYTES_PER_TOKEN`] is right for English prose and the simulator, but Qwen3's
-//! tokenizer makes a token of 2.7 bytes of the agent workload's text (measured through the
-//! real vLLM: routing text over `usage.prompt_tokens`): at 4, the router saw room for half
-//! as much again as the engines held, piled conversations onto backends whose caches then
-//! thrashed, and left one backend idle (`benches/real_vllm/run.sh`). Each response of a
+//! tokenizer makes a token of about 2.2 bytes of the agent workload's routing text (what
+//! this learns in front of the simulator with Qwen3's tokenizer): at 4, the router saw room
+//! for far more than the engines held, piled conversations onto backends whose caches then
+//! thrashed, and left one backend idle (`benches/real_vllm/run.sh`, real vLLM). Each response of a
 //! text-mode request teaches its backend's density; capacities, index budgets and reported
 //! hits are converted at it. Token mode needs none of it: its sizes are the engine's tokens.
 

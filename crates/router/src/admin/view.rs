@@ -45,6 +45,8 @@ pub fn workers(state: &State) -> Value {
                 "healthy": b.is_healthy(), "ejected": b.is_ejected(), "inflight": b.load(),
                 "pending_prefill_bytes": b.account.pending().0,
                 "kv_tokens": b.account.capacity().map(|t| t.0),
+                "kv_block_tokens": b.account.block().map(|t| t.0),
+                "text_bytes_per_token": b.account.density().0,
                 "slots": b.account.sequences(),
                 "published": b.account.published().map(|p| json!({
                     "running": p.running, "waiting": p.waiting, "kv_usage": p.kv_usage,
