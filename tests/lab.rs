@@ -165,6 +165,10 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
     );
     assert_eq!(published["kv_usage"], 0.0);
     assert_eq!(other["published"], Value::Null);
+    // The sim's blocks as it publishes them; before any report, 4 bytes of text a token.
+    assert_eq!(sim_row["kv_block_tokens"], 16);
+    assert_eq!(other["kv_block_tokens"], Value::Null);
+    assert_eq!(sim_row["text_bytes_per_token"], 4.0);
     // Far more text than the sim's index may hold: it stays within its budget.
     let sim_url = format!("http://{}", sim.addr);
     for i in 0..40 {

@@ -3,11 +3,11 @@
 //! backend publishes its KV and reports its prompts in its tokenizer's tokens. A fixed
 //! [`TEXT_BYTES_PER_TOKEN`] is right for English prose and the simulator, but Qwen3's
 //! tokenizer makes a token of about 2.2 bytes of the agent workload's routing text (what
-//! this learns in front of the simulator with Qwen3's tokenizer): at 4, the router saw room
-//! for far more than the engines held, piled conversations onto backends whose caches then
-//! thrashed, and left one backend idle (`benches/real_vllm/run.sh`, real vLLM). Each response of a
-//! text-mode request teaches its backend's density; capacities, index budgets and reported
-//! hits are converted at it. Token mode needs none of it: its sizes are the engine's tokens.
+//! this learns in front of the simulator with Qwen3's tokenizer): at 4, the router saw
+//! room for far more than the engines held, piled conversations onto backends whose caches
+//! then thrashed, and left one backend idle (`benches/real_vllm/run.sh`, real vLLM). Each
+//! response of a text-mode request teaches its backend's density; capacities, index
+//! budgets and reported hits are converted at it. Token mode needs none of it: its sizes are the engine's tokens.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
