@@ -17,8 +17,9 @@
 # Env: KV (shares of the sessions' final contexts the fleet's KV holds, a comma list;
 # default 0.6,1.0,1.5), RUNS (1), FRONTS (default vllm-mode,kv_aware,cache_aware,
 # prefill_aware,consistent_hash,round_robin,smg,vllm-router,vllm-router-kv; token-mode is
-# ours on the model's tokens without KV events; POLICY@PATH runs the router at PATH), WORKLOAD (agent: 24 sessions over 4 prompts, 3.7K-33K tokens; shared:
-# 32 sessions over 2 long prompts), INSTANCES (4), MAX_NUM_SEQS (16), MAX_MODEL_LEN (32768:
+# ours on the model's tokens without KV events; POLICY@PATH runs the router at PATH),
+# WORKLOAD (agent: 24 sessions over 4 prompts, 3.7K-33K tokens; shared: 32 sessions over 2
+# long prompts), INSTANCES (4), MAX_NUM_SEQS (16), MAX_MODEL_LEN (32768:
 # longer prompts get 400; at most the KV less a block), THINK (1 s), OUTPUT_SCALE (0.25: answers
 # of 7-75 tokens, as a CPU decodes a token in tens of milliseconds), SESSIONS, SESSION_RATE,
 # OUT (a directory for logs and reports; default a temporary one).

@@ -7,7 +7,8 @@
 //! room for far more than the engines held, piled conversations onto backends whose caches
 //! then thrashed, and left one backend idle (`benches/real_vllm/run.sh`, real vLLM). Each
 //! response of a text-mode request teaches its backend's density; capacities, index
-//! budgets and reported hits are converted at it. Token mode needs none of it: its sizes are the engine's tokens.
+//! budgets and reported hits are converted at it. Token mode needs none of it: its sizes
+//! are the engine's tokens.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
