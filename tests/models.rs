@@ -1,6 +1,7 @@
 //! Many models behind one router: each backend's `/v1/models` (simulated vLLM instances
 //! serving two names; test backends listing a LoRA adapter) says where a request may go;
-//! an unknown model gets 404 `model_not_found` and reaches nothing; `/v1/models` on the
+//! an unknown model gets 404 `model_not_found` and reaches nothing, unless the fleet serves
+//! one model, which takes any name; `/v1/models` on the
 //! router lists the union; the same text on two models never shares a prefix match.
 
 use prefix_router::config::Settings;
@@ -145,6 +146,47 @@ async fn an_adapter_goes_to_the_backends_that_loaded_it() {
     let listed = listed(&router).await;
     assert_eq!(listed["data"][1]["id"], "sql-lora");
     assert_eq!(listed["data"][1]["parent"], "base");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_model_fleet_takes_any_name_and_an_empty_list_limits_nothing() {
+    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    ups.iter().for_each(|u| u.set_models(&[("mock", None)]));
+    let router = router_listing(ups.iter().map(|u| u.url()).collect(), &["mock"]).await;
+    for (conversation, name) in ["test-model", "gpt-4o", "mock", ""].iter().enumerate() {
+        let (status, body) = chat_to(&router.url, &ask(name, conversation)).await;
+        assert_eq!(status, 200, "{name}: {body}");
+    }
+    let models: Vec<Value> = (ups.iter().flat_map(|u| u.received()))
+        .filter(|r| r.path == "/v1/chat/completions")
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["model"].clone())
+        .collect();
+    assert_eq!(models.len(), 4, "each reached a backend, its name as sent");
+    assert!(models.contains(&json!("test-model")) && models.contains(&json!("gpt-4o")));
+    let empty = Upstream::start("empty").await;
+    empty.set_models(&[]);
+    let router = TestRouter::start(
+        Settings {
+            worker_urls: Some(vec![empty.url()]),
+            metrics_interval: Some(0.1),
+            ..settings(&[])
+        },
+        1,
+    );
+    let read = |r: &TestRouter| {
+        r.state()
+            .fleet
+            .ready(&[])
+            .backend(0)
+            .is_some_and(|b| b.models.served().is_some())
+    };
+    router.wait_until("the empty list is read", read).await;
+    assert_eq!(chat_to(&router.url, &ask("anything", 0)).await.0, 200);
+    let chats = empty
+        .received()
+        .into_iter()
+        .filter(|r| r.path == "/v1/chat/completions");
+    assert_eq!(chats.count(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,6 +91,14 @@ impl Ready {
         self
     }
 
+    /// Whether any of them may get requests for `model`.
+    pub fn any_serves(&self, model: &[u8]) -> bool {
+        let backends = &self.snapshot.backends;
+        self.members
+            .iter()
+            .any(|&m| backends[m].models.serves(model))
+    }
+
     /// Only the backend `id`, if it is ready.
     pub fn only(mut self, id: BackendId) -> Ready {
         let backends = &self.snapshot.backends;

@@ -1,8 +1,8 @@
 //! The models each backend serves, as its `GET /v1/models` lists them (OpenAI's shape;
 //! vLLM lists its served names and, with `parent`, the LoRA adapters loaded on it). Read
 //! by the metrics reader when a backend is first read and then every `models_interval`,
-//! so adapters loaded at run time are seen. A backend that never answered a list serves
-//! every model as far as routing knows (a fleet of such backends routes as before);
+//! so adapters loaded at run time are seen. A backend that never answered a list, or
+//! answered an empty one, serves every model as far as routing knows (a fleet of such backends routes as before);
 //! one that listed its models once keeps its last list while a read fails.
 
 use std::sync::Arc;
@@ -87,9 +87,10 @@ impl Models {
         self.served.load_full()
     }
 
-    /// Whether it may get requests for `model`: it lists it, or it never listed any.
+    /// Whether it may get requests for `model`: it lists it, or it never listed any (an
+    /// empty list included).
     pub fn serves(&self, model: &[u8]) -> bool {
-        self.served.load().as_ref().is_none_or(|s| s.serves(model))
+        (self.served.load().as_ref()).is_none_or(|s| s.models.is_empty() || s.serves(model))
     }
 
     /// Whether a read is due at `now`, every `interval` (never, for a static pool's); if
@@ -140,5 +141,7 @@ mod tests {
         assert!(models.set(Served::parse(r#"{"data":[{"id":"big"}]}"#).unwrap()));
         assert!(!models.serves(b"anything"));
         assert!(!models.set(Served::parse(r#"{"data":[{"id":"big"}]}"#).unwrap()));
+        assert!(models.set(Served::parse(r#"{"data":[]}"#).unwrap()));
+        assert!(models.serves(b"anything"), "an empty list limits nothing");
     }
 }
