@@ -163,7 +163,10 @@ async fn explain_estimates_in_text_mode_and_refuses_bad_bodies_like_the_data_pla
         (why["mode"].as_str(), why["estimated"].as_bool()),
         (Some("text"), Some(true))
     );
-    assert_eq!(why["session"], true, "the request's headers count");
+    assert_eq!(
+        why["session"], "header:x-session-id",
+        "the request's headers count"
+    );
     assert!(why["prompt_tokens"].as_u64().unwrap() > 100);
 
     let (status, error) = explain(&router, "/v1/chat/completions", b"{\"messages\": 3}").await;

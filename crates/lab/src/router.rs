@@ -15,7 +15,7 @@ use prefix_router_core::policy::{
     Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
     SharedTunables, TokenBlocks, Tunables,
 };
-use prefix_router_core::request::{self, Endpoint, ParseError, SessionHeaders, SessionKey};
+use prefix_router_core::request::{self, Endpoint, ParseError, SessionKey, SessionSources};
 use prefix_router_core::tree::TreeConfig;
 use prefix_router_core::units::{PromptSize, TextBytes, Tokens};
 use xxhash_rust::xxh3::xxh3_64;
@@ -124,7 +124,7 @@ pub struct LabRouter {
     accounts: Vec<Arc<Account>>,
     clock: Manual,
     limit: usize,
-    headers: SessionHeaders,
+    headers: SessionSources,
     /// Prefix-index keys evicted, bytes.
     pub evicted_bytes: u64,
     /// Routing text the chosen backends were believed to hold, bytes.
@@ -170,7 +170,7 @@ impl LabRouter {
             accounts,
             clock,
             limit: setup.max_inflight_per_backend,
-            headers: SessionHeaders::default(),
+            headers: SessionSources::default(),
             evicted_bytes: 0,
             matched_bytes: 0,
             text_bytes: 0,
@@ -257,7 +257,7 @@ impl LabRouter {
         {
             headers.insert("x-session-id", value);
         }
-        let session = SessionKey::find(&headers, &self.headers, parsed.session);
+        let session = SessionKey::find(&headers, &self.headers, &parsed.sessions).map(|(k, _)| k);
         let mut request = Request::new(parsed.model, &parsed.text, session);
         request.tokens = asked.record.map(|r| TokenBlocks {
             chain: r.chain,

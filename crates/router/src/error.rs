@@ -1,6 +1,8 @@
-//! The router's request errors and the one mapping from an error to an HTTP status and an
-//! OpenAI-style body `{"error":{"message","type","code"}}`. The proxy's `fail_to_proxy` is
-//! the only caller that turns these into responses.
+//! The router's request errors and the one mapping from an error to an HTTP status and a
+//! body in the API's own shape: OpenAI's `{"error":{"message","type","code"}}`, or on the
+//! Messages paths (`/v1/messages...`) Anthropic's `{"type":"error","error":{"type",
+//! "message"}}`. The proxy's `fail_to_proxy` is the only caller that turns these into
+//! responses.
 
 use bytes::Bytes;
 
@@ -162,9 +164,32 @@ impl RouterError {
         headers
     }
 
-    /// The JSON error body.
+    /// The JSON error body, in OpenAI's shape.
     pub fn body(&self) -> Bytes {
         error_body(&self.to_string(), self.kind(), self.code())
+    }
+
+    /// The JSON error body for a request to `path`: Anthropic's shape on the Messages
+    /// paths, OpenAI's elsewhere.
+    pub fn body_for(&self, path: &str) -> Bytes {
+        if !path.starts_with("/v1/messages") {
+            return self.body();
+        }
+        let error = serde_json::json!({"type": self.anthropic_kind(), "message": self.to_string()});
+        Bytes::from(serde_json::json!({"type": "error", "error": error}).to_string())
+    }
+
+    /// The Anthropic error `type`.
+    fn anthropic_kind(&self) -> &'static str {
+        match (self, self.status()) {
+            (RouterError::Overloaded { .. } | RouterError::NoBackend, _) => "overloaded_error",
+            (_, 401) => "authentication_error",
+            (_, 404) => "not_found_error",
+            (_, 413) => "request_too_large",
+            (_, 429) => "rate_limit_error",
+            (_, 400..=499) => "invalid_request_error",
+            _ => "api_error",
+        }
     }
 }
 
@@ -225,6 +250,17 @@ mod tests {
         assert_eq!(value["error"]["type"], "invalid_request_error");
         assert_eq!(value["error"]["code"], "body_too_large");
         assert!(value["error"]["message"].as_str().unwrap().contains("10"));
+    }
+
+    #[test]
+    fn the_messages_paths_get_anthropics_shape() {
+        let error = RouterError::BodyTooLarge { limit: 10 };
+        let value: serde_json::Value =
+            serde_json::from_slice(&error.body_for("/v1/messages")).unwrap();
+        assert_eq!(value["type"], "error");
+        assert_eq!(value["error"]["type"], "request_too_large");
+        assert!(value["error"]["message"].as_str().unwrap().contains("10"));
+        assert_eq!(error.body_for("/v1/chat/completions"), error.body());
     }
 
     #[test]

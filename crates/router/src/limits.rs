@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use prefix_router_core::policy::{SharedTunables, Tunables};
-use prefix_router_core::request::SessionHeaders;
+use prefix_router_core::request::SessionSources;
 
 use crate::fleet::OutlierSettings;
 use crate::tenants::Tenants;
@@ -71,8 +71,10 @@ pub struct Limits {
     pub retry: RetrySettings,
     /// When backends are ejected for their answers or failures.
     pub outlier: OutlierSettings,
-    /// Session id headers, in order of preference. Default `x-session-id`.
-    pub session_headers: SessionHeaders,
+    /// Where session ids are read, in order of preference: headers, then body fields.
+    /// Default: the headers of [`DEFAULT_HEADERS`](prefix_router_core::request::DEFAULT_HEADERS),
+    /// then every [`SessionField`](prefix_router_core::request::SessionField).
+    pub sessions: SessionSources,
     /// Timeouts of each exchange with a backend.
     pub exchange: ExchangeTimeouts,
     /// Longest wait of a body for buffer budget before 503. Default 10 s.
@@ -100,7 +102,7 @@ impl Default for Limits {
             client_body: Duration::from_secs(300),
             retry: RetrySettings::default(),
             outlier: OutlierSettings::default(),
-            session_headers: SessionHeaders::default(),
+            sessions: SessionSources::default(),
             exchange: ExchangeTimeouts::default(),
             admission_timeout: Duration::from_secs(10),
             max_inflight_per_backend: 0,

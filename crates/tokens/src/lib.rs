@@ -1,4 +1,4 @@
-//! The model's own tokens: a chat, completions or responses body rendered with the model's
+//! The model's own tokens: a chat, completions, responses or Messages body rendered with the model's
 //! chat template ([`render`]) as vLLM renders it, tokenized with its tokenizer, and turned
 //! into the chain of token-block hashes the prefix index keys on ([`encode`]), tokenizing
 //! only the text between special tokens not seen before. Loaded from a Hugging Face
@@ -8,6 +8,7 @@
 //! Pure computation: no I/O but reading the model directory once.
 #![deny(unsafe_code)]
 
+mod anthropic;
 pub mod encode;
 mod fast;
 pub mod model;

@@ -1,4 +1,5 @@
-//! A request body as the engine's input: a chat (or a responses request, turned into one)
+//! A request body as the engine's input: a chat (or a responses or Messages request, turned
+//! into one)
 //! rendered with the chat template as vLLM renders it, or a completions prompt as text or
 //! as token ids. What vLLM does before the template, this does too:
 //!
@@ -73,6 +74,10 @@ impl Renderer {
                 self.chat(&body, messages, responses_tools(&field(&body, "tools")))
             }
             Endpoint::Completions => completion(&field(&body, "prompt")),
+            Endpoint::Messages | Endpoint::CountTokens => {
+                let messages = crate::anthropic::messages(&body)?;
+                self.chat(&body, messages, crate::anthropic::tools(&body))
+            }
         }
     }
 

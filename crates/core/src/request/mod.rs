@@ -1,5 +1,5 @@
 //! Request parsing: one pass over a routed request body yields the routing text, the model
-//! and the body's session id, all borrowed from the body. Pure functions, no I/O; the
+//! and the body's session ids, all borrowed from the body. Pure functions, no I/O; the
 //! body itself is never changed (the proxy forwards it byte for byte).
 //!
 //! The routing text of turn N+1 of a conversation starts with the routing text of turn N:
@@ -10,13 +10,16 @@ mod chat;
 mod completions;
 mod content;
 mod json;
+mod messages;
 mod responses;
 mod session;
 mod text;
 
 use json::{Json, Kind};
 
-pub use session::{SessionHeaders, SessionKey};
+pub use session::{
+    BodySessions, DEFAULT_HEADERS, SessionField, SessionKey, SessionSource, SessionSources,
+};
 pub use text::{Part, RoutingText};
 
 /// The endpoints routed on their prompt.
@@ -28,6 +31,10 @@ pub enum Endpoint {
     Completions,
     /// `POST /v1/responses`
     Responses,
+    /// `POST /v1/messages` (Anthropic's Messages API)
+    Messages,
+    /// `POST /v1/messages/count_tokens`: a Messages body, counted, not generated.
+    CountTokens,
 }
 
 impl Endpoint {
@@ -37,6 +44,8 @@ impl Endpoint {
             "/v1/chat/completions" => Some(Endpoint::Chat),
             "/v1/completions" => Some(Endpoint::Completions),
             "/v1/responses" => Some(Endpoint::Responses),
+            "/v1/messages" => Some(Endpoint::Messages),
+            "/v1/messages/count_tokens" => Some(Endpoint::CountTokens),
             _ => None,
         }
     }
@@ -47,7 +56,14 @@ impl Endpoint {
             Endpoint::Chat => "chat",
             Endpoint::Completions => "completions",
             Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
+            Endpoint::CountTokens => "count_tokens",
         }
+    }
+
+    /// Whether it takes a Messages body (and answers in Anthropic's shapes).
+    pub fn is_anthropic(self) -> bool {
+        matches!(self, Endpoint::Messages | Endpoint::CountTokens)
     }
 }
 
@@ -90,8 +106,8 @@ pub struct Parsed<'a> {
     pub model: &'a [u8],
     /// The conversation as routed text.
     pub text: RoutingText<'a>,
-    /// `session_params.session_id`, when present.
-    pub session: Option<&'a [u8]>,
+    /// The session ids it carries.
+    pub sessions: BodySessions<'a>,
 }
 
 /// Top-level fields, in whatever order the body has them.
@@ -100,7 +116,10 @@ struct Fields<'a> {
     model: Option<&'a [u8]>,
     tools: Option<&'a [u8]>,
     instructions: Option<&'a [u8]>,
-    session: Option<&'a [u8]>,
+    sessions: BodySessions<'a>,
+    /// A Messages body's `system` and `messages`, walked once the body is read.
+    system: Option<&'a [u8]>,
+    messages: Option<&'a [u8]>,
     /// Whether `messages`, `prompt` or `input` was read.
     conversation: bool,
 }
@@ -135,10 +154,30 @@ impl<'a> Fields<'a> {
     ) -> Result<(), ParseError> {
         match (key, endpoint) {
             (b"model", _) => once(&mut self.model, "model", content::string(j, "model"))?,
-            (b"tools", Endpoint::Chat | Endpoint::Responses) => {
+            (b"tools", _) if endpoint != Endpoint::Completions => {
                 once(&mut self.tools, "tools", tools(j))?
             }
-            (b"session_params", _) => once(&mut self.session, "session_params", session_id(j))?,
+            (b"session_params", _) => once(
+                &mut self.sessions.session_params,
+                "session_params",
+                session_id(j),
+            )?,
+            (b"prompt_cache_key", _) => once(
+                &mut self.sessions.prompt_cache_key,
+                "prompt_cache_key",
+                nullable_string(j, "prompt_cache_key"),
+            )?,
+            (b"metadata", _) if endpoint.is_anthropic() => {
+                self.sessions.metadata_user_id = metadata_session(j)?
+            }
+            (b"system", _) if endpoint.is_anthropic() => {
+                once(&mut self.system, "system", messages::system(j))?
+            }
+            (b"messages", _) if endpoint.is_anthropic() => {
+                let raw = messages::messages(j)?;
+                self.conversation(text, "messages", |_| Ok(()))?;
+                self.messages = Some(raw);
+            }
             (b"instructions", Endpoint::Responses) => once(
                 &mut self.instructions,
                 "instructions",
@@ -182,9 +221,9 @@ impl<'a> Fields<'a> {
     ) -> Result<Parsed<'a>, ParseError> {
         if !self.conversation {
             return Err(ParseError::Missing(match endpoint {
-                Endpoint::Chat => "messages",
                 Endpoint::Completions => "prompt",
                 Endpoint::Responses => "input",
+                _ => "messages",
             }));
         }
         let (tools, instructions) = (self.tools.unwrap_or_default(), self.instructions);
@@ -207,10 +246,13 @@ impl<'a> Fields<'a> {
             front,
             &[open, tools, close, marker, instructions.unwrap_or_default()],
         );
+        if let Some(raw) = self.messages {
+            messages::push(self.system, raw, &mut text)?;
+        }
         Ok(Parsed {
             model: self.model.unwrap_or_default(),
             text,
-            session: self.session.filter(|id| !id.is_empty()),
+            sessions: self.sessions,
         })
     }
 }
@@ -235,6 +277,30 @@ fn tools<'a>(j: &mut Json<'a>) -> Result<&'a [u8], ParseError> {
             expected: "an array",
         }),
     }
+}
+
+/// A string's escaped bytes, or empty for null.
+fn nullable_string<'a>(j: &mut Json<'a>, field: &'static str) -> Result<&'a [u8], ParseError> {
+    match j.kind() {
+        Kind::Null => j.null().map(|()| &b""[..]),
+        _ => content::string(j, field),
+    }
+}
+
+/// The session `metadata.user_id` names, if any (see [`session::user_id_session`]).
+fn metadata_session<'a>(j: &mut Json<'a>) -> Result<Option<&'a [u8]>, ParseError> {
+    if j.kind() != Kind::Object {
+        return j.skip().map(|()| None);
+    }
+    let mut found = None;
+    j.object(|j, key| match (key, j.kind()) {
+        (b"user_id", Kind::String) => {
+            found = session::user_id_session(j.string()?);
+            Ok(())
+        }
+        _ => j.skip(),
+    })?;
+    Ok(found)
 }
 
 /// `session_params.session_id`: a string's escaped bytes or a number's digits; empty when

@@ -77,10 +77,70 @@ fn model_and_body_session_are_read() {
     let body = br#"{"model":"llama","session_params":{"session_id":"s1"},"messages":[{"role":"user","content":"hi"}]}"#;
     let parsed = parse(Endpoint::Chat, body).unwrap();
     assert_eq!(parsed.model, b"llama");
-    assert_eq!(parsed.session, Some(&b"s1"[..]));
+    assert_eq!(parsed.sessions.session_params, Some(&b"s1"[..]));
     assert!(
         contains(&parsed.text.to_vec(), "hi"),
         "session must not displace text"
+    );
+}
+
+#[test]
+fn the_agents_body_sessions_are_read() {
+    let body = json!({"model": "m", "prompt_cache_key": "thread-1", "input": "hi"});
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let parsed = parse(Endpoint::Responses, &bytes).unwrap();
+    assert_eq!(parsed.sessions.prompt_cache_key, Some(&b"thread-1"[..]));
+    let user_id = r#"{"device_id":"d","account_uuid":"","session_id":"s-7"}"#;
+    let body = json!({"model": "m", "max_tokens": 8, "metadata": {"user_id": user_id},
+        "messages": [{"role": "user", "content": "hi"}]});
+    let bytes = serde_json::to_vec(&body).unwrap();
+    let parsed = parse(Endpoint::Messages, &bytes).unwrap();
+    assert_eq!(parsed.sessions.metadata_user_id, Some(&b"s-7"[..]));
+}
+
+/// A Messages body and the chat vLLM turns it into route on the same text: the system
+/// prompt and inline system messages first (the billing line dropped), tool results as
+/// tool messages before their user's own text.
+#[test]
+fn messages_route_on_the_text_of_the_chat_vllm_makes() {
+    let messages = json!({"model": "m", "max_tokens": 8,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=ab12;"},
+                   {"type": "text", "text": "SYS", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "U1"}]},
+            {"role": "system", "content": "S2"},
+            {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm"},
+                                              {"type": "text", "text": "A1"}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "R"}]},
+                {"type": "text", "text": "U2"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "R2"}]}]});
+    let chat = json!({"model": "m", "messages": [
+        {"role": "system", "content": "SYSS2"},
+        {"role": "user", "content": "U1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "tool", "tool_call_id": "t1", "content": "R"},
+        {"role": "user", "content": "U2"},
+        {"role": "tool", "tool_call_id": "t2", "content": "R2"}]});
+    let text = text_of(Endpoint::Messages, &messages);
+    assert_eq!(
+        String::from_utf8_lossy(&text),
+        String::from_utf8_lossy(&text_of(Endpoint::Chat, &chat))
+    );
+    let bytes = serde_json::to_vec(&messages).unwrap();
+    let parsed = parse(Endpoint::CountTokens, &bytes).unwrap();
+    assert!(parsed.text.to_vec()[..parsed.text.anchor_len()].ends_with(b"U1"));
+    let calls = json!({"tools": [{"name": "read", "input_schema": {}}], "messages": [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "read", "input": {"p": 1}},
+                                          {"type": "image", "source": {"type": "base64", "data": "QUJD"}}]}]});
+    let text = text_of(Endpoint::Messages, &calls);
+    let order = ["<tools>", "go", "<image:", "read(", r#"{"p":1}"#];
+    let positions: Vec<usize> = order.iter().map(|n| position(&text, n)).collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    assert!(
+        !contains(&text, "QUJD"),
+        "media bytes must not be routed on"
     );
 }
 
@@ -251,6 +311,14 @@ fn paths_name_endpoints() {
         Endpoint::from_path("/v1/chat/completions?x=1"),
         Some(Endpoint::Chat)
     );
+    assert_eq!(
+        Endpoint::from_path("/v1/messages?beta=true"),
+        Some(Endpoint::Messages)
+    );
+    assert_eq!(
+        Endpoint::from_path("/v1/messages/count_tokens"),
+        Some(Endpoint::CountTokens)
+    );
     assert_eq!(Endpoint::from_path("/v1/models"), None);
 }
 
@@ -289,6 +357,21 @@ fn any_item() -> impl Strategy<Value = Value> {
     let output = any_text()
         .prop_map(|o| json!({"type": "function_call_output", "call_id": "c", "output": o}));
     prop_oneof![message, call, output]
+}
+
+fn any_anthropic_message() -> impl Strategy<Value = Value> {
+    let plain = (prop::sample::select(vec!["user", "assistant"]), any_text())
+        .prop_map(|(role, text)| json!({"role": role, "content": text}));
+    let blocks = (any_text(), any_text()).prop_map(|(a, b)| {
+        json!({"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "t", "content": a},
+            {"type": "text", "text": b}]})
+    });
+    let call = (any_text(), any_text()).prop_map(|(text, name)| {
+        json!({"role": "assistant", "content": [{"type": "text", "text": text},
+            {"type": "tool_use", "id": "t", "name": name, "input": {"q": text}}]})
+    });
+    prop_oneof![plain, blocks, call]
 }
 
 fn assert_extends(texts: &[Vec<u8>]) {
@@ -335,8 +418,16 @@ proptest! {
     }
 
     #[test]
+    fn messages_turns_extend(messages in prop::collection::vec(any_anthropic_message(), 1..8)) {
+        let texts: Vec<Vec<u8>> = (1..=messages.len())
+            .map(|n| text_of(Endpoint::Messages, &json!({"system": "S", "messages": messages[..n]})))
+            .collect();
+        assert_extends(&texts);
+    }
+
+    #[test]
     fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
-        for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Responses] {
+        for endpoint in [Endpoint::Chat, Endpoint::Completions, Endpoint::Responses, Endpoint::Messages] {
             let _ = parse(endpoint, &bytes);
         }
     }
@@ -376,6 +467,11 @@ fn any_value() -> impl Strategy<Value = Value> {
             "summary",
             "id",
             "session_id",
+            "user_id",
+            "tool_use",
+            "tool_result",
+            "input",
+            "source",
             "x",
         ]);
         prop_oneof![
@@ -395,8 +491,8 @@ proptest! {
         tools in any_value(),
         session in any_value(),
     ) {
-        for (endpoint, key) in [(Endpoint::Chat, "messages"), (Endpoint::Completions, "prompt"), (Endpoint::Responses, "input")] {
-            let body = json!({ key: conversation, "model": model, "tools": tools, "session_params": session, "instructions": model });
+        for (endpoint, key) in [(Endpoint::Chat, "messages"), (Endpoint::Completions, "prompt"), (Endpoint::Responses, "input"), (Endpoint::Messages, "messages")] {
+            let body = json!({ key: conversation, "model": model, "tools": tools, "session_params": session, "instructions": model, "system": tools, "metadata": session, "prompt_cache_key": model });
             let bytes = serde_json::to_vec(&body).unwrap();
             if let Ok(parsed) = parse(endpoint, &bytes) {
                 prop_assert_eq!(parsed.text.to_vec().len(), parsed.text.len());

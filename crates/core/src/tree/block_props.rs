@@ -48,6 +48,9 @@ fn body(endpoint: Endpoint, turns: &[Vec<usize>], n: usize) -> Vec<u8> {
         Endpoint::Responses => {
             json!({"model": "m", "instructions": text(&turns[0]), "input": messages[1.min(n - 1)..].to_vec()})
         }
+        Endpoint::Messages | Endpoint::CountTokens => {
+            json!({"model": "m", "system": text(&turns[0]), "messages": messages[1.min(n - 1)..].to_vec()})
+        }
     };
     serde_json::to_vec(&value).unwrap()
 }
@@ -56,7 +59,8 @@ fn endpoint() -> impl Strategy<Value = Endpoint> {
     prop_oneof![
         Just(Endpoint::Chat),
         Just(Endpoint::Completions),
-        Just(Endpoint::Responses)
+        Just(Endpoint::Responses),
+        Just(Endpoint::Messages)
     ]
 }
 

@@ -6,6 +6,8 @@
 //! whose live conversations overflow its KV), the index mode (`tokens` or `text`), and per
 //! ready backend the prefix it is believed to hold, its load, whether it is the
 //! conversation's home and the live conversations it holds against its KV capacity.
+//! `session` says where the session key came from (`header:NAME` or `body:FIELD`), null
+//! without one.
 //! Sizes are in tokens: exact in token mode, text bytes / 4 in text mode (`estimated`).
 //! `admission` says whose request it is (the tenant and priority its headers give) and
 //! whether it would wait in the router's queue (`wait`: `full` when no backend is open
@@ -129,7 +131,7 @@ pub async fn explain(
         "prompt_tokens": size.tokens().0,
         "estimated": size.estimated(),
         "matched_tokens": decision.map(|d| tokens(d.matched)),
-        "session": request.session.is_some(),
+        "session": prepared.session_source.as_ref().map(ToString::to_string),
         "backends": backends,
         "ejected": ejected(state),
     }))

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 use prefix_router_core::policy::{self, Balance, Tunables};
-use prefix_router_core::request::SessionHeaders;
+use prefix_router_core::request::{SessionField, SessionSources};
 use prefix_router_core::tree::TreeConfig;
 use prefix_router_core::units::Tokens;
 
@@ -255,10 +255,7 @@ fn limits(s: &Settings, d: Limits) -> Result<Limits, ConfigError> {
         client_body: seconds("client_body_timeout", s.client_body_timeout, d.client_body)?,
         retry: retry(s, d.retry)?,
         outlier: outlier(s, d.outlier)?,
-        session_headers: match s.session_headers.as_deref() {
-            Some(names) => session_headers(names)?,
-            None => d.session_headers,
-        },
+        sessions: sessions(s, d.sessions)?,
         exchange: ExchangeTimeouts {
             connect: seconds("connect_timeout", s.connect_timeout, e.connect)?,
             first_byte: seconds(
@@ -438,15 +435,29 @@ fn shared_table(s: &Settings) -> Result<Option<SharedTable>, ConfigError> {
     }))
 }
 
-fn session_headers(names: &[String]) -> Result<SessionHeaders, ConfigError> {
-    let parsed: Result<Vec<HeaderName>, ConfigError> = names
-        .iter()
-        .map(|n| {
-            HeaderName::try_from(n.as_str())
-                .map_err(|_| invalid("session_headers", format!("`{n}` is not a header name")))
-        })
-        .collect();
-    Ok(SessionHeaders::new(parsed?))
+/// `session_headers` and `session_fields`, each the default's when not given.
+fn sessions(s: &Settings, d: SessionSources) -> Result<SessionSources, ConfigError> {
+    let headers = match s.session_headers.as_deref() {
+        None => d.headers().to_vec(),
+        Some(names) => (names.iter())
+            .map(|n| {
+                HeaderName::try_from(n.as_str())
+                    .map_err(|_| invalid("session_headers", format!("`{n}` is not a header name")))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let fields = match s.session_fields.as_deref() {
+        None => d.fields().to_vec(),
+        Some(names) => (names.iter())
+            .map(|n| {
+                SessionField::parse(n).ok_or_else(|| {
+                    let known = SessionField::ALL.map(SessionField::name).join(", ");
+                    invalid("session_fields", format!("`{n}` is not one of {known}"))
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    Ok(SessionSources::new(headers, fields))
 }
 
 fn invalid(option: &'static str, reason: String) -> ConfigError {

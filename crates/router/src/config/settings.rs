@@ -89,9 +89,12 @@ pub struct Settings {
     /// Tokens of KV cache the index remembers per backend that does not publish its capacity (vLLM does) [default: 1048576]
     #[arg(long)]
     pub max_tree_size: Option<usize>,
-    /// Headers carrying a session id, in order of preference [default: x-session-id]
+    /// Headers carrying a session id, in order of preference [default: x-session-id,x-claude-code-session-id,session-id,thread-id,x-session-affinity]
     #[arg(long, num_args = 1.., value_delimiter = ',')]
     pub session_headers: Option<Vec<String>>,
+    /// Body fields carrying a session id, tried after the headers, in order [default: session_params.session_id,metadata.user_id,prompt_cache_key]
+    #[arg(long, num_args = 0.., value_delimiter = ',')]
+    pub session_fields: Option<Vec<String>>,
     /// Seconds after which an idle session forgets its backend [default: 1800]
     #[arg(long)]
     pub session_ttl: Option<f64>,

@@ -283,7 +283,7 @@ async fn relay(
     exchanged.result.map_err(|f| f.into_error())
 }
 
-/// Writes `error` as an OpenAI-style JSON response unless a response has started, and
+/// Writes `error` as a JSON response in the API's shape unless a response has started, and
 /// closes the client's connection after it (the request's body may be unread); returns the
 /// status written, 0 when none.
 async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
@@ -292,7 +292,7 @@ async fn respond_error(session: &mut Session, error: &RouterError) -> u16 {
     if status == 0 || session.response_written().is_some() {
         return 0;
     }
-    let body = error.body();
+    let body = error.body_for(session.req_header().uri.path());
     let Ok(mut head) = error_header(status, &body, error.retry_after()) else {
         return 0;
     };

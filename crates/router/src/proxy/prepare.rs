@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use prefix_router_core::ledger::{Account, Cap};
 use prefix_router_core::policy::{Candidate, Decision, Request};
-use prefix_router_core::request::{self, Endpoint, Parsed, SessionKey};
+use prefix_router_core::request::{self, Endpoint, Parsed, SessionKey, SessionSource};
 use prefix_router_core::units::PromptSize;
 
 use crate::error::RouterError;
@@ -23,6 +23,9 @@ use crate::tokens::Tokenizing;
 pub struct Prepared<'b> {
     parsed: Parsed<'b>,
     session: Option<SessionKey>,
+    endpoint: Endpoint,
+    /// Where the session key came from.
+    pub session_source: Option<SessionSource>,
     /// What token mode made of it.
     pub tokenizing: Tokenizing,
 }
@@ -38,24 +41,29 @@ impl<'b> Prepared<'b> {
         body: &'b Bytes,
     ) -> Result<Prepared<'b>, RouterError> {
         let parsed = request::parse(endpoint, body)?;
-        let session = SessionKey::find(headers, &limits.session_headers, parsed.session);
+        let found = SessionKey::find(headers, &limits.sessions, &parsed.sessions);
+        let (session, session_source) = found.unzip();
         let tokenizing = (state.tokenizers)
             .tokenize(endpoint, body, parsed.model)
             .await;
         Ok(Prepared {
             parsed,
             session,
+            session_source,
+            endpoint,
             tokenizing,
         })
     }
 
-    /// The request the policy sees; `explain`: decided on without being remembered.
+    /// The request the policy sees; `explain`: decided on without being remembered. A
+    /// count of tokens follows its conversation and is never remembered: it computes no
+    /// KV.
     pub fn request(&self, explain: bool) -> Request<'_, 'b> {
         let mut request = Request::new(self.parsed.model, &self.parsed.text, self.session);
         if let Tokenizing::Tokenized(t) = &self.tokenizing {
             request.tokens = Some(t.blocks());
         }
-        request.explain = explain;
+        request.explain = explain || self.endpoint == Endpoint::CountTokens;
         request
     }
 

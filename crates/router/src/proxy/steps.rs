@@ -138,9 +138,12 @@ pub fn note_end(state: &State, limits: &Limits, held: Held, route: &Route, finis
 }
 
 /// Stats get what was seen of the response, and the index what the backend reported it
-/// had cached against what it predicted.
+/// had cached against what it predicted (for a prompt it computed: a count of tokens
+/// computes nothing).
 fn note_response(state: &State, backend: &Backend, seat: &Seat, route: &Route, trace: &Trace) {
-    if let (Some(usage), Route::Policy(request)) = (trace.usage, route) {
+    if let (Some(usage), Route::Policy(request)) = (trace.usage, route)
+        && !request.explain
+    {
         let tokens = |n: u64| Tokens(usize::try_from(n).unwrap_or(usize::MAX));
         let report = Report {
             size: request.prompt_size(),

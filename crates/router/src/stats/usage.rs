@@ -1,6 +1,8 @@
 //! Reads `usage.prompt_tokens`, `usage.prompt_tokens_details.cached_tokens` and
 //! `usage.completion_tokens` (in the Responses API `usage.input_tokens`,
-//! `usage.input_tokens_details.cached_tokens` and `usage.output_tokens`) from a
+//! `usage.input_tokens_details.cached_tokens` and `usage.output_tokens`; in the Messages
+//! API `input_tokens` plus `cache_read_input_tokens` and `cache_creation_input_tokens`,
+//! of which `cache_read_input_tokens` were cached) from a
 //! response as it streams through, without holding any of it back: a scanner fed chunk by
 //! chunk that remembers the last value of each key (the final SSE chunk carries the usage)
 //! and only a few bytes across chunk boundaries.
@@ -11,6 +13,10 @@ const SUFFIX: &[u8] = b"_tokens\":";
 /// The key names before [`SUFFIX`], with their opening quote.
 const PROMPT: [&[u8]; 2] = [b"\"prompt", b"\"input"];
 const CACHED: &[u8] = b"\"cached";
+/// The Messages API's prompt tokens besides `input_tokens`: read from the cache, and
+/// written to it.
+const CACHE_READ: &[u8] = b"\"cache_read_input";
+const CACHE_CREATION: &[u8] = b"\"cache_creation_input";
 /// The key names of completion tokens.
 const COMPLETION: [&[u8]; 2] = [b"\"completion", b"\"output"];
 /// Bytes kept from the end of a chunk: a key and its number can straddle two chunks.
@@ -33,6 +39,8 @@ pub struct UsageScanner {
     carry: Vec<u8>,
     prompt: Option<u64>,
     cached: Option<u64>,
+    cache_read: Option<u64>,
+    cache_creation: Option<u64>,
     completion: Option<u64>,
 }
 
@@ -65,6 +73,10 @@ impl UsageScanner {
                 self.prompt = Some(n);
             } else if name.ends_with(CACHED) {
                 self.cached = Some(n);
+            } else if name.ends_with(CACHE_READ) {
+                self.cache_read = Some(n);
+            } else if name.ends_with(CACHE_CREATION) {
+                self.cache_creation = Some(n);
             } else if COMPLETION.iter().any(|c| name.ends_with(c)) {
                 self.completion = Some(n);
             }
@@ -73,9 +85,13 @@ impl UsageScanner {
 
     /// The usage seen, if the response reported prompt tokens.
     pub fn usage(&self) -> Option<Usage> {
-        self.prompt.map(|prompt| Usage {
-            prompt,
-            cached: self.cached.unwrap_or(0),
+        let (read, created) = (
+            self.cache_read.unwrap_or(0),
+            self.cache_creation.unwrap_or(0),
+        );
+        self.prompt.map(|input| Usage {
+            prompt: input + read + created,
+            cached: self.cached.or(self.cache_read).unwrap_or(0),
             completion: self.completion.unwrap_or(0),
         })
     }
@@ -120,6 +136,20 @@ data: {"response":{"usage":{"input_tokens":640,"input_tokens_details":{"cached_t
                 completion: 9
             })
         );
+    }
+
+    #[test]
+    fn messages_api_usage_adds_what_the_cache_read_and_wrote() {
+        // vLLM 0.32's streamed Messages answer: the last usage is message_delta's.
+        let mut s = UsageScanner::default();
+        s.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":0,\"output_tokens\":0}}}\n\n");
+        s.feed(b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"input_tokens\":27,\"output_tokens\":4,\"cache_read_input_tokens\":320}}\n\n");
+        let usage = Usage {
+            prompt: 347,
+            cached: 320,
+            completion: 4,
+        };
+        assert_eq!(s.usage(), Some(usage));
     }
 
     const BODY: &str = r#"{"id":"x","usage":{"prompt_tokens":1234,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":1000}}}"#;
