@@ -18,6 +18,7 @@ mod outliers;
 mod overload;
 mod replay;
 mod replicas;
+mod responses;
 mod routing;
 mod security;
 mod sim;

@@ -48,6 +48,9 @@ pub enum RouterError {
     /// The request has no `model`, and the fleet serves several.
     #[error("`model` is required: this router serves {0}")]
     ModelRequired(String),
+    /// The stored response a request names was made by a backend that is gone.
+    #[error("response `{0}` not found: the backend that made it is not available")]
+    ResponseGone(String),
     /// No backend is healthy.
     #[error("no healthy backend is available")]
     NoBackend,
@@ -97,7 +100,9 @@ impl RouterError {
             | RouterError::ModelRequired(_) => 400,
             RouterError::UnknownApiKey => 401,
             RouterError::RateLimited(_) => 429,
-            RouterError::NotFound(_) | RouterError::ModelNotFound(_) => 404,
+            RouterError::NotFound(_)
+            | RouterError::ModelNotFound(_)
+            | RouterError::ResponseGone(_) => 404,
             RouterError::BodyTooLarge { .. } => 413,
             RouterError::ClientTimeout => 408,
             RouterError::NoBackend | RouterError::Overloaded { .. } | RouterError::Preempted => 503,
@@ -132,6 +137,7 @@ impl RouterError {
             RouterError::RateLimited(_) => "rate_limit_exceeded",
             RouterError::ModelNotFound(_) => "model_not_found",
             RouterError::ModelRequired(_) => "model_required",
+            RouterError::ResponseGone(_) => "response_not_found",
             RouterError::NoBackend => "no_healthy_backend",
             RouterError::Overloaded { .. } => "overloaded",
             RouterError::Preempted => "preempted",

@@ -18,6 +18,7 @@ pub mod kv_events;
 pub mod limits;
 pub mod proxy;
 pub mod replication;
+pub mod responses;
 pub mod serve;
 pub mod state;
 pub mod stats;

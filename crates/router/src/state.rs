@@ -14,6 +14,7 @@ use crate::admission::{AdmissionMetrics, Budget, Queue, RetryBudget};
 use crate::fleet::{Fleet, FlowControl};
 use crate::kv_events::Records;
 use crate::limits::{Current, Live};
+use crate::responses::ResponseHomes;
 use crate::stats::Stats;
 use crate::tenants::Tenancy;
 use crate::tokens::Tokenizers;
@@ -51,6 +52,8 @@ pub struct State {
     pub records: Arc<Records>,
     /// Trace export (off unless configured).
     pub tracing: Tracing,
+    /// Which backend made each stored response.
+    pub responses: ResponseHomes,
     live: Current,
     active: AtomicUsize,
     draining: AtomicBool,
@@ -80,6 +83,8 @@ pub struct Parts {
     pub tenancy: Tenancy,
     /// Trace export.
     pub tracing: Tracing,
+    /// How long a response id is remembered after its last use (`session_ttl`).
+    pub response_ttl: std::time::Duration,
 }
 
 /// One request being served (from its header to its log line); dropping it ends it.
@@ -111,6 +116,7 @@ impl State {
             tokenizers: parts.tokenizers,
             records: parts.records,
             tracing: parts.tracing,
+            responses: ResponseHomes::new(parts.response_ttl),
             live: parts.live,
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),

@@ -108,6 +108,8 @@ pub struct Parsed<'a> {
     pub text: RoutingText<'a>,
     /// The session ids it carries.
     pub sessions: BodySessions<'a>,
+    /// A Responses request's `previous_response_id`: the stored response it continues.
+    pub previous_response: Option<&'a [u8]>,
 }
 
 /// Top-level fields, in whatever order the body has them.
@@ -117,6 +119,7 @@ struct Fields<'a> {
     tools: Option<&'a [u8]>,
     instructions: Option<&'a [u8]>,
     sessions: BodySessions<'a>,
+    previous_response: Option<&'a [u8]>,
     /// A Messages body's `system` and `messages`, walked once the body is read.
     system: Option<&'a [u8]>,
     messages: Option<&'a [u8]>,
@@ -166,6 +169,11 @@ impl<'a> Fields<'a> {
                 &mut self.sessions.prompt_cache_key,
                 "prompt_cache_key",
                 nullable_string(j, "prompt_cache_key"),
+            )?,
+            (b"previous_response_id", Endpoint::Responses) => once(
+                &mut self.previous_response,
+                "previous_response_id",
+                nullable_string(j, "previous_response_id"),
             )?,
             (b"metadata", _) if endpoint.is_anthropic() => {
                 self.sessions.metadata_user_id = metadata_session(j)?
@@ -253,6 +261,7 @@ impl<'a> Fields<'a> {
             model: self.model.unwrap_or_default(),
             text,
             sessions: self.sessions,
+            previous_response: self.previous_response.filter(|id| !id.is_empty()),
         })
     }
 }

@@ -30,11 +30,13 @@ use crate::endpoints;
 use crate::error::RouterError;
 use crate::fleet::Ended;
 use crate::limits::Limits;
+use crate::responses;
 use crate::state::{Active, State};
 use crate::stats::Label;
 use crate::tenants::{Charge, Priority};
 use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
+use prepare::Prepared;
 use relay::{Answering, Reply, Upstream};
 use steps::{Finished, Held};
 
@@ -179,6 +181,7 @@ impl Router {
             return answer_json(session, 200, &body).await;
         }
         ctx.endpoint = endpoint;
+        let path_named = responses::path_id(path).map(str::to_string);
         let reading = SystemTime::now();
         let body = body::read(session, &body::Reading::new(limits, &state.budget)).await;
         ctx.trace
@@ -195,6 +198,12 @@ impl Router {
         let estimate = ctx.prompt.tokens().0 as u64;
         let charge =
             (state.tenancy.admit(&identity, estimate)).map_err(RouterError::RateLimited)?;
+        let named = (prepared.as_ref().and_then(Prepared::previous_response))
+            .or(path_named.as_deref().map(str::as_bytes));
+        let subset = named
+            .map(|id| responses::pinned(state, id))
+            .transpose()?
+            .flatten();
         let request = prepared.as_ref().map(|p| p.request(false));
         let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
         let method = &session.req_header().method;
@@ -208,6 +217,7 @@ impl Router {
             request_id: &ctx.request_id,
             timeouts: &limits.exchange,
             trace: &ctx.trace,
+            subset,
         };
         // Counted in its tenant's share until the response ends.
         let _share = state.tenancy.share(&identity);
@@ -224,6 +234,7 @@ impl Router {
         let reply = Reply {
             request_id: &ctx.request_id,
             closing: state.draining(),
+            learns_id: endpoint == Some(Endpoint::Responses),
         };
         relay(
             state,
@@ -268,6 +279,13 @@ async fn relay(
         _ => answered,
     };
     let status = exchanged.trace.as_ref().map_or(0, |t| t.status);
+    let made = exchanged
+        .trace
+        .as_ref()
+        .and_then(|t| t.response_id.as_deref());
+    if let Some(id) = made.filter(|_| (200..300).contains(&status)) {
+        state.responses.note(id, backend.id);
+    }
     let held = Held {
         backend: &backend,
         seat: &seat,

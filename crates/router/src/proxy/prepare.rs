@@ -67,6 +67,11 @@ impl<'b> Prepared<'b> {
         request
     }
 
+    /// The stored response it continues (`previous_response_id`), if any.
+    pub fn previous_response(&self) -> Option<&'b [u8]> {
+        self.parsed.previous_response
+    }
+
     /// The prompt's size: its tokens in token mode, else estimated from its text.
     pub fn size(&self) -> PromptSize {
         self.request(true).prompt_size()

@@ -6,6 +6,8 @@
 //! choosing, retrying, health and stats are the dispatch loop's.
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -28,6 +30,7 @@ use super::headers;
 use crate::error::RouterError;
 use crate::fleet::{Backend, Ended};
 use crate::limits::ExchangeTimeouts;
+use crate::responses::IdScanner;
 use crate::stats::{Usage, UsageScanner};
 use crate::traces::{ExchangeEnd, ExchangeSpan, RequestTrace};
 
@@ -51,6 +54,8 @@ pub struct Upstream<'s> {
     pub trace: &'s RequestTrace,
     /// Whether a second attempt can repeat no effect ([`Exchange::replayable`]).
     pub replayable: bool,
+    /// The backends it may go to, when it names a stored response ([`Exchange::subset`]).
+    pub subset: Option<Arc<[SocketAddr]>>,
 }
 
 #[async_trait]
@@ -87,6 +92,10 @@ impl Exchange for Upstream<'_> {
             Err(e) => client_gone(e),
             Ok(_) => std::future::pending().await,
         }
+    }
+
+    fn subset(&self) -> Option<Arc<[SocketAddr]>> {
+        self.subset.clone()
     }
 
     fn replayable(&self) -> bool {
@@ -161,6 +170,8 @@ pub struct Trace {
     pub total: Duration,
     /// The usage the backend reported, if it did.
     pub usage: Option<Usage>,
+    /// The response id it made, when asked to look for one ([`Reply::learns_id`]).
+    pub response_id: Option<Vec<u8>>,
 }
 
 /// How one exchange ended.
@@ -220,6 +231,7 @@ impl Answering {
             first: self.first.take(),
             seen: &mut seen,
             usage: UsageScanner::default(),
+            id: reply.learns_id.then(IdScanner::default),
             idle: timeouts.idle,
         };
         let streamed = response
@@ -227,6 +239,9 @@ impl Answering {
             .await;
         response.seen.total = self.sent.elapsed();
         response.seen.usage = response.usage.usage();
+        response.seen.response_id = (response.id.as_ref())
+            .and_then(IdScanner::id)
+            .map(<[u8]>::to_vec);
         let span = std::mem::take(&mut self.span);
         span.end(ExchangeEnd {
             status: seen.status,
@@ -260,6 +275,8 @@ pub struct Reply<'r> {
     pub request_id: &'r str,
     /// Whether the response should close the client connection (shutdown or upgrade).
     pub closing: bool,
+    /// Whether to look for the response id it makes (a `POST /v1/responses`).
+    pub learns_id: bool,
 }
 
 /// Bodies up to this size go upstream in the same write as the head (one copy of at most
@@ -378,6 +395,7 @@ struct Response<'r> {
     first: First,
     seen: &'r mut Trace,
     usage: UsageScanner,
+    id: Option<IdScanner>,
     idle: Duration,
 }
 
@@ -439,6 +457,9 @@ impl Response<'_> {
             return Ok(true);
         };
         self.usage.feed(&bytes);
+        if let Some(id) = &mut self.id {
+            id.feed(&bytes);
+        }
         (session.write_response_body(Some(bytes), false).await).map_err(client_gone)?;
         Ok(false)
     }

@@ -105,6 +105,7 @@ pub fn build(
         records: Arc::new(Records::new(metrics.kv_events)),
         tenancy: metrics.tenancy,
         tracing,
+        response_ttl: config.boot.session_ttl,
     }));
     let certificates = Certificates::load(&config.boot.tls)?;
     let data_plane = match &config.boot.epp_listen {

@@ -146,6 +146,7 @@ fn state(n: u16, checked: bool) -> State {
         records: Arc::new(Records::new(KvEventMetrics::new(&registry))),
         tenancy: crate::tenants::Tenancy::new(&registry),
         tracing: crate::traces::Tracing::off(),
+        response_ttl: Duration::from_secs(60),
     })
 }
 
