@@ -12,6 +12,7 @@ mod faults;
 mod health;
 mod kv_events;
 mod lab;
+mod messages;
 mod models;
 mod ops;
 mod outliers;

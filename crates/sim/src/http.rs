@@ -78,6 +78,7 @@ enum Route {
     Models,
     Metrics,
     Tokenize,
+    CountTokens,
     Generate(Endpoint),
 }
 
@@ -91,6 +92,8 @@ impl Route {
             "/v1/chat/completions" => (Self::Generate(Endpoint::Chat), Method::POST),
             "/v1/completions" => (Self::Generate(Endpoint::Completions), Method::POST),
             "/v1/responses" => (Self::Generate(Endpoint::Responses), Method::POST),
+            "/v1/messages" => (Self::Generate(Endpoint::Messages), Method::POST),
+            "/v1/messages/count_tokens" => (Self::CountTokens, Method::POST),
             _ => return None,
         };
         Some(route)
@@ -114,6 +117,7 @@ async fn dispatch(
         Route::Models => Ok(json_response(StatusCode::OK, &models(&shared.config))),
         Route::Metrics => Ok(metrics(shared)),
         Route::Tokenize => tokenize(shared, &read_body(request).await?),
+        Route::CountTokens => count_tokens(shared, &read_body(request).await?),
         Route::Generate(endpoint) => {
             generate::generate(shared, endpoint, read_body(request).await?).await
         }
@@ -160,6 +164,15 @@ fn metrics(shared: &Shared) -> Response<Body> {
         Some("text/plain; version=0.0.4; charset=utf-8"),
         Bytes::from(text),
     )
+}
+
+/// vLLM's `/v1/messages/count_tokens`: `{"input_tokens"}`, the whole rendered prompt.
+fn count_tokens(shared: &Shared, raw: &[u8]) -> Result<Response<Body>, ApiError> {
+    let body: Value = serde_json::from_slice(raw)?;
+    let bpt = shared.config.bytes_per_token;
+    let parsed = template::parse(Endpoint::Messages, &body, bpt)?;
+    let count = template::token_count(&parsed.prompt, bpt);
+    Ok(json_response(StatusCode::OK, &json!({"input_tokens": count})))
 }
 
 /// vLLM's `/tokenize`: `{"count", "max_model_len", "tokens", "token_strs": null}`.

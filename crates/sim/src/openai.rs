@@ -1,7 +1,8 @@
 //! OpenAI response shapes the simulator answers with: whole responses and SSE events.
 //!
 //! For: the JSON of `chat.completion`, `text_completion`, Responses API `response`
-//! objects, their streaming chunks and events, and the generated text.
+//! objects, Messages API `message` objects (usage as vLLM reports it), their streaming
+//! chunks and events, and the generated text.
 //! Not for: timing (the caller decides when each event is sent) or parsing requests.
 
 use bytes::Bytes;
@@ -41,6 +42,15 @@ impl Usage {
         })
     }
 
+    /// vLLM's Messages usage: `input_tokens` are those not read from the cache.
+    fn messages_json(&self) -> Value {
+        json!({
+            "input_tokens": self.prompt_tokens - self.cached_tokens,
+            "output_tokens": self.completion_tokens,
+            "cache_read_input_tokens": self.cached_tokens,
+        })
+    }
+
     fn responses_json(&self) -> Value {
         json!({
             "input_tokens": self.prompt_tokens,
@@ -74,6 +84,7 @@ impl Meta {
             Endpoint::Chat => "chatcmpl-",
             Endpoint::Completions => "cmpl-",
             Endpoint::Responses => "resp_",
+            Endpoint::Messages => "msg_",
         };
         format!("{prefix}{}-{}", self.instance, self.number)
     }
@@ -106,9 +117,25 @@ pub fn full_response(meta: &Meta, text: &str, usage: Usage) -> Value {
             json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}]),
         ),
         Endpoint::Responses => return response_object(meta, "completed", Some(text), Some(usage)),
+        Endpoint::Messages => {
+            let mut message = message_object(meta, Some(text), Some("max_tokens"));
+            message["usage"] = usage.messages_json();
+            return message;
+        }
     };
     body["usage"] = usage.chat_json();
     body
+}
+
+/// A Messages API `message`; its usage is set by the caller.
+fn message_object(meta: &Meta, text: Option<&str>, stop: Option<&str>) -> Value {
+    let content = match text {
+        Some(text) => json!([{"type": "text", "text": text}]),
+        None => json!([]),
+    };
+    json!({"id": meta.id(), "type": "message", "role": "assistant", "model": meta.model,
+        "content": content, "stop_reason": stop, "stop_sequence": null,
+        "usage": {"input_tokens": 0, "output_tokens": 0}})
 }
 
 fn message_item(meta: &Meta, text: Option<&str>) -> Value {
@@ -157,6 +184,10 @@ impl StreamWriter {
 
     /// Events sent with the response headers (Responses API: `response.created`, `response.in_progress`).
     pub fn start(&mut self) -> Vec<Bytes> {
+        if self.meta.endpoint == Endpoint::Messages {
+            let message = message_object(&self.meta, None, None);
+            return vec![anthropic("message_start", json!({"message": message}))];
+        }
         if self.meta.endpoint != Endpoint::Responses {
             return Vec::new();
         }
@@ -174,6 +205,10 @@ impl StreamWriter {
                 vec![self.chat_chunk(json!({"role": "assistant", "content": ""}), None)]
             }
             Endpoint::Completions => Vec::new(),
+            Endpoint::Messages => {
+                let block = json!({"index": 0, "content_block": {"type": "text", "text": ""}});
+                vec![anthropic("content_block_start", block)]
+            }
             Endpoint::Responses => {
                 let item = message_item(&self.meta, None);
                 let part = json!({"type": "output_text", "text": "", "annotations": []});
@@ -194,6 +229,10 @@ impl StreamWriter {
         match self.meta.endpoint {
             Endpoint::Chat => self.chat_chunk(json!({"content": text}), None),
             Endpoint::Completions => self.completion_chunk(text, None),
+            Endpoint::Messages => {
+                let delta = json!({"index": 0, "delta": {"type": "text_delta", "text": text}});
+                anthropic("content_block_delta", delta)
+            }
             Endpoint::Responses => {
                 let item_id = self.meta.message_id();
                 let body = json!({"item_id": item_id, "output_index": 0, "content_index": 0, "delta": text});
@@ -216,6 +255,15 @@ impl StreamWriter {
                 self.chat_tail(finish, "text_completion", usage)
             }
             Endpoint::Responses => self.responses_end(text, usage),
+            Endpoint::Messages => {
+                let delta = json!({"delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+                    "usage": usage.messages_json()});
+                vec![
+                    anthropic("content_block_stop", json!({"index": 0})),
+                    anthropic("message_delta", delta),
+                    anthropic("message_stop", json!({})),
+                ]
+            }
         }
     }
 
@@ -265,6 +313,12 @@ impl StreamWriter {
         self.sequence += 1;
         Bytes::from(format!("event: {kind}\ndata: {body}\n\n"))
     }
+}
+
+/// A Messages API event: `event: {kind}` plus `data:` with `type`.
+fn anthropic(kind: &str, mut body: Value) -> Bytes {
+    body["type"] = json!(kind);
+    Bytes::from(format!("event: {kind}\ndata: {body}\n\n"))
 }
 
 fn data(body: &Value) -> Bytes {

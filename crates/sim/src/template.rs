@@ -38,6 +38,8 @@ pub enum Endpoint {
     Completions,
     /// `/v1/responses`
     Responses,
+    /// `/v1/messages` (Anthropic's Messages API)
+    Messages,
 }
 
 /// What the simulator takes from a generation request.
@@ -64,6 +66,7 @@ pub fn parse(endpoint: Endpoint, body: &Value, bytes_per_token: usize) -> Result
         Endpoint::Chat => render_chat(body, true)?,
         Endpoint::Completions => render_completion(required(body, "prompt")?, bytes_per_token)?,
         Endpoint::Responses => render_responses(body)?,
+        Endpoint::Messages => render_messages(body)?,
     };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
@@ -214,6 +217,84 @@ pub fn render_responses(body: &Value) -> Result<Vec<u8>, ApiError> {
     }
     out.extend_from_slice(GENERATION_PROMPT.as_bytes());
     Ok(out)
+}
+
+/// Renders a Messages body as vLLM does before its template: `tools`, one system turn
+/// (`system` and every `role: "system"` message's text, without Claude Code's
+/// `x-anthropic-billing-header` line), then each other message, a user's `tool_result`
+/// blocks as tool turns before it.
+pub fn render_messages(body: &Value) -> Result<Vec<u8>, ApiError> {
+    let messages = required(body, "messages")?
+        .as_array()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a non-empty array"))?;
+    let mut out = Vec::new();
+    render_tools(&mut out, body)?;
+    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
+    let mut system = block_texts(body.get("system"));
+    for message in messages.iter().filter(|m| role(m).as_deref() == Some("system")) {
+        system.extend(block_texts(message.get("content")));
+    }
+    if !system.is_empty() {
+        push_turn(&mut out, "system", "", &system);
+    }
+    for message in messages {
+        let role = role(message)
+            .ok_or_else(|| ApiError::invalid("messages", "every message needs a string `role`"))?;
+        if role != "system" {
+            render_anthropic_message(&mut out, &role, message.get("content"))?;
+        }
+    }
+    out.extend_from_slice(GENERATION_PROMPT.as_bytes());
+    Ok(out)
+}
+
+/// The text of a string or of text blocks, without the billing line.
+fn block_texts(content: Option<&Value>) -> Vec<u8> {
+    match content {
+        Some(Value::String(text)) => text.as_bytes().to_vec(),
+        Some(Value::Array(blocks)) => (blocks.iter())
+            .filter(|b| b.get("type").and_then(Value::as_str) == Some("text"))
+            .filter_map(|b| b.get("text").and_then(Value::as_str))
+            .filter(|t| !t.starts_with("x-anthropic-billing-header"))
+            .flat_map(|t| t.as_bytes().iter().copied())
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn render_anthropic_message(out: &mut Vec<u8>, role: &str, content: Option<&Value>) -> Result<(), ApiError> {
+    let blocks = match content {
+        Some(Value::String(text)) => {
+            push_turn(out, role, "", text.as_bytes());
+            return Ok(());
+        }
+        Some(Value::Array(blocks)) => blocks,
+        _ => return Err(ApiError::invalid("messages", "`content` must be a string or an array")),
+    };
+    let mut body = Vec::new();
+    for block in blocks {
+        match block.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "text" => body.extend_from_slice(str_field(block, "text").as_bytes()),
+            "tool_use" => {
+                let input = block.get("input").map(json_bytes).unwrap_or_default();
+                let call = format!("<tool_call>{} ", str_field(block, "name"));
+                body.extend_from_slice(call.as_bytes());
+                body.extend_from_slice(&input);
+                body.extend_from_slice(b"</tool_call>");
+            }
+            "tool_result" if role == "user" => {
+                let attrs = format!(" tool_call_id={}", str_field(block, "tool_use_id"));
+                push_turn(out, "tool", &attrs, &block_texts(block.get("content")));
+            }
+            "thinking" | "redacted_thinking" => {}
+            other => body.extend_from_slice(media_marker(other, block).as_bytes()),
+        }
+    }
+    if role != "user" || !body.is_empty() {
+        push_turn(out, role, "", &body);
+    }
+    Ok(())
 }
 
 fn required<'a>(body: &'a Value, key: &'static str) -> Result<&'a Value, ApiError> {

@@ -185,3 +185,28 @@ fn token_ids_are_deterministic_and_prefix_stable() {
         render_chat(&no_gen, false).unwrap()
     );
 }
+
+#[test]
+fn a_messages_body_renders_as_the_chat_vllm_makes_of_it() {
+    let messages = json!({"model": "m", "max_tokens": 4,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1; cch=9;"},
+                   {"type": "text", "text": "SYS"}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "U1"}]},
+            {"role": "system", "content": "S2"},
+            {"role": "assistant", "content": "A1"},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "R"},
+                {"type": "text", "text": "U2"}]}]});
+    let chat = json!({"messages": [
+        {"role": "system", "content": "SYSS2"},
+        {"role": "user", "content": "U1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "tool", "tool_call_id": "t1", "content": "R"},
+        {"role": "user", "content": "U2"}]});
+    let rendered = parse(Endpoint::Messages, &messages, 4).unwrap().prompt;
+    assert_eq!(
+        String::from_utf8(rendered).unwrap(),
+        String::from_utf8(render_chat(&chat, true).unwrap()).unwrap()
+    );
+}
