@@ -1,6 +1,6 @@
 //! Router replicas behind a balancer that spreads requests in turn: with a shared table on
 //! a real Redis server, each conversation keeps one backend whichever replica a turn
-//! reaches.
+//! reaches, and each stored response is found where it was made.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -247,4 +247,47 @@ async fn a_note_reaches(from: &TestRouter, to: &TestRouter, text: String) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_a_table_send_each_follow_up_where_its_response_lives() {
+    use crate::responses::{requests, respond, sim};
+    let redis = Redis::start();
+    let sims = [sim().await, sim().await, sim().await, sim().await];
+    let s = prefix_router::config::Settings {
+        worker_urls: Some(sims.iter().map(|s| format!("http://{}", s.addr)).collect()),
+        policy: Some("round_robin".into()),
+        shared_table: Some(redis.url.clone()),
+        ..settings(&[])
+    };
+    let replicas = [TestRouter::start(s.clone(), 4), TestRouter::start(s, 4)];
+    for r in &replicas {
+        wait_connected(r, true).await;
+    }
+    let first = serde_json::json!({"model": "m", "store": true, "input": "plan the work"});
+    let (status, mut id) = respond(&replicas[0].url, &first).await;
+    assert_eq!(status, 200);
+    for turn in 1..=20 {
+        let other = &replicas[turn % 2];
+        let received = [("direction", "received")];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while metric(other, "prefix_router_shared_table_notes_total", &received).await
+            < turn.div_ceil(2) as f64
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let next = serde_json::json!({"model": "m", "store": true, "input": "go on",
+            "previous_response_id": id.expect("an id")});
+        let (status, made) = respond(&other.url, &next).await;
+        assert_eq!(status, 200, "follow-up {turn}");
+        id = made;
+    }
+    let counts = requests(&sims);
+    assert_eq!(counts.iter().filter(|&&n| n > 0).count(), 1, "{counts:?}");
+    assert_eq!(
+        counts.iter().sum::<u64>(),
+        21,
+        "20 of 20 follow-ups answered"
+    );
 }

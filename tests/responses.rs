@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::support::*;
 
-async fn sim() -> SimHandle {
+pub async fn sim() -> SimHandle {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let config = SimConfig {
         time_scale: 1000.0,
@@ -20,7 +20,7 @@ async fn sim() -> SimHandle {
 }
 
 /// Sends a Responses request; its status and the response id it made.
-async fn respond(router: &str, body: &Value) -> (u16, Option<String>) {
+pub async fn respond(router: &str, body: &Value) -> (u16, Option<String>) {
     let response = client()
         .post(format!("{router}/v1/responses"))
         .json(body)
@@ -34,7 +34,7 @@ async fn respond(router: &str, body: &Value) -> (u16, Option<String>) {
     (status, id)
 }
 
-fn requests(sims: &[SimHandle]) -> Vec<u64> {
+pub fn requests(sims: &[SimHandle]) -> Vec<u64> {
     sims.iter().map(|s| s.stats().requests).collect()
 }
 

@@ -6,11 +6,12 @@
 //! the JSON answer and in the stream's first event (`response.created`), and kept for
 //! `session_ttl` after its last use. A request naming an id this table holds goes to its
 //! backend, or gets 404 when that backend is gone; one naming an id it does not hold is
-//! routed as any other (the backends answer for it).
+//! routed as any other (the backends answer for it). Replicas share the ids through the
+//! shared table (`crate::replication`).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -48,7 +49,11 @@ pub fn pinned(state: &State, id: &[u8]) -> Result<Option<Arc<[SocketAddr]>>, Rou
 pub struct ResponseHomes {
     ttl: Duration,
     ids: Mutex<HashMap<u128, (BackendId, Instant)>>,
+    /// Told of each id this router learns (the shared table publishes it).
+    sink: OnceLock<Sink>,
 }
+
+type Sink = Box<dyn Fn(u128, BackendId) + Send + Sync>;
 
 impl ResponseHomes {
     /// An empty table whose ids expire `ttl` after their last use.
@@ -56,11 +61,27 @@ impl ResponseHomes {
         ResponseHomes {
             ttl,
             ids: Mutex::new(HashMap::new()),
+            sink: OnceLock::new(),
         }
+    }
+
+    /// From now on, `sink` is told of each id this router learns, as its key (replicas
+    /// share them through the shared table); set once.
+    pub fn on_note(&self, sink: impl Fn(u128, BackendId) + Send + Sync + 'static) {
+        let _ = self.sink.set(Box::new(sink));
     }
 
     /// `backend` made the response `id`.
     pub fn note(&self, id: &[u8], backend: BackendId) {
+        let key = xxh3_128(id);
+        self.merge(key, backend);
+        if let Some(sink) = self.sink.get() {
+            sink(key, backend);
+        }
+    }
+
+    /// `backend` made the response whose key is `key` (learnt by another replica).
+    pub fn merge(&self, key: u128, backend: BackendId) {
         let now = Instant::now();
         let mut ids = self.ids.lock();
         if ids.len() >= MAX_IDS {
@@ -72,14 +93,19 @@ impl ResponseHomes {
             let middle = *middle;
             ids.retain(|_, (_, used)| *used >= middle);
         }
-        ids.insert(xxh3_128(id), (backend, now));
+        ids.insert(key, (backend, now));
     }
 
     /// The backend that made the response `id`, if it is remembered and not expired.
     pub fn home(&self, id: &[u8]) -> Option<BackendId> {
+        self.home_key(xxh3_128(id))
+    }
+
+    /// The backend that made the response whose key is `key`.
+    pub fn home_key(&self, key: u128) -> Option<BackendId> {
         let now = Instant::now();
         let mut ids = self.ids.lock();
-        let (backend, used) = ids.get_mut(&xxh3_128(id))?;
+        let (backend, used) = ids.get_mut(&key)?;
         if now.duration_since(*used) >= self.ttl {
             return None;
         }

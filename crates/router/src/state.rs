@@ -53,7 +53,7 @@ pub struct State {
     /// Trace export (off unless configured).
     pub tracing: Tracing,
     /// Which backend made each stored response.
-    pub responses: ResponseHomes,
+    pub responses: Arc<ResponseHomes>,
     live: Current,
     active: AtomicUsize,
     draining: AtomicBool,
@@ -116,7 +116,7 @@ impl State {
             tokenizers: parts.tokenizers,
             records: parts.records,
             tracing: parts.tracing,
-            responses: ResponseHomes::new(parts.response_ttl),
+            responses: Arc::new(ResponseHomes::new(parts.response_ttl)),
             live: parts.live,
             active: AtomicUsize::new(0),
             draining: AtomicBool::new(false),

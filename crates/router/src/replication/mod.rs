@@ -1,9 +1,13 @@
-//! Sharing the conversation table among router replicas through Redis (or Valkey)
-//! publish/subscribe. Each placement a replica makes of a conversation is published on a
-//! channel; every replica merges the others' placements into its own table. Replicas then
-//! agree on each conversation's home whichever replica a turn reaches, at the cost of one
-//! note (40 bytes) per routed request, batched off the request path. Off unless
-//! `shared_table` is configured: a single router never needs it.
+//! Sharing the conversation table, and which backend made each stored response
+//! ([`crate::responses`]), among router replicas through Redis (or Valkey)
+//! publish/subscribe. Each placement a replica makes of a conversation, and each response
+//! id it learns, is published on a channel; every replica merges the others' into its own
+//! tables. Replicas then agree on each conversation's home, and on where each response
+//! lives, whichever replica a request reaches, at the cost of one note (40 bytes) per
+//! routed request, batched off the request path. A message's first byte says what its
+//! notes are ([`VERSION`]: placements, [`RESPONSES`]: response ids), so a replica that
+//! knows only placements skips the rest. Off unless `shared_table` is configured: a single
+//! router never needs it.
 //!
 //! Backends are named on the wire by the hash of their address, the same on every
 //! replica. A replica that loses the server keeps routing on its own table and reconnects
@@ -25,6 +29,7 @@ use prefix_router_core::units::TextBytes;
 use tokio::sync::mpsc;
 
 use crate::fleet::Fleet;
+use crate::responses::ResponseHomes;
 use futures_util::StreamExt;
 use redis::RedisError;
 
@@ -37,8 +42,11 @@ mod metrics;
 const OUTBOX: usize = 1 << 16;
 /// Notes published in one message at most.
 const BATCH: usize = 1024;
-/// Wire format version, the first byte of every message.
+/// Wire format version of placements, the first byte of their messages.
 const VERSION: u8 = 1;
+/// The first byte of messages of response ids (notes of 0 bytes, whose conversation is the
+/// id's key).
+const RESPONSES: u8 = 2;
 /// Bytes of one note on the wire.
 const NOTE_BYTES: usize = 40;
 
@@ -51,38 +59,59 @@ pub struct SharedTable {
     pub channel: String,
 }
 
-/// The replication of one router's conversation table, run as a background service.
+/// The tables a router shares.
+pub struct Tables {
+    /// Its conversation table, when its policy keeps one.
+    pub conversations: Option<Arc<Conversations>>,
+    /// Which backend made each stored response.
+    pub responses: Arc<ResponseHomes>,
+}
+
+/// A note on its way out.
+enum Outgoing {
+    /// A placement.
+    Placed(Note),
+    /// A response id's key and the backend that made it.
+    Response(u128, BackendId),
+}
+
+/// The replication of one router's tables, run as a background service.
 pub struct Replication {
     settings: SharedTable,
-    conversations: Arc<Conversations>,
+    tables: Tables,
     fleet: Arc<Fleet>,
     metrics: ReplicationMetrics,
     /// This router's id in the table: its own notes come back from the server and are
     /// skipped.
     origin: u64,
-    outbox: Mutex<Option<mpsc::Receiver<Note>>>,
+    outbox: Mutex<Option<mpsc::Receiver<Outgoing>>>,
 }
 
 impl Replication {
-    /// Replication of `conversations` (whose notes carry `origin`) as `settings` say; from
-    /// now on every note made in the table is queued for publishing.
+    /// Replication of `tables` (whose placements carry `origin`) as `settings` say; from
+    /// now on every note made in them is queued for publishing.
     pub fn new(
         settings: SharedTable,
-        conversations: Arc<Conversations>,
+        tables: Tables,
         fleet: Arc<Fleet>,
         metrics: ReplicationMetrics,
         origin: u64,
     ) -> Self {
         let (tx, rx) = mpsc::channel(OUTBOX);
         let dropped = metrics.notes.of(Direction::Dropped);
-        conversations.on_note(move |note| {
+        let queue = move |note| {
             if tx.try_send(note).is_err() {
                 dropped.inc();
             }
-        });
+        };
+        if let Some(conversations) = &tables.conversations {
+            let queue = queue.clone();
+            conversations.on_note(move |note| queue(Outgoing::Placed(note)));
+        }
+        (tables.responses).on_note(move |key, backend| queue(Outgoing::Response(key, backend)));
         Replication {
             settings,
-            conversations,
+            tables,
             fleet,
             metrics,
             origin,
@@ -96,25 +125,40 @@ impl Replication {
     }
 
     /// Publishes queued notes until the connection fails.
-    async fn publish(&self, outbox: &mut mpsc::Receiver<Note>) -> Result<(), RedisError> {
+    async fn publish(&self, outbox: &mut mpsc::Receiver<Outgoing>) -> Result<(), RedisError> {
         let mut connection = self.client()?.get_multiplexed_async_connection().await?;
         let mut batch = Vec::with_capacity(BATCH);
         loop {
             if outbox.recv_many(&mut batch, BATCH).await == 0 {
                 return Ok(());
             }
-            let payload = self.encode(&batch);
-            let sent = batch.len() as u64;
-            batch.clear();
-            let publish = redis::cmd("PUBLISH")
-                .arg(&self.settings.channel)
-                .arg(payload)
-                .query_async::<i64>(&mut connection)
-                .await;
-            match publish {
-                Ok(_) => self.metrics.notes.inc_by(Direction::Sent, sent),
-                Err(e) if e.is_io_error() || e.is_connection_dropped() => return Err(e),
-                Err(e) => warn!("shared table: the server refused a publish: {e}"),
+            let (mut placed, mut responses) = (Vec::new(), Vec::new());
+            for note in batch.drain(..) {
+                match note {
+                    Outgoing::Placed(note) => placed.push(note),
+                    Outgoing::Response(key, backend) => responses.push(Note {
+                        conversation: key,
+                        backend,
+                        bytes: TextBytes(0),
+                        origin: self.origin,
+                    }),
+                }
+            }
+            for (kind, notes) in [(VERSION, placed), (RESPONSES, responses)] {
+                if notes.is_empty() {
+                    continue;
+                }
+                let payload = self.encode(kind, &notes);
+                let publish = redis::cmd("PUBLISH")
+                    .arg(&self.settings.channel)
+                    .arg(payload)
+                    .query_async::<i64>(&mut connection)
+                    .await;
+                match publish {
+                    Ok(_) => (self.metrics.notes).inc_by(Direction::Sent, notes.len() as u64),
+                    Err(e) if e.is_io_error() || e.is_connection_dropped() => return Err(e),
+                    Err(e) => warn!("shared table: the server refused a publish: {e}"),
+                }
             }
         }
     }
@@ -135,7 +179,8 @@ impl Replication {
         )))
     }
 
-    fn encode(&self, notes: &[Note]) -> Vec<u8> {
+    /// A message of `notes` of `kind` ([`VERSION`] or [`RESPONSES`]).
+    fn encode(&self, kind: u8, notes: &[Note]) -> Vec<u8> {
         let snapshot = self.fleet.snapshot();
         let hash_of = |id: BackendId| {
             snapshot
@@ -145,7 +190,7 @@ impl Replication {
                 .map(|b| b.account.hash)
         };
         let mut payload = Vec::with_capacity(1 + notes.len() * NOTE_BYTES);
-        payload.push(VERSION);
+        payload.push(kind);
         for note in notes {
             let Some(hash) = hash_of(note.backend) else {
                 continue;
@@ -159,9 +204,12 @@ impl Replication {
     }
 
     fn merge(&self, payload: &[u8]) {
-        let Some(records) = payload.strip_prefix(&[VERSION]) else {
+        let Some((&kind, records)) = payload.split_first() else {
             return;
         };
+        if kind != VERSION && kind != RESPONSES {
+            return;
+        }
         let snapshot = self.fleet.snapshot();
         let mut merged = 0;
         for record in records.chunks_exact(NOTE_BYTES) {
@@ -178,12 +226,17 @@ impl Replication {
             else {
                 continue;
             };
-            self.conversations.merge(Note {
-                conversation: note.conversation,
-                backend: backend.id,
-                bytes: TextBytes(usize::try_from(note.bytes).unwrap_or(usize::MAX)),
-                origin: note.origin,
-            });
+            let bytes = TextBytes(usize::try_from(note.bytes).unwrap_or(usize::MAX));
+            match (kind, &self.tables.conversations) {
+                (RESPONSES, _) => self.tables.responses.merge(note.conversation, backend.id),
+                (_, Some(conversations)) => conversations.merge(Note {
+                    conversation: note.conversation,
+                    backend: backend.id,
+                    bytes,
+                    origin: note.origin,
+                }),
+                (_, None) => continue,
+            }
             merged += 1;
         }
         self.metrics.notes.inc_by(Direction::Received, merged);
@@ -257,9 +310,33 @@ mod tests {
             address: "127.0.0.1:9".into(),
             channel: "test".into(),
         };
-        let table = Arc::new(Conversations::new(Arc::new(Manual::default())));
+        let tables = Tables {
+            conversations: Some(Arc::new(Conversations::new(Arc::new(Manual::default())))),
+            responses: Arc::new(ResponseHomes::new(Duration::from_secs(60))),
+        };
         let metrics = ReplicationMetrics::new(&Registry::new());
-        Replication::new(settings, table, Arc::clone(fleet), metrics, origin)
+        Replication::new(settings, tables, Arc::clone(fleet), metrics, origin)
+    }
+
+    impl Replication {
+        fn conversations(&self) -> &Conversations {
+            self.tables.conversations.as_deref().unwrap()
+        }
+    }
+
+    #[test]
+    fn response_ids_travel_in_messages_of_their_own() {
+        let fleet = fleet();
+        let (a, b) = (replica(&fleet, 1), replica(&fleet, 2));
+        let id = Note {
+            conversation: 42,
+            backend: BackendId(1),
+            bytes: TextBytes(0),
+            origin: 1,
+        };
+        b.merge(&a.encode(RESPONSES, &[id]));
+        assert_eq!(b.tables.responses.home_key(42), Some(BackendId(1)));
+        assert_eq!(b.conversations().home_of(42), None, "not a conversation");
     }
 
     fn fleet() -> Arc<Fleet> {
@@ -285,16 +362,19 @@ mod tests {
     fn notes_travel_by_backend_hash_and_a_replica_skips_its_own() {
         let fleet = fleet();
         let (a, b) = (replica(&fleet, 1), replica(&fleet, 2));
-        let payload = a.encode(&[note(7, 1, 300, 1), note(8, 0, 0, 1), note(9, 0, 50, 2)]);
+        let payload = a.encode(
+            VERSION,
+            &[note(7, 1, 300, 1), note(8, 0, 0, 1), note(9, 0, 50, 2)],
+        );
         assert_eq!(payload.len(), 1 + 3 * NOTE_BYTES);
         b.merge(&payload);
-        assert_eq!(b.conversations.home_of(7), Some((BackendId(1), 1)));
+        assert_eq!(b.conversations().home_of(7), Some((BackendId(1), 1)));
         // A release (0 bytes) of a conversation b never saw changes nothing; b's own note
         // coming back is skipped.
-        assert_eq!(b.conversations.home_of(8), None);
-        assert_eq!(b.conversations.home_of(9), None);
+        assert_eq!(b.conversations().home_of(8), None);
+        assert_eq!(b.conversations().home_of(9), None);
         let live = b
-            .conversations
+            .conversations()
             .held([BackendId(0), BackendId(1)].into_iter());
         assert_eq!((live[0].conversations, live[1].bytes), (0, TextBytes(300)));
     }
@@ -303,16 +383,16 @@ mod tests {
     fn payloads_of_another_version_or_cut_short_merge_nothing_whole() {
         let fleet = fleet();
         let (a, b) = (replica(&fleet, 1), replica(&fleet, 2));
-        let mut payload = a.encode(&[note(7, 1, 300, 1)]);
+        let mut payload = a.encode(VERSION, &[note(7, 1, 300, 1)]);
         payload[0] = VERSION + 1;
         b.merge(&payload);
-        assert_eq!(b.conversations.home_of(7), None);
-        let mut payload = a.encode(&[note(7, 1, 300, 1), note(8, 1, 300, 1)]);
+        assert_eq!(b.conversations().home_of(7), None);
+        let mut payload = a.encode(VERSION, &[note(7, 1, 300, 1), note(8, 1, 300, 1)]);
         payload.truncate(1 + NOTE_BYTES + 10);
         b.merge(&payload);
-        assert_eq!(b.conversations.home_of(7), Some((BackendId(1), 1)));
+        assert_eq!(b.conversations().home_of(7), Some((BackendId(1), 1)));
         assert_eq!(
-            b.conversations.home_of(8),
+            b.conversations().home_of(8),
             None,
             "a partial record is dropped"
         );

@@ -30,7 +30,7 @@ use crate::fleet::{
 use crate::kv_events::{KvEventMetrics, Records, Subscribers};
 use crate::limits::Current;
 use crate::proxy::Router;
-use crate::replication::{Replication, ReplicationMetrics};
+use crate::replication::{Replication, ReplicationMetrics, Tables};
 use crate::state::{Parts, State};
 use crate::stats::{Registry, Stats};
 use crate::tenants::Tenancy;
@@ -156,11 +156,14 @@ pub fn build(
     server.add_service(health);
     server.add_service(background_service("dns", resolving));
     server.add_service(background_service("metrics", reader));
-    if let (Some(shared), Some(conversations)) = (&config.boot.shared_table, &params.conversations)
-    {
+    if let Some(shared) = &config.boot.shared_table {
+        let tables = Tables {
+            conversations: params.conversations.clone(),
+            responses: Arc::clone(&state.responses),
+        };
         let replication = Replication::new(
             shared.clone(),
-            Arc::clone(conversations),
+            tables,
             Arc::clone(&state.fleet),
             metrics.replication,
             params.seed,
