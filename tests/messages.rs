@@ -72,8 +72,17 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
     let explain = |s: usize, body: Value| {
         let url = format!("{}/route?path=/v1/messages", router.admin_url);
         async move {
-            let request = client().post(url).header("x-claude-code-session-id", format!("sess-{s}"));
-            request.json(&body).send().await.unwrap().json::<Value>().await.unwrap()
+            let request = client()
+                .post(url)
+                .header("x-claude-code-session-id", format!("sess-{s}"));
+            request
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
         }
     };
     let (status, answer) = send(&router.url, "/v1/messages?beta=true", 0, &turn(0, false)).await;
@@ -81,11 +90,22 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
     assert!(answer.contains("event: message_stop"), "{answer}");
     let other = explain(1, turn(1, false)).await;
     let shared = other["backends"].as_array().unwrap().iter();
-    let matched = shared.filter_map(|b| b["matched_tokens"].as_u64()).max().unwrap();
-    assert!(matched > 500, "the system prompt is shared whatever the billing line: {other}");
+    let matched = shared
+        .filter_map(|b| b["matched_tokens"].as_u64())
+        .max()
+        .unwrap();
+    assert!(
+        matched > 500,
+        "the system prompt is shared whatever the billing line: {other}"
+    );
     assert_eq!(other["session"], "header:x-claude-code-session-id");
     for s in 1..4 {
-        assert_eq!(send(&router.url, "/v1/messages", s, &turn(s, false)).await.0, 200);
+        assert_eq!(
+            send(&router.url, "/v1/messages", s, &turn(s, false))
+                .await
+                .0,
+            200
+        );
     }
     for s in 0..4 {
         let before = stats(&sims);
@@ -98,7 +118,10 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
         let i = moved[0];
         assert_eq!(home["backend"], format!("http://{}", sims[i].addr));
         assert_eq!(home["outcome"], "prefix_hit", "session {s}: {home}");
-        assert!(after[i].1 - before[i].1 > 500, "session {s}: turn 2 from the cache");
+        assert!(
+            after[i].1 - before[i].1 > 500,
+            "session {s}: turn 2 from the cache"
+        );
     }
     let before = stats(&sims);
     let (status, counted) = send(&router.url, "/v1/messages/count_tokens", 2, &turn(2, true)).await;
@@ -112,14 +135,25 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
 async fn a_bad_messages_request_gets_anthropics_error_shape() {
     let up = Upstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
-    for body in [json!({"model": "m", "messages": 5}), json!({"model": "m", "max_tokens": 4})] {
+    for body in [
+        json!({"model": "m", "messages": 5}),
+        json!({"model": "m", "max_tokens": 4}),
+    ] {
         let (status, answer) = post(&router.url, "/v1/messages", &body).await;
         assert_eq!(status, 400, "{answer}");
         assert_eq!(answer["type"], "error");
         assert_eq!(answer["error"]["type"], "invalid_request_error");
-        assert!(answer["error"]["message"].as_str().unwrap().contains("messages"));
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("messages")
+        );
     }
     let (status, answer) = post(&router.url, "/v1/chat/completions", &json!({"model": "m"})).await;
-    assert_eq!((status, &answer["error"]["code"]), (400, &json!("invalid_body")));
+    assert_eq!(
+        (status, &answer["error"]["code"]),
+        (400, &json!("invalid_body"))
+    );
     assert_eq!(up.count(), 0, "nothing reached the backend");
 }

@@ -3,7 +3,9 @@
 //! `https://` backend (a second router serving TLS, its admin listener with a certificate
 //! of its own) verified with a CA file, the bytes the last upstream received equal to
 //! what the client sent; a backend whose certificate
-//! the router cannot verify never gets a request; a certificate swapped on SIGHUP while a
+//! the router cannot verify never gets a request; a backend's own self-signed certificate
+//! (marked as a CA, as `openssl req -x509` makes it) pinned in the CA file is trusted, and
+//! another one is not; a certificate swapped on SIGHUP while a
 //! stream is open; failed handshakes (a TCP probe, plain HTTP) logged below errors.
 
 use std::path::{Path, PathBuf};
@@ -67,6 +69,30 @@ pub fn certificates(dir: &Path, name: &str) {
         "-out",
         &pem,
     ]);
+}
+
+/// A self-signed certificate for `localhost` and 127.0.0.1 made by the most common recipe,
+/// in `dir`: `{name}.pem` and `{name}.key`. openssl's default extensions mark it CA:TRUE
+/// (checked here), which WebPKI refuses as an end entity.
+fn self_signed(dir: &Path, name: &str) {
+    let (pem, key) = (format!("{name}.pem"), format!("{name}.key"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=localhost", "-addext"])
+        .args(["subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .args(["-keyout", &key, "-out", &pem])
+        .current_dir(dir)
+        .output()
+        .expect("openssl (Debian's openssl package) runs");
+    assert!(out.status.success(), "openssl req: {out:?}");
+    let text = Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in", &pem])
+        .current_dir(dir)
+        .output()
+        .expect("openssl runs");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("CA:TRUE"), "marked as a CA: {text}");
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -217,6 +243,67 @@ async fn a_backend_whose_certificate_cannot_be_verified_gets_nothing_unless_inse
         1,
         "only the insecure router's request arrived"
     );
+}
+
+/// The completions `upstream` received.
+fn completions(upstream: &Upstream) -> Vec<Received> {
+    let received = upstream.received().into_iter();
+    received.filter(|r| r.path == "/v1/completions").collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_backends_self_signed_ca_certificate_pinned_in_the_ca_file_is_trusted() {
+    let dir = temp_dir("pinned");
+    self_signed(&dir, "backend");
+    let upstream = Upstream::start("last").await;
+    let backend = TestRouter::start(
+        settings(&[&upstream]).overlay(tls_settings(&dir, "backend")),
+        1,
+    );
+    let front = TestRouter::start(
+        Settings {
+            worker_urls: Some(vec![https(&backend.url)]),
+            upstream_ca_file: Some(dir.join("backend.pem")),
+            ..settings(&[])
+        },
+        1,
+    );
+    assert_eq!(completion(&front).await, 200);
+    let received = completions(&upstream);
+    assert_eq!(
+        received.len(),
+        1,
+        "the completion went through both routers"
+    );
+    assert_eq!(received[0].body, r#"{"model":"m","prompt":"x"}"#.as_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_self_signed_certificate_other_than_the_pinned_one_gets_nothing() {
+    let dir = temp_dir("pinned-other");
+    self_signed(&dir, "backend");
+    self_signed(&dir, "other");
+    let upstream = Upstream::start("last").await;
+    let backend = TestRouter::start(
+        settings(&[&upstream]).overlay(tls_settings(&dir, "backend")),
+        1,
+    );
+    let front = TestRouter::start(
+        Settings {
+            worker_urls: Some(vec![https(&backend.url)]),
+            upstream_ca_file: Some(dir.join("other.pem")),
+            ..settings(&[])
+        },
+        0,
+    );
+    front
+        .wait_until("the first health check failed", |r| {
+            !r.state().fleet.awaiting_first_check()
+        })
+        .await;
+    assert_eq!(front.ready_backends(), 0, "the same name, not the same key");
+    assert_eq!(completion(&front).await, 503);
+    assert!(completions(&upstream).is_empty(), "no request reached it");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -12,12 +12,12 @@ PKGS=(
   "@openai/codex@0.169.1 codex"
   "opencode-ai@1.18.33 opencode"
 )
-command -v npm >/dev/null || { echo "setup.sh: npm not found (apt-get install npm, or nodejs from a registry package)" >&2; exit 1; }
+command -v npm >/dev/null || { echo "setup.sh: npm not found (the machine is meant to have Node.js 20 and npm)" >&2; exit 1; }
 mkdir -p "$DIR"
 exec 9>"$DIR/.lock"
 flock 9
 
-installed() { # PKG VERSION -> true when node_modules has PKG at VERSION and its command runs
+installed() { # PKG VERSION: true when node_modules has PKG at VERSION
   local pj="$DIR/node_modules/$1/package.json"
   [ -f "$pj" ] && [ "$(node -p "require(process.argv[1]).version" "$pj" 2>/dev/null)" = "$2" ]
 }
@@ -29,7 +29,7 @@ for entry in "${PKGS[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup.sh: installing ${missing[*]} into $DIR" >&2
-  # all three at once so npm keeps every one in the same package.json/lock
+  # all three in one call, so package.json and the lock list every one
   all=(); for entry in "${PKGS[@]}"; do all+=("${entry%% *}"); done
   timeout 900 npm install --prefix "$DIR" --no-audit --no-fund --save-exact --loglevel=error "${all[@]}" >&2
   for entry in "${PKGS[@]}"; do

@@ -172,7 +172,10 @@ fn count_tokens(shared: &Shared, raw: &[u8]) -> Result<Response<Body>, ApiError>
     let bpt = shared.config.bytes_per_token;
     let parsed = template::parse(Endpoint::Messages, &body, bpt)?;
     let count = template::token_count(&parsed.prompt, bpt);
-    Ok(json_response(StatusCode::OK, &json!({"input_tokens": count})))
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"input_tokens": count}),
+    ))
 }
 
 /// vLLM's `/tokenize`: `{"count", "max_model_len", "tokens", "token_strs": null}`.

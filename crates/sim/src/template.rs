@@ -232,7 +232,10 @@ pub fn render_messages(body: &Value) -> Result<Vec<u8>, ApiError> {
     render_tools(&mut out, body)?;
     let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
     let mut system = block_texts(body.get("system"));
-    for message in messages.iter().filter(|m| role(m).as_deref() == Some("system")) {
+    for message in messages
+        .iter()
+        .filter(|m| role(m).as_deref() == Some("system"))
+    {
         system.extend(block_texts(message.get("content")));
     }
     if !system.is_empty() {
@@ -263,18 +266,31 @@ fn block_texts(content: Option<&Value>) -> Vec<u8> {
     }
 }
 
-fn render_anthropic_message(out: &mut Vec<u8>, role: &str, content: Option<&Value>) -> Result<(), ApiError> {
+fn render_anthropic_message(
+    out: &mut Vec<u8>,
+    role: &str,
+    content: Option<&Value>,
+) -> Result<(), ApiError> {
     let blocks = match content {
         Some(Value::String(text)) => {
             push_turn(out, role, "", text.as_bytes());
             return Ok(());
         }
         Some(Value::Array(blocks)) => blocks,
-        _ => return Err(ApiError::invalid("messages", "`content` must be a string or an array")),
+        _ => {
+            return Err(ApiError::invalid(
+                "messages",
+                "`content` must be a string or an array",
+            ));
+        }
     };
     let mut body = Vec::new();
     for block in blocks {
-        match block.get("type").and_then(Value::as_str).unwrap_or_default() {
+        match block
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+        {
             "text" => body.extend_from_slice(str_field(block, "text").as_bytes()),
             "tool_use" => {
                 let input = block.get("input").map(json_bytes).unwrap_or_default();

@@ -204,7 +204,10 @@ fn push_message<'a>(m: &Message<'a>, text: &mut RoutingText<'a>) -> Result<(), P
     }
     let blocks = || -> Result<Vec<Block<'a>>, ParseError> {
         let mut all = Vec::new();
-        Json::new(m.content).array(|j| Ok(all.push(Block::read(j)?)))?;
+        Json::new(m.content).array(|j| {
+            all.push(Block::read(j)?);
+            Ok(())
+        })?;
         Ok(all)
     };
     let blocks = match j.kind() {
@@ -255,7 +258,10 @@ fn open<'a>(text: &mut RoutingText<'a>, start: Mark, role: &'a [u8]) {
 fn push_tool_result<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
     match j.kind() {
         Kind::String => text.push(j.string()?),
-        Kind::Array => j.array(|j| Ok(Block::read(j)?.push_content(text)))?,
+        Kind::Array => j.array(|j| {
+            Block::read(j)?.push_content(text);
+            Ok(())
+        })?,
         _ => j.skip()?,
     }
     Ok(())

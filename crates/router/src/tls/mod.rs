@@ -11,6 +11,13 @@
 //!   verified against `upstream_ca_file` (else the system's roots), or not verified at all
 //!   with `upstream_tls_insecure` (test fleets only). Relayed exchanges, health checks and
 //!   the metrics and models readers all connect with the backend's one peer.
+//! - **Pinned upstream certificates** ([`pinned`]): a certificate in `upstream_ca_file`
+//!   that is byte for byte the one a worker presents is accepted even when it is marked as
+//!   a CA.
+
+mod pinned;
+
+pub use pinned::{CaFileConnect, CaFileVerifier};
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,7 +26,7 @@ use arc_swap::ArcSwap;
 use pingora_core::listeners::tls::TlsSettings as ListenerTls;
 use pingora_core::tls::sign::CertifiedKey;
 use pingora_core::tls::{ClientHello, CryptoProvider, ResolvesServerCert};
-use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::upstreams::peer::{HttpPeer, Scheme};
 
 /// A certificate chain and its private key, PEM files.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,6 +72,12 @@ pub enum TlsError {
     /// The key is not one rustls signs with, or does not match the certificate.
     #[error("the key in {key} cannot be used: {cause}")]
     Key { key: String, cause: String },
+    /// The upstream CA file holds no certificate, or one rustls cannot trust.
+    #[error("{path} cannot be used as a CA file: {cause}")]
+    CaFile { path: String, cause: String },
+    /// A worker's host is neither a DNS name nor an IP address a certificate can name.
+    #[error("{host} cannot be verified: {cause}")]
+    Host { host: String, cause: String },
 }
 
 /// Installs rustls's process-wide crypto provider (ring). Idempotent; called before any
@@ -130,27 +143,39 @@ fn read_pair(files: &CertFiles) -> Result<CertifiedKey, TlsError> {
         pingora_core::tls::load_certs_and_key_files(&cert.to_string(), &key.to_string())
             .map_err(|_| pem())?
             .ok_or_else(pem)?;
-    install_provider();
     let key_error = |cause: String| TlsError::Key {
         key: key.to_string(),
         cause,
     };
-    let provider = CryptoProvider::get_default().ok_or_else(|| key_error("no provider".into()))?;
+    let provider = provider().ok_or_else(|| key_error("no provider".into()))?;
     let chain = chain.into_iter().map(|c| c.into_owned()).collect();
-    CertifiedKey::from_der(chain, private.clone_key(), provider)
+    CertifiedKey::from_der(chain, private.clone_key(), &provider)
         .map_err(|e| key_error(e.to_string()))
 }
 
 impl UpstreamTls {
-    /// Sets `peer` to reach the worker at `host` over TLS, verified as configured.
+    /// Sets `peer` to reach the worker at `host` over TLS, verified as configured: with a
+    /// CA file (and not insecure), through a [`CaFileConnect`] for `host`, which reads the
+    /// CA file now (a file that cannot be used refuses every connection, with why);
+    /// otherwise with Pingora's own TLS.
     pub fn apply(&self, peer: &mut HttpPeer, host: &str) {
-        peer.scheme = pingora_core::upstreams::peer::Scheme::HTTPS;
+        // The SNI also keeps the peer's pooled connections apart from any other's: it is
+        // part of Pingora's reuse hash, whatever the scheme.
         peer.sni = host.to_string();
+        if let (Some(ca_file), false) = (&self.ca_file, self.insecure) {
+            // The stream the connector returns is TLS already: Pingora must not add its own.
+            peer.scheme = Scheme::HTTP;
+            peer.options.custom_l4 = Some(Arc::new(CaFileConnect::new(ca_file, host)));
+            return;
+        }
+        peer.scheme = Scheme::HTTPS;
         peer.options.verify_cert = !self.insecure;
         peer.options.verify_hostname = !self.insecure;
     }
 
     /// The connector options that carry the CA file; `None` (the defaults) without one.
+    /// Pingora's TLS never verifies with it (the peers that trust it connect through a
+    /// [`CaFileConnect`]); it spares Pingora loading the system's roots for nothing.
     pub fn connector(&self) -> Option<pingora_core::connectors::ConnectorOptions> {
         let ca_file = self.ca_file.as_ref()?.display().to_string();
         let mut options = pingora_core::connectors::ConnectorOptions::new(CONNECTOR_POOL);
@@ -161,6 +186,12 @@ impl UpstreamTls {
 
 /// Idle connections a connector keeps, as Pingora's default connector.
 const CONNECTOR_POOL: usize = 128;
+
+/// rustls's process-wide crypto provider, installed if need be.
+pub(crate) fn provider() -> Option<Arc<CryptoProvider>> {
+    install_provider();
+    CryptoProvider::get_default().cloned()
+}
 
 /// The listeners' certificates, read again together on reload.
 #[derive(Clone, Debug, Default)]
