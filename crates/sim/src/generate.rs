@@ -83,6 +83,8 @@ pub async fn generate(
     let (request, stream) = prepare(config, endpoint, &body, number)?;
     drop(body);
     let (prompt_tokens, output_tokens) = (request.prompt_tokens, request.output_tokens);
+    // An answer as long as the model's own is one it ended.
+    let stopped = config.answer_tokens == Some(output_tokens);
     let (ticket, events) = shared.engine.submit(request).ok_or(ApiError::EngineGone)?;
     let meta = Meta {
         endpoint,
@@ -90,6 +92,7 @@ pub async fn generate(
         created: unix_now(),
         model: config.model.clone(),
         instance: config.name.clone(),
+        stopped,
     };
     let (bytes_per_token, limit) = (config.bytes_per_token, token_limit(config));
     let job = Job {
@@ -140,11 +143,12 @@ pub fn prepare(
         }
     };
     check_length(config, prompt_tokens, parsed.output_tokens)?;
+    let answer = config.answer_tokens.unwrap_or(usize::MAX);
     let request = EngineRequest {
         id,
         hashes,
         prompt_tokens,
-        output_tokens: parsed.output_tokens,
+        output_tokens: parsed.output_tokens.min(answer),
         token_ids,
     };
     Ok((request, parsed.stream))

@@ -78,6 +78,11 @@ pub struct SimConfig {
     pub time_scale: f64,
     /// Longest prompt plus output accepted, tokens (default 131 072).
     pub max_model_len: usize,
+    /// Where the model ends its answers of its own accord (finish reason `stop`), tokens,
+    /// when the request allows more; default none: every answer runs to the length the
+    /// request asks for (finish reason `length`). Agents ask for 32 000 and continue an
+    /// answer cut at that length.
+    pub answer_tokens: Option<usize>,
     /// Instance name: `system_fingerprint` and the `x-sim-instance` header (default "sim").
     pub name: String,
     /// A real model's chat template and tokenizer (`--tokenizer DIR`); default none: the
@@ -101,6 +106,7 @@ impl Default for SimConfig {
             max_num_seqs: 256,
             time_scale: 1.0,
             max_model_len: 131_072,
+            answer_tokens: None,
             name: "sim".to_owned(),
             tokenizer: None,
             kv_events: None,
@@ -278,6 +284,10 @@ pub struct SimArgs {
     /// Longest prompt plus output accepted, tokens.
     #[arg(long, default_value_t = 131_072)]
     pub max_model_len: usize,
+    /// Answers end of their own accord (finish reason `stop`) after this many tokens when
+    /// the request allows more [default: every answer runs to its requested length]
+    #[arg(long)]
+    pub answer_tokens: Option<usize>,
     /// Name prefix: instance names are `{name}-{port}`.
     #[arg(long, default_value = "sim")]
     pub name: String,
@@ -308,6 +318,7 @@ impl SimArgs {
             max_num_seqs: self.max_num_seqs,
             time_scale: self.time_scale,
             max_model_len: self.max_model_len,
+            answer_tokens: self.answer_tokens,
             name: format!("{}-{port}", self.name),
             tokenizer: None,
             kv_events: None,

@@ -75,6 +75,8 @@ pub struct Meta {
     pub model: String,
     /// Instance name (`system_fingerprint`).
     pub instance: String,
+    /// Whether the answer ended of its own accord (else it ran to its length limit).
+    pub stopped: bool,
 }
 
 impl Meta {
@@ -87,6 +89,20 @@ impl Meta {
             Endpoint::Messages => "msg_",
         };
         format!("{prefix}{}-{}", self.instance, self.number)
+    }
+
+    /// The chat finish reason.
+    fn finish(&self) -> &'static str {
+        if self.stopped { "stop" } else { "length" }
+    }
+
+    /// The Messages stop reason.
+    fn stop_reason(&self) -> &'static str {
+        if self.stopped {
+            "end_turn"
+        } else {
+            "max_tokens"
+        }
     }
 
     fn message_id(&self) -> String {
@@ -110,15 +126,15 @@ pub fn full_response(meta: &Meta, text: &str, usage: Usage) -> Value {
     let mut body = match meta.endpoint {
         Endpoint::Chat => meta.envelope(
             "chat.completion",
-            json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": "length"}]),
+            json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": meta.finish()}]),
         ),
         Endpoint::Completions => meta.envelope(
             "text_completion",
-            json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": "length"}]),
+            json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": meta.finish()}]),
         ),
         Endpoint::Responses => return response_object(meta, "completed", Some(text), Some(usage)),
         Endpoint::Messages => {
-            let mut message = message_object(meta, Some(text), Some("max_tokens"));
+            let mut message = message_object(meta, Some(text), Some(meta.stop_reason()));
             message["usage"] = usage.messages_json();
             return message;
         }
@@ -247,16 +263,16 @@ impl StreamWriter {
     pub fn end(&mut self, text: &str, usage: Usage) -> Vec<Bytes> {
         match self.meta.endpoint {
             Endpoint::Chat => {
-                let finish = self.chat_chunk(json!({}), Some("length"));
+                let finish = self.chat_chunk(json!({}), Some(self.meta.finish()));
                 self.chat_tail(finish, "chat.completion.chunk", usage)
             }
             Endpoint::Completions => {
-                let finish = self.completion_chunk("", Some("length"));
+                let finish = self.completion_chunk("", Some(self.meta.finish()));
                 self.chat_tail(finish, "text_completion", usage)
             }
             Endpoint::Responses => self.responses_end(text, usage),
             Endpoint::Messages => {
-                let delta = json!({"delta": {"stop_reason": "max_tokens", "stop_sequence": null},
+                let delta = json!({"delta": {"stop_reason": self.meta.stop_reason(), "stop_sequence": null},
                     "usage": usage.messages_json()});
                 vec![
                     anthropic("content_block_stop", json!({"index": 0})),
@@ -336,7 +352,29 @@ mod tests {
             created: 1,
             model: "m".into(),
             instance: "sim-a".into(),
+            stopped: false,
         }
+    }
+
+    #[test]
+    fn an_answer_the_model_ended_says_so_in_each_api() {
+        let stopped = |endpoint| Meta {
+            stopped: true,
+            ..meta(endpoint)
+        };
+        let usage = Usage {
+            prompt_tokens: 8,
+            cached_tokens: 0,
+            completion_tokens: 2,
+        };
+        let chat = full_response(&stopped(Endpoint::Chat), "hi", usage);
+        assert_eq!(chat["choices"][0]["finish_reason"], "stop");
+        let messages = full_response(&stopped(Endpoint::Messages), "hi", usage);
+        assert_eq!(messages["stop_reason"], "end_turn");
+        assert_eq!(
+            full_response(&meta(Endpoint::Messages), "hi", usage)["stop_reason"],
+            "max_tokens"
+        );
     }
 
     #[test]
