@@ -163,6 +163,18 @@ async fn a_one_model_fleet_takes_any_name_and_an_empty_list_limits_nothing() {
         .collect();
     assert_eq!(models.len(), 4, "each reached a backend, its name as sent");
     assert!(models.contains(&json!("test-model")) && models.contains(&json!("gpt-4o")));
+    // A retry after a 5xx goes on to the other backend under any name too.
+    ups[0].set_reply(Reply::Status(500));
+    let chats = |u: &Upstream| {
+        let all = u.received().into_iter();
+        all.filter(|r| r.path == "/v1/chat/completions").count()
+    };
+    let failing = chats(&ups[0]);
+    for conversation in 10..14 {
+        let (status, body) = chat_to(&router.url, &ask("test-model", conversation)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    assert!(chats(&ups[0]) > failing, "some were retried");
     let empty = Upstream::start("empty").await;
     empty.set_models(&[]);
     let router = TestRouter::start(

@@ -14,7 +14,9 @@
 # OVERLAP (0: share of turns sent before the previous answer), REPLICAS (1: router
 # replicas sharing their table through a redis-server started here, requests spread over
 # them in turn; peers run as one instance per replica, smg without sharing),
-# SPEEDUP (20), OUT (a directory to keep the reports in; default a temporary one).
+# SPEEDUP (20), API (the path requests go to: /v1/chat/completions, or /v1/messages for the
+# same conversations as Anthropic Messages requests), OUT (a directory to keep the reports
+# in; default a temporary one).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/common.sh
@@ -56,7 +58,7 @@ start_front() { # NAME: the router policy or peer NAME, $replicas times; sets ta
 
 replay() { # NAME KV RUN: the workload through $targets, one line
   local report="$out/${1//\//_}-$2-$3.json"
-  "$bin" replay --url "$targets" --synthetic agent --sessions "${SESSIONS:-24}" \
+  "$bin" replay --url "$targets" --path "${API:-/v1/chat/completions}" --synthetic agent --sessions "${SESSIONS:-24}" \
     --session-rate "${SESSION_RATE:-4.8}" --system-prompts "${SYSTEM_PROMPTS:-4}" \
     --min-context-tokens "${MIN_CONTEXT:-20000}" --max-context-tokens "${MAX_CONTEXT:-520000}" \
     --think-min "${THINK:-4}" --think-max "${THINK:-4}" --overlap "${OVERLAP:-0}" \

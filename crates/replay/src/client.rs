@@ -1,5 +1,7 @@
-//! One HTTP exchange: send a chat-completion body, read the JSON answer or
-//! the SSE stream, and extract usage, the answering backend and TTFT.
+//! One HTTP exchange: send a chat-completion body (or the same body to the Messages API),
+//! read the JSON answer or the SSE stream, and extract usage, the answering backend and
+//! TTFT. The Messages API's usage (`input_tokens` without those read from or written to
+//! the cache, as vLLM reports it) counts as the chat usage it stands for.
 //!
 //! The backend is named by the `x-sim-instance` response header, else by the
 //! body's `system_fingerprint`. TTFT is the time from sending to the first
@@ -48,6 +50,8 @@ struct Answer {
     system_fingerprint: Option<String>,
     usage: Option<Usage>,
     choices: Vec<Choice>,
+    /// A Messages stream's `content_block_delta`.
+    delta: Option<Delta>,
     error: Option<IgnoredAny>,
 }
 
@@ -57,6 +61,11 @@ struct Usage {
     prompt_tokens: u64,
     completion_tokens: u64,
     prompt_tokens_details: Option<Details>,
+    /// The Messages API's.
+    input_tokens: u64,
+    output_tokens: u64,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: u64,
 }
 
 #[derive(Deserialize, Default)]
@@ -77,14 +86,25 @@ struct Choice {
 struct Delta {
     content: Option<String>,
     reasoning_content: Option<String>,
+    /// A Messages `text_delta`'s.
+    text: Option<String>,
+}
+
+impl Delta {
+    fn has_content(&self) -> bool {
+        let nonempty = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
+        nonempty(&self.content) || nonempty(&self.reasoning_content) || nonempty(&self.text)
+    }
 }
 
 impl From<Usage> for Served {
     fn from(u: Usage) -> Self {
+        let read = u.cache_read_input_tokens.unwrap_or(0);
         Served {
-            prompt_tokens: u.prompt_tokens,
-            cached_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
-            completion_tokens: u.completion_tokens,
+            prompt_tokens: u.prompt_tokens + u.input_tokens + read + u.cache_creation_input_tokens,
+            cached_tokens: (u.prompt_tokens_details.and_then(|d| d.cached_tokens))
+                .or(u.cache_read_input_tokens),
+            completion_tokens: u.completion_tokens + u.output_tokens,
         }
     }
 }
@@ -92,11 +112,7 @@ impl From<Usage> for Served {
 impl Choice {
     fn has_content(&self) -> bool {
         let nonempty = |s: &Option<String>| s.as_deref().is_some_and(|s| !s.is_empty());
-        nonempty(&self.text)
-            || self
-                .delta
-                .as_ref()
-                .is_some_and(|d| nonempty(&d.content) || nonempty(&d.reasoning_content))
+        nonempty(&self.text) || self.delta.as_ref().is_some_and(Delta::has_content)
     }
 }
 
@@ -235,7 +251,9 @@ impl StreamState {
         if a.error.is_some() {
             self.error.get_or_insert_with(|| "stream_error".into());
         }
-        if self.ex.ttft.is_none() && a.choices.iter().any(Choice::has_content) {
+        let content = a.choices.iter().any(Choice::has_content)
+            || a.delta.as_ref().is_some_and(Delta::has_content);
+        if self.ex.ttft.is_none() && content {
             self.ex.ttft = Some(self.sent.elapsed());
         }
         if let Some(u) = a.usage {
@@ -280,6 +298,24 @@ mod tests {
         assert!(ex.ttft.is_some());
         assert_eq!(ex.error, None);
         assert_eq!(ex.backend.as_deref(), Some("sim-1"));
+        let u = ex.usage.unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.cached_tokens, u.completion_tokens),
+            (100, Some(64), 5)
+        );
+    }
+
+    #[test]
+    fn a_messages_stream_counts_its_cache_reads_as_chat_would() {
+        let mut st = StreamState::new(Instant::now());
+        st.event(br#"{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":0,"output_tokens":0}}}"#);
+        st.event(br#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#);
+        assert!(st.ex.ttft.is_none(), "an empty block is not content");
+        st.event(br#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hi"}}"#);
+        assert!(st.ex.ttft.is_some());
+        st.event(br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":36,"output_tokens":5,"cache_read_input_tokens":64}}"#);
+        let ex = st.finish();
+        assert_eq!(ex.error, None);
         let u = ex.usage.unwrap();
         assert_eq!(
             (u.prompt_tokens, u.cached_tokens, u.completion_tokens),

@@ -82,21 +82,19 @@ impl Ready {
     }
 
     /// Those that may get requests for `model` (all, for none): that list it, or never
-    /// listed their models.
+    /// listed their models. Where none lists it and they serve one model between them,
+    /// all of them: the name chooses nothing, and the backends answer for it.
     pub fn serving(mut self, model: Option<&[u8]>) -> Ready {
-        if let Some(model) = model {
-            let backends = &self.snapshot.backends;
-            self.members.retain(|m| backends[*m].models.serves(model));
+        let Some(model) = model else {
+            return self;
+        };
+        let backends = Arc::clone(&self.snapshot);
+        let serves = |m: &usize| backends.backends[*m].models.serves(model);
+        if !self.members.iter().any(serves) && self.models().len() <= 1 {
+            return self;
         }
+        self.members.retain(|m| serves(m));
         self
-    }
-
-    /// Whether any of them may get requests for `model`.
-    pub fn any_serves(&self, model: &[u8]) -> bool {
-        let backends = &self.snapshot.backends;
-        self.members
-            .iter()
-            .any(|&m| backends[m].models.serves(model))
     }
 
     /// Only the backend `id`, if it is ready.

@@ -525,9 +525,8 @@ fn unbounded(
 
 /// Those of `ready` (every ready backend) that serve the request's model: 404
 /// `model_not_found` when backends are ready but none serves it and the name is needed
-/// to choose among their models, 400 `model_required` for a request without a model when
-/// they serve several. Where they all serve one model, any name goes to them all: the
-/// backends answer for it (llama.cpp and SGLang ignore it, clients send `gpt-4o` by habit).
+/// to choose among their models ([`Ready::serving`]: a fleet of one model takes any
+/// name), 400 `model_required` for a request without a model when they serve several.
 pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
     let Route::Policy(_) = route else {
         return Ok(ready);
@@ -551,18 +550,15 @@ pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
             _ => Ok(ready),
         };
     };
-    if ready.is_empty() || ready.any_serves(model) {
-        return Ok(ready.serving(Some(model)));
+    let was_empty = ready.is_empty();
+    let serving = ready.serving(Some(model));
+    if serving.is_empty() && !was_empty {
+        // Echoed in the answer: at most NAME_SHOWN bytes of whatever the client sent.
+        let shown = &model[..model.len().min(NAME_SHOWN)];
+        let name = String::from_utf8_lossy(shown).into_owned();
+        return Err(RouterError::ModelNotFound(name));
     }
-    if ready.models().len() <= 1 {
-        // The name chooses nothing: the backends answer for it.
-        return Ok(ready);
-    }
-    // Echoed in the answer: at most NAME_SHOWN bytes of whatever the client sent.
-    let shown = &model[..model.len().min(NAME_SHOWN)];
-    Err(RouterError::ModelNotFound(
-        String::from_utf8_lossy(shown).into_owned(),
-    ))
+    Ok(serving)
 }
 
 /// Why a request would wait in the router's queue.
