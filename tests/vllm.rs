@@ -50,6 +50,8 @@ impl Vllm {
         command.args(["--enable-prefix-caching", "--enable-prompt-tokens-details"]);
         command.args(["--max-model-len", &MAX_MODEL_LEN.to_string()]);
         command.args(["--max-num-seqs", "4"]);
+        // Tools in a request (as Claude Code sends them) need a tool-call parser.
+        command.args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]);
         command.args(["--num-gpu-blocks-override", &BLOCKS.to_string()]);
         let bytes = BLOCKS * BLOCK * 512; // the model's KV: 512 bytes a token
         command.args(["--kv-cache-memory-bytes", &bytes.to_string()]);
@@ -223,6 +225,53 @@ async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
     assert!(message.contains("maximum context length"), "{refused}");
     let (_, explained) = post(&route, &second).await;
     assert_eq!(live(&explained), Some(1), "{explained}");
+    messages_in_token_mode(&router).await;
     drop(router);
     drop(vllm);
+}
+
+/// A Claude Code-shaped Messages request (the attribution line, an inline system message,
+/// tools, a tool call and its result): the router's token count in token mode is vLLM's,
+/// for `/v1/messages` and for `count_tokens`.
+async fn messages_in_token_mode(router: &TestRouter) {
+    let body = json!({"model": "tiny", "max_tokens": 4,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.332; cch=0a1b2;"},
+                   {"type": "text", "text": "You are a coding agent. Keep changes small. "}],
+        "tools": [{"name": "Bash", "description": "Runs a shell command",
+                   "input_schema": {"type": "object", "properties": {"command": {"type": "string"}},
+                                    "required": ["command"]}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Why does the build fail?"}]},
+            {"role": "system", "content": "Today is 2026-12-06."},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "cargo build"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "error[E0425]: x"},
+                {"type": "text", "text": "Fix it."}]}]});
+    let route = format!("{}/route?path=/v1/messages", router.admin_url);
+    let (status, explained) = post(&route, &body).await;
+    assert_eq!(
+        (status, &explained["mode"]),
+        (200, &json!("tokens")),
+        "{explained}"
+    );
+    let (status, answer) = post(&format!("{}/v1/messages", router.url), &body).await;
+    assert_eq!(status, 200, "{answer}");
+    let usage = &answer["usage"];
+    let part = |key: &str| usage[key].as_u64().unwrap_or(0);
+    let prompt = part("input_tokens")
+        + part("cache_read_input_tokens")
+        + part("cache_creation_input_tokens");
+    assert_eq!(
+        explained["prompt_tokens"].as_u64(),
+        Some(prompt),
+        "{explained} {usage}"
+    );
+    let mut count = body.clone();
+    count.as_object_mut().unwrap().remove("max_tokens");
+    let url = format!("{}/v1/messages/count_tokens", router.url);
+    let (status, counted) = post(&url, &count).await;
+    assert_eq!(status, 200, "{counted}");
+    assert_eq!(counted["input_tokens"].as_u64(), Some(prompt), "{counted}");
 }

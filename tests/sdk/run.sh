@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Conformance of the router with the official openai Python SDK (see test_openai_sdk.py).
+# Conformance of the router with the official openai and anthropic Python SDKs (see
+# test_openai_sdk.py and test_anthropic_sdk.py).
 # Usage: tests/sdk/run.sh [ROUTER_BINARY]   (else $PREFIX_ROUTER, else target/debug/prefix-router)
 # VENV: virtualenv directory (default: target/sdk-venv under the repo root).
 set -euo pipefail
@@ -31,4 +32,7 @@ if [ ! -e "$stamp" ]; then
   timeout 600 "$VENV/bin/pip" install --quiet --disable-pip-version-check -r "$here/requirements.txt"
   touch "$stamp"
 fi
-exec timeout 300 "$VENV/bin/python" -B "$here/test_openai_sdk.py" "$ROUTER"
+status=0
+timeout 300 "$VENV/bin/python" -B "$here/test_openai_sdk.py" "$ROUTER" || status=1
+timeout 300 "$VENV/bin/python" -B "$here/test_anthropic_sdk.py" "$ROUTER" || status=1
+exit $status

@@ -219,10 +219,11 @@ pub fn render_responses(body: &Value) -> Result<Vec<u8>, ApiError> {
     Ok(out)
 }
 
-/// Renders a Messages body as vLLM does before its template: `tools`, one system turn
-/// (`system` and every `role: "system"` message's text, without Claude Code's
-/// `x-anthropic-billing-header` line), then each other message, a user's `tool_result`
-/// blocks as tool turns before it.
+/// Renders a Messages body as vLLM 0.32 does before a template that accepts system
+/// messages anywhere: `tools`, a system turn of `system` (without Claude Code's
+/// `x-anthropic-billing-header` line), then each message in order, a `role: "system"` one
+/// as a system turn where it stands, a user's `tool_result` blocks as tool turns before
+/// it.
 pub fn render_messages(body: &Value) -> Result<Vec<u8>, ApiError> {
     let messages = required(body, "messages")?
         .as_array()
@@ -230,22 +231,18 @@ pub fn render_messages(body: &Value) -> Result<Vec<u8>, ApiError> {
         .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a non-empty array"))?;
     let mut out = Vec::new();
     render_tools(&mut out, body)?;
-    let role = |m: &Value| m.get("role").and_then(Value::as_str).map(str::to_owned);
-    let mut system = block_texts(body.get("system"));
-    for message in messages
-        .iter()
-        .filter(|m| role(m).as_deref() == Some("system"))
-    {
-        system.extend(block_texts(message.get("content")));
-    }
+    let system = block_texts(body.get("system"));
     if !system.is_empty() {
         push_turn(&mut out, "system", "", &system);
     }
     for message in messages {
-        let role = role(message)
+        let role = (message.get("role").and_then(Value::as_str))
             .ok_or_else(|| ApiError::invalid("messages", "every message needs a string `role`"))?;
-        if role != "system" {
-            render_anthropic_message(&mut out, &role, message.get("content"))?;
+        let system = block_texts(message.get("content"));
+        match role {
+            "system" if !system.is_empty() => push_turn(&mut out, "system", "", &system),
+            "system" => {}
+            _ => render_anthropic_message(&mut out, role, message.get("content"))?,
         }
     }
     out.extend_from_slice(GENERATION_PROMPT.as_bytes());

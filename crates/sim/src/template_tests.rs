@@ -199,8 +199,9 @@ fn a_messages_body_renders_as_the_chat_vllm_makes_of_it() {
                 {"type": "tool_result", "tool_use_id": "t1", "content": "R"},
                 {"type": "text", "text": "U2"}]}]});
     let chat = json!({"messages": [
-        {"role": "system", "content": "SYSS2"},
+        {"role": "system", "content": "SYS"},
         {"role": "user", "content": "U1"},
+        {"role": "system", "content": "S2"},
         {"role": "assistant", "content": "A1"},
         {"role": "tool", "tool_call_id": "t1", "content": "R"},
         {"role": "user", "content": "U2"}]});

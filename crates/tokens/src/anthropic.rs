@@ -2,8 +2,10 @@
 //! vLLM turns it into before the template (`vllm/entrypoints/anthropic/serving.py`, read
 //! at 0.32):
 //!
-//! - one system message first: `system` and every `role: "system"` message's text joined
-//!   with nothing between, without text blocks starting `x-anthropic-billing-header`;
+//! - a system message first: `system`'s text, without text blocks starting
+//!   `x-anthropic-billing-header`; a `role: "system"` message stays where it is, unless the
+//!   template wants system first ([`Template::wants_system_first`]): then its text joins
+//!   the first (with nothing between);
 //! - each other message in order: a user message's `tool_result` blocks become tool
 //!   messages placed before it (their text blocks joined with `\n`), and the user message
 //!   itself is dropped when nothing else is left of it; `tool_use` blocks become
@@ -15,27 +17,40 @@ use minijinja::Value;
 use minijinja::value::ValueKind;
 
 use crate::render::Unrendered;
+#[cfg(doc)]
+use crate::template::Template;
 
 /// Claude Code's attribution line, which vLLM strips.
 const BILLING: &str = "x-anthropic-billing-header";
 
-/// The chat `messages` of a Messages body.
-pub fn messages(body: &Value) -> Result<Value, Unrendered> {
+/// The chat `messages` of a Messages body; `merge`: inline system messages join the first.
+pub fn messages(body: &Value, merge: bool) -> Result<Value, Unrendered> {
     let messages = field(body, "messages");
     let items: Vec<Value> = messages
         .try_iter()
         .map_err(|_| Unrendered::Shape("`messages` must be an array".into()))?
         .collect();
-    let mut system = texts(&field(body, "system"));
-    for m in items.iter().filter(|m| role(m) == "system") {
-        system.push_str(&texts(&field(m, "content")));
+    let system_of = |m: &Value| texts(&field(m, "content"), true);
+    let mut system = texts(&field(body, "system"), false);
+    if merge {
+        items
+            .iter()
+            .filter(|m| role(m) == "system")
+            .for_each(|m| system.push_str(&system_of(m)));
     }
     let mut out = Vec::new();
-    if !system.is_empty() {
-        out.push(Value::from_iter([("role", "system"), ("content", &system)]));
-    }
-    for m in items.iter().filter(|m| role(m) != "system") {
-        convert(m, &mut out)?;
+    let push_system = |out: &mut Vec<Value>, text: &str| {
+        if !text.is_empty() {
+            out.push(Value::from_iter([("role", "system"), ("content", text)]));
+        }
+    };
+    push_system(&mut out, &system);
+    for m in &items {
+        match role(m).as_str() {
+            "system" if merge => {}
+            "system" => push_system(&mut out, &system_of(m)),
+            _ => convert(m, &mut out)?,
+        }
     }
     Ok(Value::from(out))
 }
@@ -170,10 +185,15 @@ fn image(source: &Value) -> Value {
 }
 
 /// A string's text, or the text blocks of an array joined with nothing between, without
-/// the attribution line.
-fn texts(value: &Value) -> String {
+/// the attribution line (a string that is one is dropped too when `inline`, as vLLM does).
+fn texts(value: &Value, inline: bool) -> String {
     if let Some(text) = value.as_str() {
-        return text.to_string();
+        let dropped = inline && text.starts_with(BILLING);
+        return if dropped {
+            String::new()
+        } else {
+            text.to_string()
+        };
     }
     let blocks = value.try_iter().into_iter().flatten();
     let kept = blocks

@@ -63,6 +63,7 @@ impl Model {
             ascii_unchanged: leaves_ascii(&tokenizer),
             renderer: Renderer {
                 lists_content: source.as_deref().is_some_and(Template::lists_content),
+                merges_inline_system: template.as_ref().is_none_or(Template::wants_system_first),
                 template,
                 special_tokens: special_tokens(&config),
             },

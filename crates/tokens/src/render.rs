@@ -55,6 +55,10 @@ pub struct Renderer {
     pub(crate) template: Option<Template>,
     /// Whether `content` reaches the template as a list of parts.
     pub(crate) lists_content: bool,
+    /// Whether a Messages request's inline system messages are merged into the leading
+    /// one: the template refuses a system message after the first (vLLM 0.32 probes the
+    /// same way).
+    pub(crate) merges_inline_system: bool,
     /// `bos_token`, `eos_token`, ... as the template sees them.
     pub(crate) special_tokens: Vec<(String, Value)>,
 }
@@ -75,7 +79,7 @@ impl Renderer {
             }
             Endpoint::Completions => completion(&field(&body, "prompt")),
             Endpoint::Messages | Endpoint::CountTokens => {
-                let messages = crate::anthropic::messages(&body)?;
+                let messages = crate::anthropic::messages(&body, self.merges_inline_system)?;
                 self.chat(&body, messages, crate::anthropic::tools(&body))
             }
         }

@@ -35,6 +35,25 @@ impl Template {
         self.env.get_template(NAME)?.render(context)
     }
 
+    /// Whether the template refuses a system message after the first (Qwen's `loop.first`
+    /// guard, say): rendering `[system, user, system, user]`, without tools and with an
+    /// empty list of them, fails. vLLM 0.32 probes a template so to decide whether a
+    /// Messages request's inline system messages are merged into the leading one.
+    pub fn wants_system_first(&self) -> bool {
+        let message = |role: &str| Value::from_iter([("role", role), ("content", "t")]);
+        let messages = ["system", "user", "system", "user"].map(message);
+        let base = [
+            ("messages", Value::from(messages.to_vec())),
+            ("add_generation_prompt", Value::from(false)),
+        ];
+        let with_tools = base
+            .iter()
+            .cloned()
+            .chain([("tools", Value::from(Vec::<Value>::new()))]);
+        self.render(Value::from_iter(base.iter().cloned())).is_err()
+            || self.render(Value::from_iter(with_tools)).is_err()
+    }
+
     /// Whether the template iterates over a message's `content` as a list of parts (the
     /// OpenAI content format) rather than printing it as a string: vLLM's detection,
     /// approximated on the template's source.
@@ -287,6 +306,16 @@ mod tests {
         let template = Template::new("{{ raise_exception('no system') }}".into()).unwrap();
         let error = template.render(Value::from(())).unwrap_err();
         assert!(error.to_string().contains("no system"));
+    }
+
+    #[test]
+    fn a_template_that_guards_the_system_message_wants_it_first() {
+        let guarded = "{% for m in messages %}{% if m.role == 'system' and not loop.first %}\
+            {{ raise_exception('System message must be at the beginning.') }}{% endif %}\
+            {{ m.content }}{% endfor %}";
+        assert!(Template::new(guarded.into()).unwrap().wants_system_first());
+        let open = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+        assert!(!Template::new(open.into()).unwrap().wants_system_first());
     }
 
     #[test]

@@ -2,17 +2,19 @@
 //! order vLLM hands it to the chat template, so that the routing text is the text the
 //! engine caches, and a conversation an adapter turns into chat keeps its prefix.
 //!
-//! - **System first.** `system` (a string or text blocks) and then the text of every
-//!   `role: "system"` message, wherever it stands among the messages, make one system
-//!   message at the front. A text block starting `x-anthropic-billing-header` (Claude
-//!   Code's per-session attribution line) is left out, as vLLM leaves it out.
-//! - **Then each other message.** A user message's `tool_result` blocks come first, each a
-//!   tool message, then its own text (no marker at all when it has none); an assistant's
-//!   text comes before its `tool_use` calls. Images become digests of their source, as in
-//!   chat; thinking is left out, as chat leaves out `reasoning`.
+//! - **System first.** `system` (a string or text blocks) is a system message at the front.
+//!   A text block starting `x-anthropic-billing-header` (Claude Code's per-session
+//!   attribution line) is left out, as vLLM leaves it out.
+//! - **Then each message in order.** A `role: "system"` message stays where it is, as vLLM
+//!   0.32 keeps it for a template that accepts it (it merges it into the front only for
+//!   one that does not, which token mode knows and text mode does not: in place keeps each
+//!   turn's text an extension of the last). A user message's `tool_result` blocks come
+//!   first, each a tool message, then its own text (no marker at all when it has none); an
+//!   assistant's text comes before its `tool_use` calls. Images become digests of their
+//!   source, as in chat; thinking is left out, as chat leaves out `reasoning`.
 //!
 //! `system` and `messages` are kept as raw slices while the body is read (either may come
-//! first) and walked in [`push`] once it is read: two short passes over `messages`, no copy.
+//! first) and walked in [`push`] once it is read, without a copy.
 
 use super::ParseError;
 use super::content::{insert_role, push_call, string};
@@ -44,34 +46,41 @@ pub fn messages<'a>(j: &mut Json<'a>) -> Result<&'a [u8], ParseError> {
     }
 }
 
-/// Appends the system message, then every other message.
+/// Appends the system message, then every message.
 pub fn push<'a>(
     system: Option<&'a [u8]>,
     messages: &'a [u8],
     text: &mut RoutingText<'a>,
 ) -> Result<(), ParseError> {
-    let start = text.mark();
     if let Some(system) = system {
-        push_text(&mut Json::new(system), text, "system")?;
+        push_system(&mut Json::new(system), text, "system")?;
     }
     let mut count = 0;
     each(messages, |m| {
         count += 1;
-        match m.role == b"system" {
-            true => push_text(&mut Json::new(m.content), text, "messages[].content"),
-            false => Ok(()),
+        match m.role {
+            b"system" => push_system(&mut Json::new(m.content), text, "messages[].content"),
+            _ => push_message(&m, text),
         }
     })?;
-    if count == 0 {
-        return Err(ParseError::Empty("messages"));
+    match count {
+        0 => Err(ParseError::Empty("messages")),
+        _ => Ok(()),
     }
+}
+
+/// A system message of the text of `j`, when it has any but the attribution line.
+fn push_system<'a>(
+    j: &mut Json<'a>,
+    text: &mut RoutingText<'a>,
+    field: &'static str,
+) -> Result<(), ParseError> {
+    let start = text.mark();
+    push_text(j, text, field)?;
     if text.mark() != start {
         insert_role(text, start, b"system");
     }
-    each(messages, |m| match m.role {
-        b"system" => Ok(()),
-        _ => push_message(&m, text),
-    })
+    Ok(())
 }
 
 /// One message: its role and its content as it stands.

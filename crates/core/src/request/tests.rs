@@ -99,8 +99,8 @@ fn the_agents_body_sessions_are_read() {
 }
 
 /// A Messages body and the chat vLLM turns it into route on the same text: the system
-/// prompt and inline system messages first (the billing line dropped), tool results as
-/// tool messages before their user's own text.
+/// prompt first (the billing line dropped), an inline system message where it stands,
+/// tool results as tool messages before their user's own text.
 #[test]
 fn messages_route_on_the_text_of_the_chat_vllm_makes() {
     let messages = json!({"model": "m", "max_tokens": 8,
@@ -116,8 +116,9 @@ fn messages_route_on_the_text_of_the_chat_vllm_makes() {
                 {"type": "text", "text": "U2"}]},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "R2"}]}]});
     let chat = json!({"model": "m", "messages": [
-        {"role": "system", "content": "SYSS2"},
+        {"role": "system", "content": "SYS"},
         {"role": "user", "content": "U1"},
+        {"role": "system", "content": "S2"},
         {"role": "assistant", "content": "A1"},
         {"role": "tool", "tool_call_id": "t1", "content": "R"},
         {"role": "user", "content": "U2"},
