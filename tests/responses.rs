@@ -1,8 +1,9 @@
 //! Stateful Responses behind 4 simulated vLLM instances and a router on `round_robin`
 //! (which, left alone, would send each follow-up to the next backend): every request
 //! naming a stored response (`previous_response_id`, `GET /v1/responses/{id}`) reaches the
-//! backend that made it, learnt from the JSON answer or the stream's `response.created`;
-//! once that backend is gone such a request gets 404 `response_not_found`.
+//! backend that made it, learnt from the JSON answer or the stream's `response.created`,
+//! and `POST /route` says so; once that backend is gone such a request gets 404
+//! `response_not_found`.
 
 use prefix_router::config::Settings;
 use prefix_router_sim::{SimConfig, SimHandle};
@@ -74,6 +75,11 @@ async fn follow_ups_reach_the_backend_that_made_their_response() {
         last = id.map(|id| (id, home));
     }
     let (id, home) = last.unwrap();
+    let explain = format!("{}/route?path=/v1/responses", router.admin_url);
+    let next = json!({"model": "m", "previous_response_id": id, "input": "go on"});
+    let (status, explained) = post(&explain, "", &next).await;
+    assert_eq!(status, 200, "{explained}");
+    assert_eq!(explained["backend"], format!("http://{}", sims[home].addr));
     let [a, b, c, d] = sims;
     let mut sims = vec![a, b, c, d];
     sims.remove(home).shutdown().await;
@@ -82,11 +88,15 @@ async fn follow_ups_reach_the_backend_that_made_their_response() {
             r.state().fleet.ready(&[]).len() == 3
         })
         .await;
-    let next = json!({"model": "m", "previous_response_id": id, "input": "go on"});
     let (status, body) = post(&router.url, "/v1/responses", &next).await;
     assert_eq!(
         (status, &body["error"]["code"]),
         (404, &json!("response_not_found"))
+    );
+    assert_eq!(
+        post(&explain, "", &next).await.0,
+        404,
+        "explained as served"
     );
     let got = client()
         .get(format!("{}/v1/responses/{id}", router.url))

@@ -7,7 +7,8 @@
 //! ready backend the prefix it is believed to hold, its load, whether it is the
 //! conversation's home and the live conversations it holds against its KV capacity.
 //! `session` says where the session key came from (`header:NAME` or `body:FIELD`), null
-//! without one.
+//! without one. A request naming a stored response (`previous_response_id`) is explained
+//! among its backend alone, or refused as the data plane refuses it.
 //! Sizes are in tokens: exact in token mode, text bytes / 4 in text mode (`estimated`).
 //! `admission` says whose request it is (the tenant and priority its headers give) and
 //! whether it would wait in the router's queue (`wait`: `full` when no backend is open
@@ -33,6 +34,7 @@ use prefix_router_core::flow::AtHome;
 use crate::proxy::dispatch::{self, Route, Wait};
 use crate::proxy::prepare::{self, Prepared};
 use crate::proxy::steps;
+use crate::responses;
 use crate::state::State;
 use crate::stats::Label;
 use crate::tokens::Tokenizing;
@@ -55,7 +57,12 @@ pub async fn explain(
         _ => None,
     };
     let route = Route::Policy(&request);
-    let ready = dispatch::serving(state.fleet.ready(&[]), &route)?;
+    let stored = (prepared.previous_response())
+        .map(|id| responses::pinned(state, id))
+        .transpose()?
+        .flatten();
+    let ready = state.fleet.ready(&[]).within(stored.as_deref());
+    let ready = dispatch::serving(ready, &route)?;
     if ready.is_empty() {
         return Err(RouterError::NoBackend);
     }
