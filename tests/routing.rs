@@ -56,7 +56,7 @@ async fn interleaved_conversations_follow_their_first_backend() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_header_keeps_unrelated_texts_together() {
+async fn session_header_keeps_a_conversation_together_whatever_follows_its_start() {
     let ups = [
         Upstream::start("a").await,
         Upstream::start("b").await,
@@ -66,7 +66,11 @@ async fn session_header_keeps_unrelated_texts_together() {
     for session in ["s1", "s2", "s3", "s4"] {
         let mut seen = HashSet::new();
         for i in 0..5 {
-            let body = chat(&[("user", text(&format!("{session}-unrelated-{i}"), 400))]);
+            // One start, then texts that do not extend each other.
+            let body = chat(&[
+                ("user", text(&format!("{session}-start"), 100)),
+                ("assistant", text(&format!("{session}-unrelated-{i}"), 400)),
+            ]);
             let resp = client()
                 .post(format!("{}/v1/chat/completions", router.url))
                 .header("x-session-id", session)
@@ -91,14 +95,20 @@ async fn body_session_id_keeps_a_session_without_displacing_the_text() {
     let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
     let mut seen = HashSet::new();
     for i in 0..5 {
-        let mut body = chat(&[("user", text(&format!("unrelated-{i}"), 400))]);
+        let mut body = chat(&[
+            ("user", text("start", 100)),
+            ("assistant", text(&format!("unrelated-{i}"), 400)),
+        ]);
         body["session_params"] = json!({"session_id": "body-session"});
         seen.insert(backend_of(&router, &body).await);
     }
     assert_eq!(seen.len(), 1, "{seen:?}");
     // The text was routed on and recorded: its next turn, without any session id,
     // follows the prefix to the same backend.
-    let mut messages = vec![("user", text("unrelated-4", 400))];
+    let mut messages = vec![
+        ("user", text("start", 100)),
+        ("assistant", text("unrelated-4", 400)),
+    ];
     messages.push(("assistant", text("reply", 200)));
     messages.push(("user", text("follow-up", 200)));
     let follow = backend_of(&router, &chat(&messages)).await;

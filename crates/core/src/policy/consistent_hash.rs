@@ -20,7 +20,7 @@ pub fn build(params: &PolicyParams) -> Selector {
 
 impl Policy for ConsistentHash {
     fn choose(&self, request: &Request, candidates: &[Candidate]) -> Decision {
-        let key = request.conversation();
+        let key = (request.session).map_or_else(|| request.text.anchor_hash(), |s| s.0);
         let weight = |i: usize| weight(key, candidates[i].hash);
         let index = self.ties.best(Turn::of(request), candidates.len(), weight);
         Decision::new(index, Outcome::Hashed)

@@ -2,8 +2,10 @@
 //! each new conversation where the fleet has room for it and it starts soonest.
 //!
 //! - **Whose conversation is this?** The conversation table ([`Conversations`]) knows
-//!   where each conversation was last placed, by its session key, or by its anchor (the
-//!   text up to its first user message) when the anchor is not itself a shared prefix.
+//!   where each conversation was last placed, by its anchor (the text up to its first
+//!   user message) with its session key ([`Request::conversation`]), or by its anchor
+//!   alone when that is not itself a shared prefix. A session's request that starts
+//!   otherwise (a sub-agent, an agent's title request) is thus a conversation of its own.
 //!   Router replicas share that table, so a conversation whose turns reach different
 //!   replicas keeps one home. A home this router placed but whose index no longer holds
 //!   the conversation's own history is taken as lost (evicted) and not followed.
@@ -435,9 +437,35 @@ mod tests {
     fn an_explicit_session_stays_even_when_its_text_is_not_remembered() {
         let s = selector();
         let fleet = fleet(3, 100 * PROMPT.len());
-        let a = text("first text of the session");
-        let first = s.select(&request(&a, Some("s1")), &fleet).index;
-        let b = text("entirely different text");
-        assert_eq!(s.select(&request(&b, Some("s1")), &fleet).index, first);
+        let first = |more: &[&'static str]| {
+            let mut t = RoutingText::default();
+            t.push(b"first question of the session");
+            t.mark_anchor();
+            more.iter().for_each(|m| t.push(m.as_bytes()));
+            t
+        };
+        let home = s.select(&request(&first(&[]), Some("s1")), &fleet).index;
+        // Too short to be remembered as its own history: the session keeps it home.
+        let next = first(&[" and a short answer"]);
+        for _ in 0..3 {
+            assert_eq!(s.select(&request(&next, Some("s1")), &fleet).index, home);
+        }
+    }
+
+    #[test]
+    fn a_sessions_request_with_a_start_of_its_own_is_placed_as_a_new_conversation() {
+        let s = selector();
+        let mut fleet = fleet(4, 100 * PROMPT.len());
+        let main = conversation(user(1), &[]);
+        let home = s.select(&request(&main, Some("s1")), &fleet).index;
+        fleet[home].pending = TextBytes(1 << 30);
+        // The session's title request (a start no backend holds) does not queue behind
+        // the session's home...
+        let title = text("write a title for this conversation");
+        let d = s.select(&request(&title, Some("s1")), &fleet);
+        assert_ne!(d.index, home, "{d:?}");
+        // ...while the session's own next turn stays there.
+        let next = conversation(user(1), &["an answer and a question"]);
+        assert_eq!(s.select(&request(&next, Some("s1")), &fleet).index, home);
     }
 }

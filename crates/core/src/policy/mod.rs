@@ -172,12 +172,15 @@ impl<'r, 'a> Request<'r, 'a> {
         }
     }
 
-    /// What names the conversation across its turns: the session key when the client gave
-    /// one, else a hash of the text up to its first user message.
+    /// What names the conversation across its turns: a hash of the text up to its first
+    /// user message, with the session key when the client gave one. A session's request
+    /// that starts otherwise (a sub-agent, an agent's title request) is a conversation of
+    /// its own, placed where its own prefix is.
     pub fn conversation(&self) -> u128 {
+        let anchor = self.text.anchor_hash();
         match self.session {
-            Some(session) => session.0,
-            None => self.text.anchor_hash(),
+            Some(session) => session.0 ^ anchor.rotate_left(64),
+            None => anchor,
         }
     }
 
