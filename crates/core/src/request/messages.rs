@@ -201,51 +201,75 @@ impl<'a> Block<'a> {
     }
 }
 
-/// A message other than a system one.
+/// A message other than a system one: its blocks are read three times over (tool
+/// results, then its own content, then its calls), which needs no list of them.
 fn push_message<'a>(m: &Message<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
-    let user = m.role == b"user";
     let mut j = Json::new(m.content);
-    if j.kind() == Kind::String {
-        let start = text.mark();
-        text.push(j.string()?);
-        open(text, start, m.role);
-        return Ok(());
-    }
-    let blocks = || -> Result<Vec<Block<'a>>, ParseError> {
-        let mut all = Vec::new();
-        Json::new(m.content).array(|j| {
-            all.push(Block::read(j)?);
-            Ok(())
-        })?;
-        Ok(all)
-    };
-    let blocks = match j.kind() {
-        Kind::Array => blocks()?,
-        Kind::Null => Vec::new(),
+    match j.kind() {
+        Kind::String => {
+            let start = text.mark();
+            text.push(j.string()?);
+            open(text, start, m.role);
+            return Ok(());
+        }
+        Kind::Array | Kind::Null => {}
         _ => {
             return Err(ParseError::WrongType {
                 field: "messages[].content",
                 expected: "a string or an array of content blocks",
             });
         }
-    };
-    for result in blocks
-        .iter()
-        .filter(|b| user && b.kind == Some(b"tool_result"))
-    {
-        let start = text.mark();
-        if let Some(content) = result.content {
-            push_tool_result(&mut Json::new(content), text)?;
-        }
-        insert_role(text, start, b"tool");
+    }
+    if m.role == b"user" {
+        each_block(
+            m.content,
+            |b, text| {
+                let (Some(b"tool_result"), start) = (b.kind, text.mark()) else {
+                    return Ok(());
+                };
+                if let Some(content) = b.content {
+                    push_tool_result(&mut Json::new(content), text)?;
+                }
+                insert_role(text, start, b"tool");
+                Ok(())
+            },
+            text,
+        )?;
     }
     let start = text.mark();
-    blocks.iter().for_each(|b| b.push_content(text));
-    for call in blocks.iter().filter(|b| b.kind == Some(b"tool_use")) {
-        push_call(text, call.name, call.input);
-    }
+    each_block(
+        m.content,
+        |b, text| {
+            b.push_content(text);
+            Ok(())
+        },
+        text,
+    )?;
+    each_block(
+        m.content,
+        |b, text| {
+            if b.kind == Some(b"tool_use") {
+                push_call(text, b.name, b.input);
+            }
+            Ok(())
+        },
+        text,
+    )?;
     open(text, start, m.role);
     Ok(())
+}
+
+/// Calls `visit` with each block of a content array (nothing for null).
+fn each_block<'a>(
+    content: &'a [u8],
+    mut visit: impl FnMut(&Block<'a>, &mut RoutingText<'a>) -> Result<(), ParseError>,
+    text: &mut RoutingText<'a>,
+) -> Result<(), ParseError> {
+    let mut j = Json::new(content);
+    if j.kind() == Kind::Null {
+        return Ok(());
+    }
+    j.array(|j| visit(&Block::read(j)?, text))
 }
 
 /// Puts the role marker in front of what a message added from `start`. A user message
