@@ -178,6 +178,13 @@ fn invalid_values_name_their_option() {
             },
             "`session_headers`",
         ),
+        (
+            Settings {
+                session_fields: Some(vec!["metadata.user".into()]),
+                ..Default::default()
+            },
+            "`session_fields`",
+        ),
     ];
     for (settings, option) in cases {
         let message = error_of(settings);
