@@ -1,7 +1,8 @@
 //! The Messages API (`/v1/messages`) behind 4 simulated vLLM instances, with requests
 //! shaped like Claude Code's: each session's turn 2 reaches turn 1's backend and is served
 //! from its cache; two sessions share their system prompt in the index although each
-//! one's attribution line differs; `count_tokens` is answered without generating; errors
+//! one's attribution line differs; `count_tokens` goes to its conversation's backend and
+//! is answered without generating; errors
 //! come in Anthropic's shape.
 
 use prefix_router::config::Settings;
@@ -107,6 +108,7 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
             200
         );
     }
+    let mut homes = Vec::new();
     for s in 0..4 {
         let before = stats(&sims);
         let home = explain(s, turn(s, true)).await;
@@ -118,6 +120,7 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
         let i = moved[0];
         assert_eq!(home["backend"], format!("http://{}", sims[i].addr));
         assert_eq!(home["outcome"], "prefix_hit", "session {s}: {home}");
+        homes.push(format!("http://{}", sims[i].addr));
         assert!(
             after[i].1 - before[i].1 > 500,
             "session {s}: turn 2 from the cache"
@@ -129,6 +132,13 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
     let counted: Value = serde_json::from_str(&counted).unwrap();
     assert!(counted["input_tokens"].as_u64().unwrap() > 500, "{counted}");
     assert_eq!(stats(&sims), before, "a count generates nothing");
+    let counts = [("route", "count_tokens"), ("backend", homes[2].as_str())];
+    let scrape = router.metrics().await;
+    assert_eq!(
+        sum(&scrape, "prefix_router_requests_total", &counts),
+        1.0,
+        "its conversation's backend"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
