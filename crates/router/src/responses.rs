@@ -19,7 +19,7 @@ use prefix_router_core::BackendId;
 use xxhash_rust::xxh3::xxh3_128;
 
 use crate::error::RouterError;
-use crate::state::State;
+use crate::fleet::Fleet;
 
 /// Ids remembered at most; past it, expired ones are swept and, if none were, the oldest
 /// half is forgotten.
@@ -29,14 +29,18 @@ const SEARCHED: usize = 4096;
 /// Longest id kept, bytes.
 const MAX_ID: usize = 256;
 
-/// The addresses a request naming the response `id` may go to: its backend's, when the
-/// table holds the id (404 `response_not_found` when that backend is not ready); `None`
-/// when it does not: any backend.
-pub fn pinned(state: &State, id: &[u8]) -> Result<Option<Arc<[SocketAddr]>>, RouterError> {
-    let Some(home) = state.responses.home(id) else {
+/// The addresses a request naming the response `id` may go to: its backend's among
+/// `fleet`'s, when `homes` holds the id (404 `response_not_found` when that backend is not
+/// ready); `None` when it does not: any backend.
+pub fn pinned(
+    homes: &ResponseHomes,
+    fleet: &Fleet,
+    id: &[u8],
+) -> Result<Option<Arc<[SocketAddr]>>, RouterError> {
+    let Some(home) = homes.home(id) else {
         return Ok(None);
     };
-    let ready = state.fleet.ready(&[]).only(home);
+    let ready = fleet.ready(&[]).only(home);
     match ready.backend(0) {
         Some(backend) => Ok(Some(Arc::from([backend.addr]))),
         None => Err(RouterError::ResponseGone(

@@ -16,7 +16,6 @@
 use minijinja::Value;
 use minijinja::value::ValueKind;
 
-use crate::render::Unrendered;
 #[cfg(doc)]
 use crate::template::Template;
 
@@ -24,11 +23,12 @@ use crate::template::Template;
 const BILLING: &str = "x-anthropic-billing-header";
 
 /// The chat `messages` of a Messages body; `merge`: inline system messages join the first.
-pub fn messages(body: &Value, merge: bool) -> Result<Value, Unrendered> {
+/// The error says which part is not of the shape the API takes.
+pub fn messages(body: &Value, merge: bool) -> Result<Value, &'static str> {
     let messages = field(body, "messages");
     let items: Vec<Value> = messages
         .try_iter()
-        .map_err(|_| Unrendered::Shape("`messages` must be an array".into()))?
+        .map_err(|_| "`messages` must be an array")?
         .collect();
     let system_of = |m: &Value| texts(&field(m, "content"), true);
     let mut system = texts(&field(body, "system"), false);
@@ -78,7 +78,7 @@ pub fn tools(body: &Value) -> Value {
 
 /// One message other than a system one, appended to `out` with the tool messages its
 /// results make.
-fn convert(message: &Value, out: &mut Vec<Value>) -> Result<(), Unrendered> {
+fn convert(message: &Value, out: &mut Vec<Value>) -> Result<(), &'static str> {
     let role = role(message);
     let content = field(message, "content");
     if content.kind() == ValueKind::String {
@@ -90,7 +90,7 @@ fn convert(message: &Value, out: &mut Vec<Value>) -> Result<(), Unrendered> {
     }
     let blocks = content
         .try_iter()
-        .map_err(|_| Unrendered::Shape("`content` must be a string or an array".into()))?;
+        .map_err(|_| "`content` must be a string or an array")?;
     let (mut parts, mut calls, mut reasoning) = (Vec::new(), Vec::new(), String::new());
     for block in blocks {
         let kind = field(&block, "type");

@@ -79,7 +79,8 @@ impl Renderer {
             }
             Endpoint::Completions => completion(&field(&body, "prompt")),
             Endpoint::Messages | Endpoint::CountTokens => {
-                let messages = crate::anthropic::messages(&body, self.merges_inline_system)?;
+                let messages = crate::anthropic::messages(&body, self.merges_inline_system)
+                    .map_err(|e| Unrendered::Shape(e.into()))?;
                 self.chat(&body, messages, crate::anthropic::tools(&body))
             }
         }

@@ -58,7 +58,7 @@ pub async fn explain(
     };
     let route = Route::Policy(&request);
     let stored = (prepared.previous_response())
-        .map(|id| responses::pinned(state, id))
+        .map(|id| responses::pinned(&state.responses, &state.fleet, id))
         .transpose()?
         .flatten();
     let ready = state.fleet.ready(&[]).within(stored.as_deref());

@@ -201,7 +201,7 @@ impl Router {
         let named = (prepared.as_ref().and_then(Prepared::previous_response))
             .or(path_named.as_deref().map(str::as_bytes));
         let subset = named
-            .map(|id| responses::pinned(state, id))
+            .map(|id| responses::pinned(&state.responses, &state.fleet, id))
             .transpose()?
             .flatten();
         let request = prepared.as_ref().map(|p| p.request(false));
