@@ -21,7 +21,10 @@
 //! priority's request to end; [`super::home::make_room`]); at its conversation's home
 //! when that is full, taking the slot, rather than move and compute its context again
 //! elsewhere. Only with a tenants file: the table holds the requests in flight
-//! that have not answered yet, each until its first response byte.
+//! that have not answered yet, each until its first response byte. Whether a tenant is at
+//! or over its fair share is asked of the caller (a function, so that this table knows
+//! nothing of shares), outside the table's lock, and stops are called once a request is
+//! out of the table and the lock released.
 
 use std::cmp::Reverse;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -29,7 +32,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 
 use super::Priority;
-use super::share::Shares;
 use crate::BackendId;
 
 /// What stops a request: called once, when it is, with why (the router closes its
@@ -100,24 +102,20 @@ impl Preemptions {
     }
 
     /// Stops the requests on `backend` that a request of `tenant` at `priority`
-    /// outranks (weighed by `shares` now); returns how many.
+    /// outranks, their tenants weighed by `light` (whether a tenant at a priority is below
+    /// its fair share) now; returns how many.
     pub fn preempt(
         &self,
         backend: BackendId,
         tenant: &str,
         priority: Priority,
-        shares: &Shares,
+        light: impl Fn(&str, Priority) -> bool,
     ) -> usize {
-        let mut flights = self.flights.lock();
-        let before = flights.len();
-        flights.retain(|f| {
-            let stop = f.outranked_by(backend, tenant, priority, shares);
-            if stop {
-                (f.stop)(Stopped::Outranked);
-            }
-            !stop
-        });
-        before - flights.len()
+        let outranked = self.outranked_serials(backend, tenant, priority, light);
+        stop_all(
+            self.remove(|f| outranked.contains(&f.serial)),
+            Stopped::Outranked,
+        )
     }
 
     /// Stops, on `on` (`None`: any backend), the last placed of the requests with no
@@ -131,28 +129,56 @@ impl Preemptions {
         let Some(i) = lowest else {
             return false;
         };
-        (flights.swap_remove(i).stop)(Stopped::Outranked);
-        true
+        let flight = flights.swap_remove(i);
+        drop(flights);
+        stop_all(vec![flight], Stopped::Outranked) == 1
     }
 
     /// Stops the last `n` placed requests with no answer yet on `backend`, whatever their
     /// priority; how many there were.
     pub fn take_back(&self, backend: BackendId, n: usize) -> usize {
-        let mut flights = self.flights.lock();
-        let mut last: Vec<u64> = (flights.iter())
+        let mut last: Vec<u64> = (self.flights.lock().iter())
             .filter(|f| f.backend == backend)
             .map(|f| f.serial)
             .collect();
         last.sort_unstable_by_key(|&serial| Reverse(serial));
         last.truncate(n);
-        flights.retain(|f| {
-            let stop = last.contains(&f.serial);
-            if stop {
-                (f.stop)(Stopped::TakenBack);
+        stop_all(
+            self.remove(|f| last.contains(&f.serial)),
+            Stopped::TakenBack,
+        )
+    }
+
+    /// Takes the flights `which` picks out of the table, in their order.
+    fn remove(&self, which: impl Fn(&Flight) -> bool) -> Vec<Flight> {
+        let mut flights = self.flights.lock();
+        let mut taken = Vec::new();
+        let mut kept = Vec::with_capacity(flights.len());
+        for flight in flights.drain(..) {
+            match which(&flight) {
+                true => taken.push(flight),
+                false => kept.push(flight),
             }
-            !stop
-        });
-        last.len()
+        }
+        *flights = kept;
+        taken
+    }
+
+    /// The serials of the requests on `backend` a request of `tenant` at `priority`
+    /// outranks; `light` is asked with the table's lock released.
+    fn outranked_serials(
+        &self,
+        backend: BackendId,
+        tenant: &str,
+        priority: Priority,
+        light: impl Fn(&str, Priority) -> bool,
+    ) -> Vec<u64> {
+        let contested: Vec<(u64, String)> = (self.flights.lock().iter())
+            .filter(|f| f.contested_by(backend, tenant, priority))
+            .map(|f| (f.serial, f.tenant.clone()))
+            .collect();
+        let outranked = contested.into_iter().filter(|(_, t)| !light(t, priority));
+        outranked.map(|(serial, _)| serial).collect()
     }
 
     /// Whether a request with no answer yet at a priority below `priority` is in flight
@@ -168,14 +194,16 @@ impl Preemptions {
         backend: BackendId,
         tenant: &str,
         priority: Priority,
-        shares: &Shares,
+        light: impl Fn(&str, Priority) -> bool,
     ) -> usize {
-        let flights = self.flights.lock();
-        let outranked = flights
-            .iter()
-            .filter(|f| f.outranked_by(backend, tenant, priority, shares));
-        outranked.count()
+        (self.outranked_serials(backend, tenant, priority, light)).len()
     }
+}
+
+/// Calls each of `flights`' stops with `why`, in order; how many.
+fn stop_all(flights: Vec<Flight>, why: Stopped) -> usize {
+    flights.iter().for_each(|f| (f.stop)(why));
+    flights.len()
 }
 
 impl Flight {
@@ -184,20 +212,11 @@ impl Flight {
         self.priority < priority && on.is_none_or(|b| b == self.backend)
     }
 
-    /// Whether a request of `tenant` at `priority` on `backend` outranks this one: it is
-    /// there, at the same priority, and this one's tenant is another at or over its
-    /// share.
-    fn outranked_by(
-        &self,
-        backend: BackendId,
-        tenant: &str,
-        priority: Priority,
-        shares: &Shares,
-    ) -> bool {
-        self.backend == backend
-            && self.priority == priority
-            && self.tenant != tenant
-            && !shares.light(&self.tenant, self.priority)
+    /// Whether a request of `tenant` at `priority` on `backend` contests this one: it is
+    /// there, at the same priority, of another tenant. It outranks it when this one's
+    /// tenant is at or over its share.
+    fn contested_by(&self, backend: BackendId, tenant: &str, priority: Priority) -> bool {
+        self.backend == backend && self.priority == priority && self.tenant != tenant
     }
 }
 
@@ -248,31 +267,28 @@ mod tests {
 
     #[test]
     fn a_request_stops_only_those_it_outranks_on_its_backend_once() {
-        let shares = Shares::default();
+        // b is below its fair share, a over it.
+        let is_light = |tenant: &str, _: Priority| tenant == "b";
         let preemptions = Preemptions::default();
         let (one, two) = (BackendId(1), BackendId(2));
-        let _a: Vec<_> = (0..6)
-            .map(|_| shares.enter("a", 1, Priority::Normal))
-            .collect();
-        let _b = shares.enter("b", 1, Priority::Normal);
         let (_heavy, heavy) = enter(&preemptions, one, Priority::Normal, "a");
         let (_elsewhere, elsewhere) = enter(&preemptions, two, Priority::Normal, "a");
         let (light_guard, light) = enter(&preemptions, one, Priority::Normal, "b");
         let (low_guard, low) = enter(&preemptions, one, Priority::Low, "a");
-        assert_eq!(preemptions.preempt(one, "b", Priority::Normal, &shares), 1);
+        assert_eq!(preemptions.preempt(one, "b", Priority::Normal, is_light), 1);
         assert_eq!(stops(&heavy), 1);
         assert_eq!(
-            preemptions.preempt(one, "b", Priority::Normal, &shares),
+            preemptions.preempt(one, "b", Priority::Normal, is_light),
             0,
             "each once; b's own, another priority's, and another backend's stay"
         );
         assert_eq!(
-            preemptions.preempt(one, "b", Priority::High, &shares),
+            preemptions.preempt(one, "b", Priority::High, is_light),
             0,
             "a higher priority stops no lower one"
         );
-        assert_eq!(preemptions.preempt(two, "a", Priority::Normal, &shares), 0);
-        assert_eq!(preemptions.preempt(two, "b", Priority::Normal, &shares), 1);
+        assert_eq!(preemptions.preempt(two, "a", Priority::Normal, is_light), 0);
+        assert_eq!(preemptions.preempt(two, "b", Priority::Normal, is_light), 1);
         assert_eq!((stops(&heavy), stops(&elsewhere)), (1, 1));
         assert_eq!((stops(&light), stops(&low)), (0, 0));
         drop((light_guard, low_guard));

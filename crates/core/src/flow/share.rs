@@ -212,7 +212,8 @@ impl Shares {
     /// Stops the requests on `backend` with no answer yet that a request of `tenant` at
     /// `priority` outranks; returns how many.
     pub fn preempt(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
-        self.preemptions.preempt(backend, tenant, priority, self)
+        self.preemptions
+            .preempt(backend, tenant, priority, |t, p| self.light(t, p))
     }
 
     /// Stops the last placed request with no answer yet at the lowest priority below
@@ -262,7 +263,8 @@ impl Shares {
     /// How many requests on `backend` with no answer yet a request of `tenant` at
     /// `priority` outranks now, stopping none.
     pub fn outranked(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
-        self.preemptions.outranked(backend, tenant, priority, self)
+        self.preemptions
+            .outranked(backend, tenant, priority, |t, p| self.light(t, p))
     }
 
     /// Each known tenant's requests held now (in flight or waiting).
