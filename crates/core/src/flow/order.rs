@@ -195,8 +195,9 @@ impl<W> Order<W> {
 
     /// The waiter a full queue sheds for `ticket`: the last of a lower priority; else, of
     /// its own priority, the last of the tenant with the most waiters, when that is
-    /// another tenant with more than one waiter more than `ticket`'s. So one tenant
-    /// cannot fill the queue against the others.
+    /// another tenant with more than one waiter more than `ticket`'s (of two with as many,
+    /// the first by name: the same whatever the map's order). So one tenant cannot fill
+    /// the queue against the others.
     fn victim(&self, ticket: &Ticket) -> Option<Key> {
         let (last, _) = self.waiters.last_key_value()?;
         if last.0.0 != ticket.priority {
@@ -209,7 +210,8 @@ impl<W> Order<W> {
             *entry = (entry.0 + 1, *key);
         }
         let mine = tenants.get(ticket.tenant).map_or(0, |t| t.0);
-        let (tenant, (most, key)) = tenants.into_iter().max_by_key(|(_, t)| t.0)?;
+        let (tenant, (most, key)) =
+            (tenants.into_iter()).max_by_key(|(name, t)| (t.0, Reverse(*name)))?;
         (tenant != ticket.tenant && most > mine + 1).then_some(key)
     }
 }
@@ -286,6 +288,18 @@ mod tests {
             join(&mut order, 4, ticket(Priority::Normal, "b", 1), 12).is_none(),
             "two each: no one is shed"
         );
+    }
+
+    #[test]
+    fn of_two_tenants_with_as_many_waiters_the_first_by_name_is_shed() {
+        for _ in 0..32 {
+            let mut order = Order::default();
+            for (n, tenant) in [(0, "y"), (1, "x"), (2, "y"), (3, "x")] {
+                join(&mut order, 4, ticket(Priority::Normal, tenant, 1), n).unwrap();
+            }
+            let joined = order.join(4, &ticket(Priority::Normal, "z", 1), LATER, 9);
+            assert!(matches!(joined, Ok((_, Some(Shed(3))))), "x's last");
+        }
     }
 
     #[test]
