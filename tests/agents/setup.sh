@@ -12,7 +12,12 @@ PKGS=(
   "@openai/codex@0.169.1 codex"
   "opencode-ai@1.18.33 opencode"
 )
-command -v npm >/dev/null || { echo "setup.sh: npm not found (the machine is meant to have Node.js 20 and npm)" >&2; exit 1; }
+if ! command -v npm >/dev/null; then
+  echo "setup.sh: installing Debian's nodejs and npm" >&2
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get install -y nodejs npm >&2 || { $SUDO apt-get update >&2 && $SUDO apt-get install -y nodejs npm >&2; }
+fi
+command -v npm >/dev/null || { echo "setup.sh: npm is missing" >&2; exit 1; }
 mkdir -p "$DIR"
 exec 9>"$DIR/.lock"
 flock 9

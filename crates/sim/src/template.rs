@@ -141,10 +141,7 @@ pub fn render_tokenize(body: &Value, bytes_per_token: usize) -> Result<Vec<u8>, 
 
 /// Renders a chat body (`tools`, `messages`) with the simulator's template.
 pub fn render_chat(body: &Value, add_generation_prompt: bool) -> Result<Vec<u8>, ApiError> {
-    let messages = required(body, "messages")?
-        .as_array()
-        .filter(|m| !m.is_empty())
-        .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a non-empty array"))?;
+    let messages = messages(body)?;
     let mut out = Vec::new();
     render_tools(&mut out, body)?;
     for message in messages {
@@ -225,10 +222,7 @@ pub fn render_responses(body: &Value) -> Result<Vec<u8>, ApiError> {
 /// as a system turn where it stands, a user's `tool_result` blocks as tool turns before
 /// it.
 pub fn render_messages(body: &Value) -> Result<Vec<u8>, ApiError> {
-    let messages = required(body, "messages")?
-        .as_array()
-        .filter(|m| !m.is_empty())
-        .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a non-empty array"))?;
+    let messages = messages(body)?;
     let mut out = Vec::new();
     render_tools(&mut out, body)?;
     let system = block_texts(body.get("system"));
@@ -308,6 +302,14 @@ fn render_anthropic_message(
         push_turn(out, role, "", &body);
     }
     Ok(())
+}
+
+/// A body's `messages`: a non-empty array.
+fn messages(body: &Value) -> Result<&Vec<Value>, ApiError> {
+    required(body, "messages")?
+        .as_array()
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::invalid("messages", "`messages` must be a non-empty array"))
 }
 
 fn required<'a>(body: &'a Value, key: &'static str) -> Result<&'a Value, ApiError> {
