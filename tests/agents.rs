@@ -137,6 +137,7 @@ where
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_keeps_its_session_on_one_backend() {
+    let _heavy = heavy().await;
     let claude = bin("claude");
     let (sims, router) = fleet().await;
     let home = home("claude");
@@ -174,6 +175,7 @@ async fn claude_code_keeps_its_session_on_one_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_keeps_its_thread_on_one_backend() {
+    let _heavy = heavy().await;
     let codex = bin("codex");
     let (sims, router) = fleet().await;
     let home = home("codex");
@@ -226,6 +228,7 @@ stream_max_retries = 0
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opencode_keeps_its_session_on_one_backend() {
+    let _heavy = heavy().await;
     let opencode = bin("opencode");
     let (sims, router) = fleet().await;
     let home = home("opencode");

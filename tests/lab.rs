@@ -39,7 +39,6 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         max_num_seqs: 4,
         scenario_seconds: 30.0,
     };
-    let real = real_time(&demo, |_| {}).await.unwrap();
     let setting = Setting {
         scenario: Scenario {
             name: "small".into(),
@@ -67,49 +66,54 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         bypass: 0.0,
         restart: false,
     };
-    let virtual_time = tokio::task::spawn_blocking(move || lab(&setting, &policies, &mut |_| {}))
+    let names = policies.clone();
+    let virtual_time = tokio::task::spawn_blocking(move || lab(&setting, &names, &mut |_| {}))
         .await
         .unwrap()
         .unwrap();
-    let rates: Vec<(f64, f64)> = (real.iter().zip(&virtual_time))
-        .map(|(r, v)| {
-            (
-                r.report.hit_rate.unwrap_or(0.0),
-                v.report.hit_rate.unwrap_or(0.0),
-            )
-        })
-        .collect();
-    // Every figure first, so that a failure on CI shows them all.
-    for (r, (real_hit, lab_hit)) in real.iter().zip(&rates) {
-        eprintln!("{}: real time {real_hit:.3}, lab {lab_hit:.3}", r.policy);
-    }
-    for ((r, v), &(real_hit, lab_hit)) in real.iter().zip(&virtual_time).zip(&rates) {
-        assert_eq!(
-            r.report.requests.ok, 120,
-            "{}: answered in real time",
-            r.policy
-        );
+    for v in &virtual_time {
         assert_eq!(
             v.report.requests.ok, 120,
             "{}: answered in the lab",
-            r.policy
-        );
-        // How far one real-time run strays below the lab on this workload, lower the busier
-        // the machine: kv_aware 0.701-0.734 in 8 runs (4 beside a busy loop; lab 0.744),
-        // and once below 0.694 on CI beside the other tests; cache_aware, whose imbalance
-        // bound trips at moments that depend on timing, 0.599-0.727 (lab 0.699), 0.616 beside
-        // a busy loop.
-        let (below, above) = if r.policy == "cache_aware" {
-            (0.15, 0.05)
-        } else {
-            (0.08, 0.05)
-        };
-        assert!(
-            (lab_hit - below..=lab_hit + above).contains(&real_hit),
-            "{}: real time {real_hit:.3} vs lab {lab_hit:.3}",
-            r.policy
+            v.policy
         );
     }
+    // How far one real-time run strays below the lab on this workload, lower the busier
+    // the machine: kv_aware 0.701-0.734 in 8 runs (4 beside a busy loop; lab 0.744),
+    // and once below 0.694 on CI beside the other tests; cache_aware, whose imbalance
+    // bound trips at moments that depend on timing, 0.599-0.727 (lab 0.699), 0.616 beside
+    // a busy loop. A run is a sample of that timing: a second run is taken when the
+    // first strays out of the band, and the test fails when both do.
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let real = real_time(&demo, |_| {}).await.unwrap();
+        let mut agree = true;
+        for (r, v) in real.iter().zip(&virtual_time) {
+            assert_eq!(
+                r.report.requests.ok, 120,
+                "{}: answered in real time",
+                r.policy
+            );
+            let (real_hit, lab_hit) = (
+                r.report.hit_rate.unwrap_or(0.0),
+                v.report.hit_rate.unwrap_or(0.0),
+            );
+            let (below, above) = if r.policy == "cache_aware" {
+                (0.15, 0.05)
+            } else {
+                (0.08, 0.05)
+            };
+            agree &= (lab_hit - below..=lab_hit + above).contains(&real_hit);
+            seen.push(format!(
+                "{}: real time {real_hit:.3}, lab {lab_hit:.3}",
+                r.policy
+            ));
+        }
+        if agree {
+            return;
+        }
+    }
+    panic!("real time strayed from the lab twice: {seen:?}");
 }
 
 async fn workers(router: &TestRouter) -> Vec<Value> {

@@ -3,7 +3,10 @@
 //! naming a stored response (`previous_response_id`, `GET /v1/responses/{id}`) reaches the
 //! backend that made it, learnt from the JSON answer or the stream's `response.created`,
 //! and `POST /route` says so; once that backend is gone such a request gets 404
-//! `response_not_found`.
+//! `response_not_found`. A response is found on its backend from the stream's first event,
+//! while it still streams (to be cancelled, say).
+
+use std::sync::Arc;
 
 use prefix_router::config::Settings;
 use prefix_router_sim::{SimConfig, SimHandle};
@@ -112,4 +115,50 @@ async fn follow_ups_reach_the_backend_that_made_their_response() {
         200,
         "an id it never saw goes anywhere"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_still_streaming_is_found_on_its_backend() {
+    let upstreams = [
+        Upstream::start("a").await,
+        Upstream::start("b").await,
+        Upstream::start("c").await,
+        Upstream::start("d").await,
+    ];
+    let all: Vec<&Upstream> = upstreams.iter().collect();
+    let settings = Settings {
+        policy: Some("round_robin".into()),
+        ..settings(&all)
+    };
+    let router = TestRouter::start(settings, 4);
+    let gate = Arc::new(tokio::sync::Notify::new());
+    for turn in 0..2 {
+        for upstream in &upstreams {
+            upstream.set_reply(Reply::Created { gate: gate.clone() });
+        }
+        let body = json!({"model": "m", "stream": true, "input": format!("plan {turn}")});
+        let mut stream = (client().post(format!("{}/v1/responses", router.url)))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let mut created = String::new();
+        while !created.contains("\n\n") {
+            let chunk = stream.chunk().await.unwrap().expect("the created event");
+            created.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        let (_, rest) = created.split_once("\"id\":\"resp_").expect("an id");
+        let name = &rest[..rest.find('"').unwrap()];
+        for upstream in &upstreams {
+            upstream.set_reply(Reply::Json);
+        }
+        let cancel = format!("/v1/responses/resp_{name}/cancel");
+        assert_eq!(post(&router.url, &cancel, &json!({})).await.0, 200);
+        let home = upstreams.iter().find(|u| u.name() == name).unwrap();
+        let got: Vec<String> = (home.received().iter()).map(|r| r.path.clone()).collect();
+        assert_eq!(got.last(), Some(&cancel), "turn {turn}: {got:?}");
+        gate.notify_one();
+        let rest = stream.text().await.unwrap();
+        assert!(rest.contains("response.completed"), "{rest}");
+    }
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::support::{TestRouter, free_loopback_addr, scratch_dir, settings};
+use crate::support::{TestRouter, free_loopback_addr, heavy, scratch_dir, settings};
 
 /// Tokens per KV block (a multiple of 32 on the CPU).
 const BLOCK: usize = 32;
@@ -154,6 +154,8 @@ async fn post(url: &str, body: &Value) -> (u16, Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
+    // Its start-up takes both cores for most of a minute: not beside the timed tests.
+    let _heavy = heavy().await;
     let vllm = Vllm::start().await;
     let (_, model) = crate::support::fixtures::vllm();
     let mut s = settings(&[]);

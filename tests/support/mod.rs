@@ -49,8 +49,9 @@ pub fn sha256_entry(key: &str) -> String {
     format!("sha256:{}", hex.split_whitespace().next().unwrap())
 }
 
-/// Held by the tests that load the machine most (the soak, the held 32 MiB bodies) for
-/// their whole run, so that their timings and memory figures are not each other's noise.
+/// Held for their whole run by the tests that load the machine most (the soak, the held
+/// 32 MiB bodies, a real vLLM, the agents' CLIs) and by those that time the router (the
+/// lab against real time), so that their figures are not each other's noise.
 pub async fn heavy() -> tokio::sync::MutexGuard<'static, ()> {
     static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     HEAVY.lock().await

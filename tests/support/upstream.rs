@@ -52,6 +52,9 @@ pub enum Reply {
     Trickle { chunks: usize, every: Duration },
     /// JSON with a usage of `prompt` tokens, `cached` of them from the prefix cache.
     Usage { prompt: u64, cached: u64 },
+    /// A Responses stream: `response.created` naming `resp_{name}`, then, once the gate
+    /// opens, `response.completed`.
+    Created { gate: Arc<Notify> },
 }
 
 struct Shared {
@@ -282,6 +285,7 @@ async fn handle(
         Reply::Silent => std::future::pending().await,
         Reply::Cut => cut(),
         Reply::Trickle { chunks, every } => trickle(chunks, every),
+        Reply::Created { gate } => created(&shared.name, gate),
     })
 }
 
@@ -338,6 +342,23 @@ fn sse(chunks: usize, gate: Arc<Notify>) -> Response<Body> {
             }
         }
         let _ = tx.send(done()).await;
+    })
+}
+
+fn created(name: &str, gate: Arc<Notify>) -> Response<Body> {
+    let id = format!("resp_{name}");
+    stream("text/event-stream", move |tx| async move {
+        let event = |kind: &str| {
+            let data = format!(r#"{{"type":"response.{kind}","response":{{"id":"{id}"}}}}"#);
+            Ok(Frame::data(Bytes::from(format!(
+                "event: response.{kind}\ndata: {data}\n\n"
+            ))))
+        };
+        if tx.send(event("created")).await.is_err() {
+            return;
+        }
+        gate.notified().await;
+        let _ = tx.send(event("completed")).await;
     })
 }
 

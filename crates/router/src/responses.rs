@@ -129,6 +129,33 @@ pub fn path_id(path: &str) -> Option<&str> {
     (!id.is_empty() && !id.contains('/')).then_some(id)
 }
 
+/// Notes the backend of the response a successful `POST /v1/responses` answer makes, as
+/// soon as its id has been read: before the chunk holding it reaches the client, who may
+/// name it in its next request on another connection.
+pub struct IdNote<'h> {
+    homes: &'h ResponseHomes,
+    backend: BackendId,
+    scanner: IdScanner,
+}
+
+impl<'h> IdNote<'h> {
+    /// Notes in `homes` that `backend` made the response the answer names.
+    pub fn new(homes: &'h ResponseHomes, backend: BackendId) -> Self {
+        IdNote {
+            homes,
+            backend,
+            scanner: IdScanner::default(),
+        }
+    }
+
+    /// Looks at the answer's next chunk, before the client gets it.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        if let Some(id) = self.scanner.feed(chunk) {
+            self.homes.note(id, self.backend);
+        }
+    }
+}
+
 /// Finds the first `"id":"…"` in the start of an answer, fed chunk by chunk.
 #[derive(Default)]
 pub struct IdScanner {
@@ -137,15 +164,16 @@ pub struct IdScanner {
 }
 
 impl IdScanner {
-    /// Looks at the next chunk; stops looking once the id was found or
-    /// [`SEARCHED`] bytes were seen.
-    pub fn feed(&mut self, chunk: &[u8]) {
+    /// Looks at the next chunk; the id when this chunk completes it. Stops looking once
+    /// the id was found or [`SEARCHED`] bytes were seen.
+    pub fn feed(&mut self, chunk: &[u8]) -> Option<&[u8]> {
         if self.done {
-            return;
+            return None;
         }
         let room = SEARCHED.saturating_sub(self.seen.len());
         self.seen.extend_from_slice(&chunk[..chunk.len().min(room)]);
         self.done = self.id().is_some() || self.seen.len() >= SEARCHED;
+        self.id()
     }
 
     /// The id found, if any.

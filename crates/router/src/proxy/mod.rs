@@ -234,7 +234,7 @@ impl Router {
         let reply = Reply {
             request_id: &ctx.request_id,
             closing: state.draining(),
-            learns_id: endpoint == Some(Endpoint::Responses),
+            learns_id: (endpoint == Some(Endpoint::Responses)).then_some(&state.responses),
         };
         relay(
             state,
@@ -279,13 +279,6 @@ async fn relay(
         _ => answered,
     };
     let status = exchanged.trace.as_ref().map_or(0, |t| t.status);
-    let made = exchanged
-        .trace
-        .as_ref()
-        .and_then(|t| t.response_id.as_deref());
-    if let Some(id) = made.filter(|_| (200..300).contains(&status)) {
-        state.responses.note(id, backend.id);
-    }
     let held = Held {
         backend: &backend,
         seat: &seat,

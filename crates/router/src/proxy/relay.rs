@@ -20,6 +20,7 @@ use pingora_core::upstreams::peer::Peer;
 use pingora_core::{Error, ErrorType};
 use pingora_http::RequestHeader;
 use pingora_proxy::Session;
+use prefix_router_core::BackendId;
 use prefix_router_core::ledger::Seat;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
@@ -30,7 +31,7 @@ use super::headers;
 use crate::error::RouterError;
 use crate::fleet::{Backend, Ended};
 use crate::limits::ExchangeTimeouts;
-use crate::responses::IdScanner;
+use crate::responses::{IdNote, ResponseHomes};
 use crate::stats::{Usage, UsageScanner};
 use crate::traces::{ExchangeEnd, ExchangeSpan, RequestTrace};
 
@@ -151,6 +152,7 @@ impl Upstream<'_> {
                 sent,
                 first,
                 reuse: backend.peer.reuse_hash(),
+                backend: backend.id,
                 span: ExchangeSpan::default(),
             }),
             Err(Read::Head(e)) if reused => Err(Failure::Unsent(upstream_error(&e))),
@@ -170,8 +172,6 @@ pub struct Trace {
     pub total: Duration,
     /// The usage the backend reported, if it did.
     pub usage: Option<Usage>,
-    /// The response id it made, when asked to look for one ([`Reply::learns_id`]).
-    pub response_id: Option<Vec<u8>>,
 }
 
 /// How one exchange ended.
@@ -191,6 +191,8 @@ pub struct Answering {
     first: First,
     /// The backend's connection pool key.
     reuse: u64,
+    /// The backend answering.
+    backend: BackendId,
     /// The attempt's trace span, ended with the response.
     span: ExchangeSpan,
 }
@@ -231,7 +233,8 @@ impl Answering {
             first: self.first.take(),
             seen: &mut seen,
             usage: UsageScanner::default(),
-            id: reply.learns_id.then(IdScanner::default),
+            id: (reply.learns_id.filter(|_| self.succeeded()))
+                .map(|homes| IdNote::new(homes, self.backend)),
             idle: timeouts.idle,
         };
         let streamed = response
@@ -239,9 +242,6 @@ impl Answering {
             .await;
         response.seen.total = self.sent.elapsed();
         response.seen.usage = response.usage.usage();
-        response.seen.response_id = (response.id.as_ref())
-            .and_then(IdScanner::id)
-            .map(<[u8]>::to_vec);
         let span = std::mem::take(&mut self.span);
         span.end(ExchangeEnd {
             status: seen.status,
@@ -275,8 +275,8 @@ pub struct Reply<'r> {
     pub request_id: &'r str,
     /// Whether the response should close the client connection (shutdown or upgrade).
     pub closing: bool,
-    /// Whether to look for the response id it makes (a `POST /v1/responses`).
-    pub learns_id: bool,
+    /// Where to note the response id it makes, when successful (a `POST /v1/responses`).
+    pub learns_id: Option<&'r ResponseHomes>,
 }
 
 /// Bodies up to this size go upstream in the same write as the head (one copy of at most
@@ -395,7 +395,7 @@ struct Response<'r> {
     first: First,
     seen: &'r mut Trace,
     usage: UsageScanner,
-    id: Option<IdScanner>,
+    id: Option<IdNote<'r>>,
     idle: Duration,
 }
 
