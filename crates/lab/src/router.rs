@@ -1,7 +1,7 @@
 //! The router's side of the lab: the core's real selection path (parser, selector, policy,
-//! index, tables) placed through the core's [`Ledger`], the same calls the proxy makes:
+//! index, tables) placed through the core's [`ledger`], the same calls the proxy makes:
 //! a request is seated from its placement to the end of its response, its prefill until
-//! its first response byte, and upkeep runs on the ledger's schedule after each placement.
+//! its first response byte, and upkeep runs on its schedule after each placement.
 //! No bookkeeping of its own beyond the lab's counters.
 
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue};
 use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
-use prefix_router_core::ledger::{self, Account, Cap, Ledger, Placing, Report, Seat};
+use prefix_router_core::ledger::{self, Account, Cap, Placing, Report, Seat, UpkeepSchedule};
 use prefix_router_core::policy::{
     Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
     SharedTunables, TokenBlocks, Tunables,
@@ -120,7 +120,7 @@ impl Placement {
 /// The router over `n` backends.
 pub struct LabRouter {
     selector: Selector,
-    ledger: Ledger,
+    upkeep: UpkeepSchedule,
     accounts: Vec<Arc<Account>>,
     clock: Manual,
     limit: usize,
@@ -166,7 +166,7 @@ impl LabRouter {
             .collect();
         let router = LabRouter {
             selector: setup.policy.build(&params),
-            ledger: Ledger::new(Duration::from_secs_f64(setup.eviction_interval.max(0.0))),
+            upkeep: UpkeepSchedule::new(Duration::from_secs_f64(setup.eviction_interval.max(0.0))),
             accounts,
             clock,
             limit: setup.max_inflight_per_backend,
@@ -202,7 +202,7 @@ impl LabRouter {
             .collect();
         let text = request.size();
         let (selector, record) = (&self.selector, asked.record);
-        let placing = (self.ledger).place(&accounts, cap, text, |candidates| {
+        let placing = ledger::place(&accounts, cap, text, |candidates| {
             select(selector, &request, candidates, record)
         });
         let Placing::Placed { seat, index } = placing else {
@@ -286,7 +286,7 @@ impl LabRouter {
 
     /// Whether a backend is open to a request under `cap`.
     pub fn open(&self, cap: Cap) -> bool {
-        self.ledger.open(&self.accounts(), cap)
+        ledger::open(&self.accounts(), cap)
     }
 
     /// The in-flight limit per backend (0: none).
@@ -336,7 +336,7 @@ impl LabRouter {
     fn upkeep(&self, now: f64) -> u64 {
         let accounts: Vec<&Arc<Account>> = self.accounts.iter().collect();
         let now = Duration::from_secs_f64(now.max(0.0));
-        let evicted = self.ledger.upkeep(now, 0, &self.selector, &accounts);
+        let evicted = self.upkeep.run(now, 0, &self.selector, &accounts);
         evicted.0 as u64
     }
 }

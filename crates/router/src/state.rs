@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 use pingora_core::connectors::TransportConnector;
-use prefix_router_core::ledger::{Account, Ledger};
+use prefix_router_core::ledger::{Account, UpkeepSchedule};
 use prefix_router_core::policy::{Selector, Ties};
 
 use crate::admission::{AdmissionMetrics, Budget, Queue, RetryBudget};
@@ -27,7 +27,7 @@ pub struct State {
     /// The policy and what it keeps.
     pub selector: Selector,
     /// Placement bookkeeping and the upkeep schedule.
-    pub ledger: Ledger,
+    pub upkeep: UpkeepSchedule,
     /// The router's metrics.
     pub stats: Arc<Stats>,
     /// The policy's name.
@@ -68,7 +68,7 @@ pub struct Parts {
     /// The policy's name.
     pub policy_name: &'static str,
     /// Placement bookkeeping.
-    pub ledger: Ledger,
+    pub upkeep: UpkeepSchedule,
     /// The settings a reload swaps (the selector and the budget read them too).
     pub live: Current,
     /// The router's metrics.
@@ -103,7 +103,7 @@ impl State {
         State {
             fleet: parts.fleet,
             selector: parts.selector,
-            ledger: parts.ledger,
+            upkeep: parts.upkeep,
             stats: parts.stats,
             policy_name: parts.policy_name,
             connector,

@@ -49,12 +49,11 @@ pub fn take_back<'a>(
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-    use std::time::Duration;
 
     use super::*;
     use crate::BackendId;
     use crate::flow::{Priority, Stopped};
-    use crate::ledger::{Ledger, Placing};
+    use crate::ledger::{self, Placing};
     use crate::policy::{Decision, Outcome, Published};
     use crate::units::TextBytes;
 
@@ -64,7 +63,6 @@ mod tests {
         let all: Vec<Arc<Account>> = (0..2)
             .map(|i| Arc::new(Account::new(BackendId(i), u64::from(i))))
             .collect();
-        let ledger = Ledger::new(Duration::from_secs(60));
         let stopped = Arc::new(AtomicUsize::new(0));
         let mut seats = Vec::new();
         let mut guards = Vec::new();
@@ -72,7 +70,7 @@ mod tests {
             let on: Vec<&Arc<Account>> = vec![&all[backend]];
             for _ in 0..n {
                 let first = |_: &[_]| Decision::new(0, Outcome::Balanced);
-                let Placing::Placed { seat, .. } = ledger.place(&on, 0, TextBytes(10), first)
+                let Placing::Placed { seat, .. } = ledger::place(&on, 0, TextBytes(10), first)
                 else {
                     panic!("not placed");
                 };
@@ -120,7 +118,6 @@ mod tests {
     #[test]
     fn what_a_hold_probes_or_leaves_as_it_falls_is_not_excess() {
         let account = Account::new(BackendId(0), 0);
-        let ledger = Ledger::new(Duration::from_secs(60));
         let published = |running, waiting| Published {
             running,
             waiting,
@@ -137,7 +134,7 @@ mod tests {
         let seats: Vec<_> = (0..5)
             .map(|_| {
                 let first = |_: &[_]| Decision::new(0, Outcome::Balanced);
-                match ledger.place(&on, 0, TextBytes(10), first) {
+                match ledger::place(&on, 0, TextBytes(10), first) {
                     Placing::Placed { seat, .. } => seat,
                     other => panic!("not placed: {other:?}"),
                 }

@@ -109,10 +109,9 @@ pub fn make_room(
 #[cfg(test)]
 mod tests {
     use std::cell::{Cell, RefCell};
-    use std::time::Duration;
 
     use super::*;
-    use crate::ledger::{Ledger, Placing, Seat};
+    use crate::ledger::{self, Placing, Seat};
     use crate::policy::Published;
 
     /// Two backends that queued at 4 running: held at 4, then, running all 4 with none
@@ -130,12 +129,11 @@ mod tests {
             account.learn_hold(published(4, 1));
             account.learn_hold(published(4, 0));
         }
-        let ledger = Ledger::new(Duration::from_secs(60));
         let refs: Vec<&Arc<Account>> = all.iter().take(1).collect();
         let seats = (0..4)
             .map(|_| {
                 let first = |_: &[_]| Decision::new(0, Outcome::Balanced);
-                match ledger.place(&refs, 0, TextBytes(10), first) {
+                match ledger::place(&refs, 0, TextBytes(10), first) {
                     Placing::Placed { seat, .. } => seat,
                     other => panic!("not placed: {other:?}"),
                 }

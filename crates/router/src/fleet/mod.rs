@@ -301,7 +301,7 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prefix_router_core::ledger::{Ledger, Placing};
+    use prefix_router_core::ledger::{self, Placing};
     use prefix_router_core::policy::{Decision, Outcome};
     use prefix_router_core::units::TextBytes;
 
@@ -317,8 +317,7 @@ mod tests {
         let fleet = Fleet::new();
         assert!(fleet.replace(&[member(1), member(2)], CONNECT));
         let first = fleet.snapshot();
-        let ledger = Ledger::new(Duration::from_secs(60));
-        let seat = match ledger.place(&first.accounts(), 0, TextBytes(30), |_| Decision {
+        let seat = match ledger::place(&first.accounts(), 0, TextBytes(30), |_| Decision {
             index: 0,
             outcome: Outcome::Balanced,
             matched: TextBytes(20),

@@ -16,7 +16,7 @@ use log::warn;
 use opentelemetry::KeyValue;
 use prefix_router_core::BackendId;
 use prefix_router_core::flow::{self, AtHome};
-use prefix_router_core::ledger::{Account, Cap, Placing, Seat};
+use prefix_router_core::ledger::{self, Account, Cap, Placing, Seat};
 use prefix_router_core::policy::{Candidate, Decision, Outcome, Request, Turn};
 use prefix_router_core::units::TextBytes;
 use smallvec::SmallVec;
@@ -335,7 +335,7 @@ fn place(
             Outcome::Balanced,
         ),
     };
-    let Placing::Placed { seat, index } = state.ledger.place(&ready.accounts(), cap, text, choose)
+    let Placing::Placed { seat, index } = ledger::place(&ready.accounts(), cap, text, choose)
     else {
         return None;
     };
@@ -406,7 +406,7 @@ async fn admitted<E: Exchange>(
     if ready.is_empty() || wait(state, limits, &ready, &ticket).is_none() {
         return Ok(ready);
     }
-    let open = |ready: &Ready| state.ledger.open(&ready.accounts(), ticket.cap(limit));
+    let open = |ready: &Ready| ledger::open(&ready.accounts(), ticket.cap(limit));
     let overloaded = |shed| RouterError::Overloaded {
         shed,
         retry_after: limits.queue_timeout.as_secs().max(1),
@@ -590,7 +590,7 @@ pub fn wait(state: &State, limits: &Limits, ready: &Ready, ticket: &Ticket) -> O
         return None;
     }
     let queue = &state.queue;
-    if !state.ledger.open(&ready.accounts(), ticket.cap(limit)) {
+    if !ledger::open(&ready.accounts(), ticket.cap(limit)) {
         Some(Wait::Full)
     } else if !queue.is_empty() && !ticket.passes(queue) {
         Some(Wait::Behind)

@@ -2,14 +2,14 @@
 //! (`POST /route`): the body parsed into its routing text, its session key, its tokens
 //! when its model has a tokenizer, and then the policy's choice among the open backends,
 //! with what the engines' KV events say of it. Serving takes a seat for the choice
-//! ([`Ledger::place`]); explaining only asks for it ([`Ledger::decide`]).
+//! ([`ledger::place`]); explaining only asks for it ([`ledger::decide`]).
 
 use std::cell::Cell;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use http::HeaderMap;
-use prefix_router_core::ledger::{Account, Cap};
+use prefix_router_core::ledger::{self, Account, Cap};
 use prefix_router_core::policy::{Candidate, Decision, Request};
 use prefix_router_core::request::{self, Endpoint, Parsed, SessionKey, SessionSource};
 use prefix_router_core::units::PromptSize;
@@ -110,5 +110,5 @@ pub fn decide(
     request: &Request,
 ) -> Option<(usize, Decision)> {
     let recorded = Cell::new(false);
-    (state.ledger).decide(accounts, cap, |c| choose(state, request, cap, c, &recorded))
+    ledger::decide(accounts, cap, |c| choose(state, request, cap, c, &recorded))
 }

@@ -16,7 +16,7 @@ use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::services::background::background_service;
 use pingora_core::services::listening::Service;
 use prefix_router_core::clock::{Clock, Monotonic};
-use prefix_router_core::ledger::Ledger;
+use prefix_router_core::ledger::UpkeepSchedule;
 use prefix_router_core::policy::{Conversations, PolicyParams, Selector};
 
 use crate::admin::Admin;
@@ -97,7 +97,7 @@ pub fn build(
         fleet: Arc::clone(&fleet),
         selector: selector(config, &params, &upkeep),
         policy_name: config.boot.policy.name,
-        ledger: Ledger::new(config.boot.eviction_interval),
+        upkeep: UpkeepSchedule::new(config.boot.eviction_interval),
         live,
         stats: Arc::new(metrics.stats),
         admission: metrics.admission,

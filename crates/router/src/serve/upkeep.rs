@@ -55,8 +55,9 @@ impl BackgroundService for Running {
             let snapshot = state.fleet.snapshot();
             let accounts = snapshot.accounts();
             let now = started.elapsed();
-            let evicted =
-                (state.ledger).upkeep(now, snapshot.generation, &state.selector, &accounts);
+            let evicted = state
+                .upkeep
+                .run(now, snapshot.generation, &state.selector, &accounts);
             state.stats.index.evicted(evicted);
         }
     }

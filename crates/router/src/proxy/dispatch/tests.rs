@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use prefix_router_core::clock::Monotonic;
-use prefix_router_core::ledger::{Ledger, Placing};
+use prefix_router_core::ledger::{self, Placing, UpkeepSchedule};
 use prefix_router_core::policy::{self, PolicyParams};
 use prefix_router_core::tree::TreeConfig;
 use tokio::sync::Notify;
@@ -138,7 +138,7 @@ fn state(n: u16, checked: bool) -> State {
         fleet,
         selector: policy::choose("round_robin").unwrap().build(&params),
         policy_name: "round_robin",
-        ledger: Ledger::new(Duration::from_secs(60)),
+        upkeep: UpkeepSchedule::new(Duration::from_secs(60)),
         live,
         stats: Arc::new(Stats::new(&registry, "round_robin")),
         admission: AdmissionMetrics::new(&registry),
@@ -163,10 +163,7 @@ fn limits(limit: usize, queue_timeout: Duration) -> Limits {
 fn occupy(state: &State) -> Seat {
     let snapshot = state.fleet.snapshot();
     let first = |_: &[Candidate]| Decision::new(0, Outcome::Balanced);
-    match state
-        .ledger
-        .place(&snapshot.accounts(), 0, TextBytes(0), first)
-    {
+    match ledger::place(&snapshot.accounts(), 0, TextBytes(0), first) {
         Placing::Placed { seat, .. } => seat,
         other => panic!("{other:?}"),
     }
