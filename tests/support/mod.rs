@@ -26,10 +26,21 @@ pub fn scratch_dir(name: &str) -> std::path::PathBuf {
     dir
 }
 
-/// A loopback `host:port` with a port the OS just handed out (bound, then released).
+/// A loopback `host:port` with a port the OS just handed out (bound, then released), never
+/// one handed out before in this process: tests start routers at once, and the OS may hand
+/// a released port out again before the router it was for binds it, so that one test's
+/// requests reach another test's router.
 pub fn free_loopback_addr() -> std::io::Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.to_string())
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    for _ in 0..1_000 {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+        if given.insert(addr.port()) {
+            return Ok(addr.to_string());
+        }
+    }
+    Err(std::io::Error::other("no loopback port left that was not handed out"))
 }
 
 /// A tenants file's entry for `key`: `sha256:<hex>`, computed by `sha256sum` (another

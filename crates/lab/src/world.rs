@@ -17,20 +17,21 @@ use prefix_router_sim::engine::{EngineCore, Output};
 use crate::prepare::{Prepared, Shape};
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-use prefix_router_core::clock::{Clock, Manual};
-use prefix_router_core::policy::{Conversations, Note, Published};
+use prefix_router_core::clock::Manual;
+use prefix_router_core::policy::Published;
 
-use crate::router::{Asked, LabRouter, Placement, Record, RouterSetup};
+use crate::router::{Asked, LabRouter, Placement, RouterSetup};
 use crate::scenario::Flows;
 use prefix_router_core::flow::{Preemptible, Share, Shares};
 use prefix_router_core::ledger::Cap;
-use prefix_router_core::units::Tokens;
 
 mod control;
+mod notes;
 mod parties;
+mod requests;
 
 use control::{Control, Pending};
+use notes::{Notes, routers};
 pub use parties::FlowResult;
 use parties::Party;
 
@@ -162,61 +163,6 @@ pub fn run(
             outcomes: parties::main_outcomes(world.parties),
             elapsed: seconds(elapsed),
         },
-    }
-}
-
-/// The router replicas of `setup`, on one virtual clock, each with a conversation table of
-/// its own; when the setup shares the table, every note a replica makes reaches the others
-/// `note_delay` later ([`Notes`]).
-fn routers(setup: &RouterSetup, backends: &[String], clock: &Manual) -> (Vec<LabRouter>, Notes) {
-    let mut notes = Notes {
-        delay: seconds(setup.note_delay),
-        ..Notes::default()
-    };
-    let routers = (0..setup.replicas.max(1))
-        .map(|r| {
-            let table = setup.shared_table.then(|| {
-                let table = Arc::new(Conversations::new(Arc::new(clock.clone())));
-                let (sent, clock) = (Arc::clone(&notes.sent), clock.clone());
-                table.on_note(move |note| sent.lock().push((clock.now(), r, note)));
-                table
-            });
-            notes.tables.push(table.clone());
-            notes.merged.push(0);
-            LabRouter::new(setup, backends, r, clock, table)
-        })
-        .collect();
-    (routers, notes)
-}
-
-/// The replicas' notes in the order they were made, with when and by which replica, and
-/// how far each replica has merged them: the shared table's publish and subscribe.
-#[derive(Default)]
-struct Notes {
-    sent: Arc<Mutex<Vec<(Duration, usize, Note)>>>,
-    tables: Vec<Option<Arc<Conversations>>>,
-    merged: Vec<usize>,
-    /// How long a note takes to reach the other replicas.
-    delay: Duration,
-}
-
-impl Notes {
-    /// Replica `replica` merges the other replicas' notes made at least `delay` before `now`.
-    fn deliver(&mut self, replica: usize, now: Duration) {
-        let delay = self.delay;
-        let Some(Some(table)) = self.tables.get(replica) else {
-            return;
-        };
-        let sent = self.sent.lock();
-        let due = (sent[self.merged[replica]..].iter())
-            .take_while(|(at, _, _)| *at + delay <= now)
-            .collect::<Vec<_>>();
-        for (_, from, note) in &due {
-            if *from != replica {
-                table.merge(*note);
-            }
-        }
-        self.merged[replica] += due.len();
     }
 }
 
@@ -582,73 +528,6 @@ impl<'w> World<'w> {
         self.routers[replica].place(now, asked, cap, only)
     }
 
-    /// The body `want` sends, and its `x-session-id` when the clients send one.
-    fn body(&self, want: Want) -> (Vec<u8>, Option<&'w str>) {
-        let plan = self.parties[want.party].plan;
-        let session = &plan.sessions()[want.session];
-        let turn = &session.turns()[want.turn];
-        let body = plan.request_body(turn, &self.clients.model, self.clients.stream);
-        let id = (self.clients.send_session_header)
-            .then(|| session.id())
-            .flatten();
-        (body, id)
-    }
-
-    /// `f` of the request `want` sends, as the router is asked to place it.
-    fn asking<T>(&self, want: Want, f: impl FnOnce(Asked) -> T) -> T {
-        let (body, session_id) = self.body(want);
-        let record = self.records(self.shape(want));
-        f(Asked {
-            body: &body,
-            session_id,
-            record: record.as_ref(),
-        })
-    }
-
-    /// How the engines take `want`'s request.
-    fn shape(&self, want: Want) -> Option<&'w Shape> {
-        (self.parties[want.party].prepared).shape(want.session, want.turn)
-    }
-
-    /// The engines' records of a request of `shape`, in exact mode.
-    fn records(&self, shape: Option<&'w Shape>) -> Option<Record<'w>> {
-        match shape {
-            Some(Shape::Accepted {
-                hashes,
-                prompt_tokens,
-                chain: Some(chain),
-                ..
-            }) if self.situation.exact => Some(Record {
-                chain,
-                tokens: Tokens(*prompt_tokens),
-                held: (self.engines.iter())
-                    .map(|e| {
-                        let blocks = e.cache().hit_blocks(hashes, usize::MAX);
-                        Tokens(blocks * e.timing().block_tokens)
-                    })
-                    .collect(),
-            }),
-            _ => None,
-        }
-    }
-
-    /// Whether `want` bypasses the router (a draw under the bypass share).
-    fn bypasses(&self, want: Want) -> bool {
-        let share = (self.draw(want) >> 11) as f64 / (1u64 << 53) as f64;
-        share < self.situation.bypass
-    }
-
-    /// The backend a bypassing request goes to: one of the fleet, drawn.
-    fn bypass_backend(&self, want: Want) -> usize {
-        (self.draw(want).rotate_left(32) % self.engines.len().max(1) as u64) as usize
-    }
-
-    fn draw(&self, want: Want) -> u64 {
-        let key = [self.situation.seed, want.session as u64, want.turn as u64];
-        let bytes: Vec<u8> = key.iter().flat_map(|k| k.to_le_bytes()).collect();
-        xxhash_rust::xxh3::xxh3_64(&bytes)
-    }
-
     /// A request answered with an error status at once (the router's 400, the
     /// simulator's refusal), sent by the client at `sent`.
     fn refused(
@@ -807,75 +686,5 @@ impl<'w> World<'w> {
                 },
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use prefix_router_core::BackendId;
-    use prefix_router_core::units::TextBytes;
-
-    use super::*;
-
-    /// Two replicas' tables fed by one list of notes, as `routers` wires them.
-    fn two_replicas(delay: Duration) -> (Notes, Manual) {
-        let clock = Manual::default();
-        let mut notes = Notes {
-            delay,
-            ..Notes::default()
-        };
-        for r in 0..2 {
-            let table = Arc::new(Conversations::new(Arc::new(clock.clone())));
-            let (sent, at) = (Arc::clone(&notes.sent), clock.clone());
-            table.on_note(move |note| sent.lock().push((at.now(), r, note)));
-            notes.tables.push(Some(table));
-            notes.merged.push(0);
-        }
-        (notes, clock)
-    }
-
-    fn note(conversation: u128, backend: u32) -> Note {
-        Note {
-            conversation,
-            backend: BackendId(backend),
-            bytes: TextBytes(100),
-            origin: 0,
-        }
-    }
-
-    #[test]
-    fn a_note_reaches_the_other_replica_after_the_delay_and_never_its_maker() {
-        let (mut notes, clock) = two_replicas(Duration::from_millis(2));
-        notes.sent.lock().push((Duration::ZERO, 0, note(7, 1)));
-        let home = |notes: &Notes, r: usize| {
-            let table = notes.tables[r].as_ref().unwrap();
-            table.home_of(7).map(|(b, _)| b)
-        };
-        notes.deliver(1, Duration::from_millis(1));
-        assert_eq!(home(&notes, 1), None, "delivered before the delay");
-        assert_eq!(notes.merged[1], 0);
-        clock.set(Duration::from_millis(2));
-        notes.deliver(1, Duration::from_millis(2));
-        assert_eq!(home(&notes, 1), Some(BackendId(1)));
-        notes.deliver(0, Duration::from_millis(2));
-        assert_eq!(home(&notes, 0), None, "a replica merged its own note");
-        assert_eq!(notes.merged, vec![1, 1]);
-    }
-
-    #[test]
-    fn notes_are_delivered_in_the_order_they_were_made() {
-        let (mut notes, _) = two_replicas(Duration::ZERO);
-        let sent = [(0, note(7, 0)), (1, note(8, 1)), (0, note(7, 1))];
-        for (i, (from, n)) in sent.into_iter().enumerate() {
-            notes
-                .sent
-                .lock()
-                .push((Duration::from_millis(i as u64), from, n));
-        }
-        notes.deliver(1, Duration::from_millis(1));
-        assert_eq!(notes.merged[1], 2, "the third note is not due yet");
-        notes.deliver(1, Duration::from_millis(5));
-        let table = notes.tables[1].as_ref().unwrap();
-        assert_eq!(table.home_of(7).map(|(b, _)| b), Some(BackendId(1)));
     }
 }
