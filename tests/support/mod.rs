@@ -40,7 +40,9 @@ pub fn free_loopback_addr() -> std::io::Result<String> {
             return Ok(addr.to_string());
         }
     }
-    Err(std::io::Error::other("no loopback port left that was not handed out"))
+    Err(std::io::Error::other(
+        "no loopback port left that was not handed out",
+    ))
 }
 
 /// A tenants file's entry for `key`: `sha256:<hex>`, computed by `sha256sum` (another

@@ -52,7 +52,7 @@ mod tests {
 
     use super::*;
     use crate::BackendId;
-    use crate::flow::{Priority, Stopped};
+    use crate::flow::{Priority, Stopped, TenantId};
     use crate::ledger::{self, Placing};
     use crate::policy::{Decision, Outcome, Published};
     use crate::units::TextBytes;
@@ -80,7 +80,12 @@ mod tests {
                     assert_eq!(why, Stopped::TakenBack);
                     count.fetch_add(1, Relaxed);
                 });
-                guards.push(shares.preemptible(all[backend].id, "a", Priority::Low, stop));
+                guards.push(shares.preemptible(
+                    all[backend].id,
+                    &TenantId::new("a"),
+                    Priority::Low,
+                    stop,
+                ));
             }
         }
         let accounts = || all.iter().map(|a| &**a);

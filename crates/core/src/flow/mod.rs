@@ -12,12 +12,14 @@ pub mod home;
 pub mod order;
 pub mod preempt;
 pub mod share;
+pub mod tenant;
 
 pub use excess::take_back;
 pub use home::{AtHome, at_home, make_room};
 pub use order::{Bounds, Key, Order, Shed};
 pub use preempt::{Preemptible, Preemptions, Stopped};
 pub use share::{ACTIVE_AFTER, Share, Shares};
+pub use tenant::TenantId;
 
 /// A request's priority (`x-priority`), lowest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -11,7 +11,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use super::Priority;
+use super::{Priority, TenantId};
 
 /// A waiter's place in the order: highest priority, lowest virtual time, earliest.
 pub type Key = (Reverse<Priority>, u64, u64);
@@ -21,8 +21,8 @@ pub type Key = (Reverse<Priority>, u64, u64);
 pub struct Ticket<'t> {
     /// Its priority.
     pub priority: Priority,
-    /// Its tenant's name ("" without a tenants file).
-    pub tenant: &'t str,
+    /// Its tenant ([`TenantId::none`] without a tenants file).
+    pub tenant: &'t TenantId,
     /// Its tenant's weight (at least 1 is counted).
     pub weight: u32,
     /// Its estimated prompt tokens (at least 1 is counted).
@@ -34,7 +34,7 @@ impl Default for Ticket<'_> {
     fn default() -> Self {
         Ticket {
             priority: Priority::Normal,
-            tenant: "",
+            tenant: TenantId::none(),
             weight: 1,
             cost: 1,
         }
@@ -63,7 +63,7 @@ impl From<usize> for Bounds {
 }
 
 struct Waiter<W> {
-    tenant: String,
+    tenant: TenantId,
     /// When it goes first whatever its priority (starvation protection), by the caller's
     /// clock.
     promoted: Duration,
@@ -76,7 +76,7 @@ pub struct Order<W> {
     /// The waiters' keys by arrival.
     arrivals: BTreeMap<u64, Key>,
     /// Each tenant's virtual time (tokens over weight, scaled).
-    tenants: HashMap<String, u64>,
+    tenants: HashMap<TenantId, u64>,
     /// The virtual time of the last request that left first in order.
     now: u64,
     next: u64,
@@ -120,7 +120,7 @@ impl<W> Order<W> {
         payload: W,
     ) -> Result<(Key, Option<Shed<W>>), W> {
         let bounds = bounds.into();
-        let theirs = || (self.waiters.values()).filter(|w| w.tenant == ticket.tenant);
+        let theirs = || (self.waiters.values()).filter(|w| w.tenant == *ticket.tenant);
         let bounded = bounds.per_tenant > 0 && !ticket.tenant.is_empty();
         if bounded && theirs().count() >= bounds.per_tenant {
             return Err(payload);
@@ -137,13 +137,13 @@ impl<W> Order<W> {
             shed = self.remove(key).map(Shed);
         }
         let floor = self.now;
-        let virtual_time = self.tenants.entry(ticket.tenant.to_string()).or_default();
+        let virtual_time = self.tenants.entry(ticket.tenant.clone()).or_default();
         let start = (*virtual_time).max(floor);
         *virtual_time = start + ticket.cost.max(1) * 1024 / u64::from(ticket.weight.max(1));
         self.next += 1;
         let key = (Reverse(ticket.priority), start, self.next);
         let waiter = Waiter {
-            tenant: ticket.tenant.to_string(),
+            tenant: ticket.tenant.clone(),
             promoted,
             payload,
         };
@@ -177,7 +177,7 @@ impl<W> Order<W> {
     }
 
     /// Requests waiting by priority (lowest first) and by tenant.
-    pub fn depths(&self) -> ([usize; 3], HashMap<String, usize>) {
+    pub fn depths(&self) -> ([usize; 3], HashMap<TenantId, usize>) {
         let mut priorities = [0; 3];
         let mut tenants = HashMap::new();
         for (key, waiter) in &self.waiters {
@@ -206,13 +206,13 @@ impl<W> Order<W> {
         let mut tenants: HashMap<&str, (usize, Key)> = HashMap::new();
         let band = (self.waiters.iter()).filter(|(k, _)| k.0.0 == ticket.priority);
         for (key, waiter) in band {
-            let entry = tenants.entry(&waiter.tenant).or_insert((0, *key));
+            let entry = tenants.entry(&*waiter.tenant).or_insert((0, *key));
             *entry = (entry.0 + 1, *key);
         }
-        let mine = tenants.get(ticket.tenant).map_or(0, |t| t.0);
+        let mine = tenants.get(&**ticket.tenant).map_or(0, |t| t.0);
         let (tenant, (most, key)) =
             (tenants.into_iter()).max_by_key(|(name, t)| (t.0, Reverse(*name)))?;
-        (tenant != ticket.tenant && most > mine + 1).then_some(key)
+        (tenant != &**ticket.tenant && most > mine + 1).then_some(key)
     }
 }
 
@@ -220,10 +220,11 @@ impl<W> Order<W> {
 mod tests {
     use super::*;
 
-    fn ticket(priority: Priority, tenant: &str, cost: u64) -> Ticket<'_> {
+    /// A ticket of `tenant` (its id lives as long as the test).
+    fn ticket(priority: Priority, tenant: &str, cost: u64) -> Ticket<'static> {
         Ticket {
             priority,
-            tenant,
+            tenant: Box::leak(Box::new(TenantId::new(tenant))),
             weight: 1,
             cost,
         }

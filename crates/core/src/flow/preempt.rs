@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 
-use super::Priority;
+use super::{Priority, TenantId};
 use crate::BackendId;
 
 /// What stops a request: called once, when it is, with why (the router closes its
@@ -52,7 +52,7 @@ pub enum Stopped {
 struct Flight {
     serial: u64,
     backend: BackendId,
-    tenant: String,
+    tenant: TenantId,
     priority: Priority,
     stop: Stop,
 }
@@ -83,7 +83,7 @@ impl Preemptions {
     pub fn enter(
         &self,
         backend: BackendId,
-        tenant: &str,
+        tenant: &TenantId,
         priority: Priority,
         stop: Stop,
     ) -> Preemptible<'_> {
@@ -91,7 +91,7 @@ impl Preemptions {
         self.flights.lock().push(Flight {
             serial,
             backend,
-            tenant: tenant.to_string(),
+            tenant: tenant.clone(),
             priority,
             stop,
         });
@@ -173,7 +173,7 @@ impl Preemptions {
         priority: Priority,
         light: impl Fn(&str, Priority) -> bool,
     ) -> Vec<u64> {
-        let contested: Vec<(u64, String)> = (self.flights.lock().iter())
+        let contested: Vec<(u64, TenantId)> = (self.flights.lock().iter())
             .filter(|f| f.contested_by(backend, tenant, priority))
             .map(|f| (f.serial, f.tenant.clone()))
             .collect();
@@ -216,7 +216,7 @@ impl Flight {
     /// there, at the same priority, of another tenant. It outranks it when this one's
     /// tenant is at or over its share.
     fn contested_by(&self, backend: BackendId, tenant: &str, priority: Priority) -> bool {
-        self.backend == backend && self.priority == priority && self.tenant != tenant
+        self.backend == backend && self.priority == priority && *self.tenant != *tenant
     }
 }
 
@@ -258,7 +258,8 @@ mod tests {
         tenant: &str,
     ) -> (Preemptible<'p>, Arc<AtomicUsize>) {
         let (calls, stop) = counted();
-        (preemptions.enter(backend, tenant, priority, stop), calls)
+        let tenant = TenantId::new(tenant);
+        (preemptions.enter(backend, &tenant, priority, stop), calls)
     }
 
     fn stops(calls: &AtomicUsize) -> usize {

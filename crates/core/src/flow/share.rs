@@ -22,8 +22,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::Priority;
 use super::preempt::{Preemptible, Preemptions, Stop};
+use super::{Priority, TenantId};
 use crate::BackendId;
 use crate::clock::{Clock, Monotonic};
 use crate::ledger::Cap;
@@ -60,7 +60,7 @@ impl Flow {
 
 #[derive(Debug, Default)]
 struct Flows {
-    tenants: HashMap<String, Flow>,
+    tenants: HashMap<TenantId, Flow>,
     /// By priority, lowest first; never idle until first used.
     bands: [Option<Flow>; 3],
 }
@@ -143,12 +143,12 @@ impl Shares {
 
     /// Counts a request of `tenant` (of `weight`) at `priority` until the returned share
     /// drops.
-    pub fn enter(&self, tenant: &str, weight: u32, priority: Priority) -> Share<'_> {
+    pub fn enter(&self, tenant: &TenantId, weight: u32, priority: Priority) -> Share<'_> {
         let now = self.clock.now();
         let mut flows = self.flows.lock();
         (flows.tenants).retain(|name, f| name == tenant || f.active(now));
         let flow = (flows.tenants)
-            .entry(tenant.to_string())
+            .entry(tenant.clone())
             .or_insert(Flow::new(weight, now));
         flow.weight = weight.max(1);
         flow.held += 1;
@@ -156,7 +156,7 @@ impl Shares {
         band.held += 1;
         Share {
             shares: self,
-            tenant: tenant.to_string(),
+            tenant: tenant.clone(),
             priority,
         }
     }
@@ -168,7 +168,7 @@ impl Shares {
         let flows = self.flows.lock();
         let mut active: SmallVec<[(&str, u64, u64); 8]> = (flows.tenants.iter())
             .filter(|(_, f)| f.active(now))
-            .map(|(name, f)| (name.as_str(), u64::from(f.weight), f.held as u64))
+            .map(|(name, f)| (&**name, u64::from(f.weight), f.held as u64))
             .collect();
         if let Some(weight) = arriving {
             match active.iter_mut().find(|(name, ..)| *name == tenant) {
@@ -202,7 +202,7 @@ impl Shares {
     pub fn preemptible(
         &self,
         backend: BackendId,
-        tenant: &str,
+        tenant: &TenantId,
         priority: Priority,
         stop: Stop,
     ) -> Preemptible<'_> {
@@ -268,7 +268,7 @@ impl Shares {
     }
 
     /// Each known tenant's requests held now (in flight or waiting).
-    pub fn held(&self) -> Vec<(String, usize)> {
+    pub fn held(&self) -> Vec<(TenantId, usize)> {
         let flows = self.flows.lock();
         (flows.tenants.iter())
             .map(|(name, f)| (name.clone(), f.held))
@@ -309,7 +309,7 @@ impl Shares {
 #[derive(Debug)]
 pub struct Share<'s> {
     shares: &'s Shares,
-    tenant: String,
+    tenant: TenantId,
     priority: Priority,
 }
 
@@ -334,7 +334,7 @@ mod tests {
     fn a_tenant_over_its_share_keeps_a_slot_for_one_below() {
         let shares = Shares::default();
         let _a: Vec<_> = (0..6)
-            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
         assert_eq!(
             shares.cap("a", Priority::Normal, 0, 0),
@@ -355,7 +355,7 @@ mod tests {
             "as if its request had arrived"
         );
         assert!(!shares.cap_arriving("a", 1, Priority::Normal, 0, 0).kept);
-        let b = shares.enter("b", 1, Priority::Normal);
+        let b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
         assert!(
             shares.light("b", Priority::Normal),
             "1 of 7 held, below half"
@@ -379,10 +379,10 @@ mod tests {
     fn weights_set_the_share() {
         let shares = Shares::default();
         let a: Vec<_> = (0..3)
-            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
         let _b: Vec<_> = (0..5)
-            .map(|_| shares.enter("b", 3, Priority::Normal))
+            .map(|_| shares.enter(&TenantId::new("b"), 3, Priority::Normal))
             .collect();
         assert!(
             shares.light("b", Priority::Normal),
@@ -397,15 +397,15 @@ mod tests {
     fn a_lower_priority_keeps_a_slot_for_a_higher_one() {
         let shares = Shares::default();
         let _normal: Vec<_> = (0..6)
-            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
         assert!(!shares.cap("a", Priority::Normal, 0, 0).reserve);
-        let _high = shares.enter("a", 1, Priority::High);
+        let _high = shares.enter(&TenantId::new("a"), 1, Priority::High);
         assert!(shares.light("a", Priority::High));
         assert!(!shares.cap("a", Priority::High, 0, 0).reserve);
         assert!(!shares.light("a", Priority::Normal));
         assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
-        let _low = shares.enter("a", 1, Priority::Low);
+        let _low = shares.enter(&TenantId::new("a"), 1, Priority::Low);
         assert!(shares.cap("a", Priority::Low, 0, 0).reserve);
         assert_eq!(
             shares.past_bound(Priority::High, 4),
@@ -424,15 +424,15 @@ mod tests {
     #[test]
     fn standing_slots_are_left_for_a_higher_priority_not_yet_active() {
         let shares = Shares::default();
-        let _low = shares.enter("a", 1, Priority::Low);
-        let _normal = shares.enter("a", 1, Priority::Normal);
+        let _low = shares.enter(&TenantId::new("a"), 1, Priority::Low);
+        let _normal = shares.enter(&TenantId::new("a"), 1, Priority::Normal);
         let normal = shares.cap("a", Priority::Normal, 0, 1);
         assert!(normal.kept, "kept against low");
         assert_eq!(normal.standing, 1, "and still leaves a slot for high");
         assert_eq!(shares.cap("a", Priority::High, 0, 1).standing, 0);
-        let _b = shares.enter("b", 1, Priority::Normal);
+        let _b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
         let _more: Vec<_> = (0..4)
-            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
         assert!(shares.light("b", Priority::Normal));
         assert_eq!(

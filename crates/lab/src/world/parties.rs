@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use prefix_router_core::flow::Priority;
+use prefix_router_core::flow::{Priority, TenantId};
 use prefix_router_replay::{Outcome, Percentiles, Plan, summarize};
 use serde::Serialize;
 
@@ -35,7 +35,7 @@ pub(super) struct Party<'w> {
     /// Whether it sends at all.
     sends: bool,
     /// Its tenant and priority, with flows.
-    pub(super) flow: Option<(&'static str, Priority)>,
+    pub(super) flow: Option<(TenantId, Priority)>,
     /// Whether a run is about it.
     measured: bool,
     /// Its requests not ended yet.
@@ -63,7 +63,7 @@ impl<'w> Party<'w> {
             .map(|(flow, &workload)| Party {
                 delay: flow.delay,
                 sends: flow.concurrency > 0,
-                flow: Some((flow.tenant, flow.priority)),
+                flow: Some((TenantId::new(flow.tenant), flow.priority)),
                 measured: flow.measured,
                 ..Party::new(workload, flow.concurrency)
             })
@@ -109,8 +109,8 @@ impl<'w> Party<'w> {
     }
 
     /// Its tenant and priority (one tenant at `normal` without flows).
-    pub(super) fn identity(&self) -> (&'static str, Priority) {
-        self.flow.unwrap_or(("", Priority::Normal))
+    pub(super) fn identity(&self) -> (&TenantId, Priority) {
+        (self.flow.as_ref()).map_or((TenantId::none(), Priority::Normal), |(t, p)| (t, *p))
     }
 }
 

@@ -108,7 +108,7 @@ pub async fn explain(
         .collect();
     let admission = match (&identity, ticket) {
         (Ok(identity), Some(ticket)) => json!({
-            "tenant": identity.tenant.map(|t| t.name.clone()),
+            "tenant": identity.tenant.map(|t| t.name.as_str()),
             "priority": identity.priority.label(),
             "reserve": cap.reserve,
             "kept": cap.kept,

@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 
 use prefix_router_core::BackendId;
 use prefix_router_core::clock::{Clock, Monotonic};
-use prefix_router_core::flow::{Key, Order, Shed, order};
+use prefix_router_core::flow::{Key, Order, Shed, TenantId, order};
 use prefix_router_core::ledger::Cap;
 
 pub use prefix_router_core::flow::Bounds;
@@ -147,7 +147,7 @@ impl Queue {
     }
 
     /// Requests waiting now by priority (lowest first) and by tenant.
-    pub fn depths(&self) -> ([usize; 3], std::collections::HashMap<String, usize>) {
+    pub fn depths(&self) -> ([usize; 3], std::collections::HashMap<TenantId, usize>) {
         self.order.lock().depths()
     }
 

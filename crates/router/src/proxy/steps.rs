@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 use log::debug;
-use prefix_router_core::flow::order;
+use prefix_router_core::flow::{TenantId, order};
 use prefix_router_core::ledger::{Report, Seat};
 use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::Tokens;
@@ -67,7 +67,7 @@ pub fn ticket<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Ticke
     Ticket {
         flow: order::Ticket {
             priority: identity.priority,
-            tenant: identity.tenant.map_or("", |t| t.name.as_str()),
+            tenant: identity.tenant.map_or(TenantId::none(), |t| &t.name),
             weight: identity.tenant.map_or(1, |t| t.weight),
             cost,
         },

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use http::HeaderMap;
+use prefix_router_core::flow::TenantId;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -32,7 +33,7 @@ impl Label for Priority {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tenant {
     /// Its name in the file (`[tenants.NAME]`): the metrics' label.
-    pub name: String,
+    pub name: TenantId,
     /// Its fair share against the other tenants. Default 1.
     pub weight: u32,
     /// Prompt and completion tokens a minute at most; 0: no limit. Default 0.
@@ -154,7 +155,7 @@ impl Tenants {
                 })?,
             };
             tenants.tenants.push(Tenant {
-                name,
+                name: TenantId::new(&name),
                 weight,
                 tokens_per_minute: entry.tokens_per_minute.unwrap_or(0),
                 requests_per_minute: entry.requests_per_minute.unwrap_or(0),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use prefix_router_core::BackendId;
-use prefix_router_core::flow::{Preemptible as Registered, Stopped};
+use prefix_router_core::flow::{Preemptible as Registered, Stopped, TenantId};
 use tokio::sync::Notify;
 
 use super::{Priority, Shares};
@@ -23,7 +23,12 @@ pub struct Preemptible<'p> {
 
 impl<'p> Preemptible<'p> {
     /// Registers a request of `tenant` at `priority` placed on `backend` in `shares`.
-    pub fn enter(shares: &'p Shares, backend: BackendId, tenant: &str, priority: Priority) -> Self {
+    pub fn enter(
+        shares: &'p Shares,
+        backend: BackendId,
+        tenant: &TenantId,
+        priority: Priority,
+    ) -> Self {
         let stop = Arc::new(Notify::new());
         let taken_back = Arc::new(AtomicBool::new(false));
         let (notify, taken) = (Arc::clone(&stop), Arc::clone(&taken_back));
@@ -58,10 +63,10 @@ mod tests {
     async fn a_stopped_request_is_woken_even_when_stopped_before_it_waits() {
         let shares = Shares::default();
         let _a: Vec<_> = (0..6)
-            .map(|_| shares.enter("a", 1, Priority::Normal))
+            .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
-        let _b = shares.enter("b", 1, Priority::Normal);
-        let heavy = Preemptible::enter(&shares, BackendId(1), "a", Priority::Normal);
+        let _b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
+        let heavy = Preemptible::enter(&shares, BackendId(1), &TenantId::new("a"), Priority::Normal);
         assert_eq!(shares.preempt(BackendId(1), "b", Priority::Normal), 1);
         heavy.stop().notified().await;
     }

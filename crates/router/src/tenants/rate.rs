@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use parking_lot::Mutex;
+use prefix_router_core::flow::TenantId;
 
 use super::Tenant;
 
@@ -108,7 +109,7 @@ fn wait(
 /// Every tenant's window.
 #[derive(Debug, Default)]
 pub struct RateLimits {
-    windows: Mutex<HashMap<String, Window>>,
+    windows: Mutex<HashMap<TenantId, Window>>,
 }
 
 impl RateLimits {
@@ -201,7 +202,7 @@ mod tests {
 
     fn tenant(rpm: u64, tpm: u64) -> Tenant {
         Tenant {
-            name: "acme".into(),
+            name: TenantId::new("acme"),
             weight: 1,
             tokens_per_minute: tpm,
             requests_per_minute: rpm,

@@ -8,6 +8,7 @@ use std::time::Instant;
 use std::collections::HashMap;
 
 use prefix_router_core::flow;
+use prefix_router_core::flow::TenantId;
 use prefix_router_core::ledger::Account;
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
 
@@ -19,7 +20,7 @@ use crate::stats::Registry;
 /// A request admitted under its tenant's limits: what to settle when it ends.
 #[derive(Debug)]
 pub struct Charge {
-    tenant: String,
+    tenant: TenantId,
     estimate: u64,
     /// Whether the tenant has rate limits.
     limited: bool,
@@ -128,7 +129,7 @@ impl Tenancy {
     }
 
     /// Sets the gauges from the shares and the queue's depth by tenant (`queued`) now.
-    pub fn set_gauges(&self, queued: &HashMap<String, usize>) {
+    pub fn set_gauges(&self, queued: &HashMap<TenantId, usize>) {
         self.held.reset();
         self.queued.reset();
         for (tenant, held) in self.shares.held() {

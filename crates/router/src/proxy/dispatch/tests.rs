@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use prefix_router_core::clock::Monotonic;
+use prefix_router_core::flow::TenantId;
 use prefix_router_core::ledger::{self, Placing, UpkeepSchedule};
 use prefix_router_core::policy::{self, PolicyParams};
 use prefix_router_core::tree::TreeConfig;
@@ -372,7 +373,7 @@ fn one_slot_left(
     state.fleet.snapshot().accounts()[0].learn_hold(published);
     let running = (0..3).map(|_| occupy(&state)).collect();
     let a = (0..4)
-        .map(|_| shares.enter("a", 1, Priority::Normal))
+        .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
         .collect();
     (state, running, a)
 }
@@ -387,9 +388,10 @@ async fn as_tenant(
     tenant: &str,
     standing: usize,
 ) -> Dispatched<(BackendId, u16)> {
+    let tenant = TenantId::new(tenant);
     let ticket = Ticket {
         flow: prefix_router_core::flow::order::Ticket {
-            tenant,
+            tenant: &tenant,
             ..Default::default()
         },
         shares: Some(shares),
@@ -416,7 +418,7 @@ async fn a_then_b(
     use crate::tenants::{Priority, Shares};
     let shares = Shares::default();
     let (state, _running, _a) = one_slot_left(&shares);
-    let enter = || shares.enter("b", 1, Priority::Normal);
+    let enter = || shares.enter(&TenantId::new("b"), 1, Priority::Normal);
     let _b = (!b_arrives).then(enter);
     let limits = limits(0, Duration::from_millis(200));
     let (mut heavy, mut light) = (Fake::new([Step::Answer]), Fake::new([Step::Answer]));
@@ -462,9 +464,9 @@ async fn a_light_tenants_request_stops_an_unanswered_heavy_one_which_is_placed_a
     let shares = Shares::default();
     let state = state(1, true);
     let _a: Vec<_> = (0..4)
-        .map(|_| shares.enter("a", 1, Priority::Normal))
+        .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
         .collect();
-    let _b = shares.enter("b", 1, Priority::Normal);
+    let _b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
     let limits = Limits::default();
     let mut heavy = Fake::new([Step::UntilStopped, Step::UntilStopped]);
     let mut light = Fake::new([Step::UntilStopped]);
@@ -499,16 +501,17 @@ async fn a_waiting_higher_priority_stops_an_unanswered_lower_one_and_takes_its_s
     let shares = Shares::default();
     let state = state(1, true);
     let limits = limits(1, Duration::from_secs(5));
+    let p = TenantId::new("p");
     let at = |priority| Ticket {
         flow: prefix_router_core::flow::order::Ticket {
-            tenant: "p",
+            tenant: &p,
             priority,
             ..Default::default()
         },
         shares: Some(&shares),
         ..Ticket::default()
     };
-    let _low_share = shares.enter("p", 1, Priority::Low);
+    let _low_share = shares.enter(&TenantId::new("p"), 1, Priority::Low);
     let mut low = Fake::new([Step::UntilStopped, Step::Answer]);
     let mut high = Fake::new([Step::Answer]);
     let trace = RequestTrace::default();
@@ -522,7 +525,7 @@ async fn a_waiting_higher_priority_stops_an_unanswered_lower_one_and_takes_its_s
     );
     let high_run = async {
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let _high_share = shares.enter("p", 1, Priority::High);
+        let _high_share = shares.enter(&TenantId::new("p"), 1, Priority::High);
         let trace = RequestTrace::default();
         let ticket = at(Priority::High);
         let high = run(
