@@ -66,7 +66,8 @@ mod tests {
             .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
         let _b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
-        let heavy = Preemptible::enter(&shares, BackendId(1), &TenantId::new("a"), Priority::Normal);
+        let heavy =
+            Preemptible::enter(&shares, BackendId(1), &TenantId::new("a"), Priority::Normal);
         assert_eq!(shares.preempt(BackendId(1), "b", Priority::Normal), 1);
         heavy.stop().notified().await;
     }
