@@ -22,7 +22,7 @@ use prefix_router_core::policy::Published;
 
 use crate::router::{Asked, LabRouter, Placement, RouterSetup};
 use crate::scenario::Flows;
-use prefix_router_core::flow::{Preemptible, Share, Shares};
+use prefix_router_core::flow::{Share, Shares, Stoppable};
 use prefix_router_core::ledger::Cap;
 
 mod control;
@@ -30,7 +30,7 @@ mod notes;
 mod parties;
 mod requests;
 
-use control::{Control, Pending};
+use control::{LabControl, Pending};
 use notes::{Notes, routers};
 pub use parties::FlowResult;
 use parties::Party;
@@ -110,7 +110,7 @@ pub fn run(
     let (routers, notes) = routers(router, backends, &clock);
     let shares = Shares::new(Arc::new(clock.clone()));
     let parties = Party::split(workloads, clients.concurrency, flows);
-    let control = (flows.filter(|f| f.control)).map(|f| Control::new(&shares, f));
+    let control = (flows.filter(|f| f.control)).map(|f| LabControl::new(&shares, f));
     let mut world = World {
         clients,
         situation,
@@ -203,7 +203,7 @@ struct Flowing<'w> {
 }
 
 /// A request at an engine.
-struct Live<'w> {
+struct InFlight<'w> {
     want: Want,
     sent: f64,
     /// The router's placement; `None` when the client bypassed the router.
@@ -216,7 +216,7 @@ struct Live<'w> {
     /// With flow control: its count in its flow's share, and, until its answer, its
     /// place among the requests one outranking it may stop.
     share: Option<Share<'w>>,
-    preemptible: Option<Preemptible<'w>>,
+    preemptible: Option<Stoppable<'w>>,
 }
 
 /// Where a session stands: its turns scheduled or sent and not ended, and the next turn
@@ -253,11 +253,11 @@ struct World<'w> {
     /// The groups of clients, each with its workload, sessions and concurrency.
     parties: Vec<Party<'w>>,
     /// Flow control, when the router has a tenants file.
-    control: Option<Control<'w>>,
+    control: Option<LabControl<'w>>,
     /// The routers' clock.
     clock: Manual,
     budget: usize,
-    live: HashMap<u64, Live<'w>>,
+    live: HashMap<u64, InFlight<'w>>,
     /// Requests a router replica holds while every backend is at its limit, with the time
     /// the client sent each and the replica.
     held: VecDeque<(Want, f64, usize)>,
@@ -492,7 +492,7 @@ impl<'w> World<'w> {
         engine.submit(request);
         self.live.insert(
             self.next_id,
-            Live {
+            InFlight {
                 want,
                 sent,
                 placement,

@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use prefix_router_core::request::ParseError;
 
-pub use crate::admission::Shed;
+pub use crate::admission::ShedReason;
 use crate::tenants::Refused;
 use crate::tenants::rate::{Headroom, Limit, Verdict};
 
@@ -56,7 +56,7 @@ pub enum RouterError {
     NoBackend,
     /// The router is at its limits; the client should come back after `retry_after` s.
     #[error("overloaded: {}; retry after {retry_after} s", shed.explain())]
-    Overloaded { shed: Shed, retry_after: u64 },
+    Overloaded { shed: ShedReason, retry_after: u64 },
     /// Every backend tried failed before answering.
     #[error("upstream failed: {0}")]
     Upstream(String),

@@ -1,9 +1,11 @@
 //! prefix-router on Pingora: configuration ([`config`], parsed once into each part's
-//! settings; what a reload may change is one [`limits::Live`] snapshot), the backends and
-//! their health ([`fleet`]), what holds requests back ([`admission`]), the proxy and its
-//! transport ([`proxy`]), the endpoint picker of an Envoy gateway in its place ([`epp`]), metrics ([`stats`]), the admin listener ([`admin`]), runtime
-//! changes ([`control`]), token mode ([`tokens`]) and the serving layer ([`serve`]: assembly, upkeep, lifecycle).
-//! Routing decisions and placement bookkeeping come from `prefix-router-core`.
+//! settings; what a reload may change is one [`limits::LiveLimits`] snapshot), the backends
+//! and their health ([`fleet`]), what holds requests back ([`admission`]), the proxy and
+//! its transport ([`proxy`]), the endpoint picker of an Envoy gateway in its place
+//! ([`epp`]), metrics ([`stats`]), the admin listener ([`admin`]), runtime changes
+//! ([`control`]), token mode ([`tokens`]) and the serving layer ([`serve`]: assembly,
+//! upkeep, lifecycle). Routing decisions and placement bookkeeping come from
+//! `prefix-router-core`.
 #![deny(unsafe_code)]
 
 pub mod admin;

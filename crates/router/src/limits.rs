@@ -1,6 +1,6 @@
-//! What a reload may change while requests are served, as one snapshot ([`Live`]): the
-//! limits each request is held to, the policy's tunables and the tenants. The state swaps it whole;
-//! each request reads it once. Each type here owns its defaults.
+//! What a reload may change while requests are served, as one snapshot ([`LiveLimits`]):
+//! the limits each request is held to, the policy's tunables and the tenants. The state
+//! swaps it whole; each request reads it once. Each type here owns its defaults.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,23 +12,23 @@ use prefix_router_core::request::SessionSources;
 use crate::fleet::OutlierSettings;
 use crate::tenants::Tenants;
 
-/// The current [`Live`] snapshot, shared by whoever reads it.
+/// The current [`LiveLimits`] snapshot, shared by whoever reads it.
 #[derive(Clone, Default)]
-pub struct Current(Arc<ArcSwap<Live>>);
+pub struct Current(Arc<ArcSwap<LiveLimits>>);
 
 impl Current {
     /// Starting from `live`.
-    pub fn new(live: Live) -> Self {
+    pub fn new(live: LiveLimits) -> Self {
         Current(Arc::new(ArcSwap::from_pointee(live)))
     }
 
     /// The snapshot now.
-    pub fn get(&self) -> Arc<Live> {
+    pub fn get(&self) -> Arc<LiveLimits> {
         self.0.load_full()
     }
 
     /// Replaces the snapshot: requests read from now on get `live`.
-    pub fn swap(&self, live: Live) {
+    pub fn swap(&self, live: LiveLimits) {
         self.0.store(Arc::new(live));
     }
 
@@ -47,7 +47,7 @@ impl Current {
 
 /// The snapshot a reload swaps.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Live {
+pub struct LiveLimits {
     /// What each request may take and do.
     pub limits: Limits,
     /// The policy's reloadable parameters (match threshold, imbalance bounds).

@@ -13,7 +13,7 @@ use prefix_router_core::policy::{Selector, Ties};
 use crate::admission::{AdmissionMetrics, Budget, Queue, RetryBudget};
 use crate::fleet::{Fleet, FlowControl};
 use crate::kv_events::Records;
-use crate::limits::{Current, Live};
+use crate::limits::{Current, LiveLimits};
 use crate::responses::ResponseHomes;
 use crate::stats::Stats;
 use crate::tenants::Tenancy;
@@ -146,12 +146,12 @@ impl State {
     }
 
     /// The settings now.
-    pub fn live(&self) -> Arc<Live> {
+    pub fn live(&self) -> Arc<LiveLimits> {
         self.live.get()
     }
 
     /// Requests read from now on get `live`; bodies waiting for budget look again.
-    pub fn swap_live(&self, live: Live) {
+    pub fn swap_live(&self, live: LiveLimits) {
         self.live.swap(live);
         self.budget.wake();
     }

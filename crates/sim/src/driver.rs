@@ -85,14 +85,14 @@ impl std::fmt::Debug for Command {
 
 impl EngineHandle {
     /// Submits a request; its events arrive on the returned receiver. The returned
-    /// [`Ticket`] aborts the request when dropped before [`Ticket::complete`].
+    /// [`SimTicket`] aborts the request when dropped before [`SimTicket::complete`].
     /// `None` when the engine task has stopped.
-    pub fn submit(&self, request: EngineRequest) -> Option<(Ticket, UnboundedReceiver<Event>)> {
+    pub fn submit(&self, request: EngineRequest) -> Option<(SimTicket, UnboundedReceiver<Event>)> {
         let (tx, rx) = unbounded_channel();
         let id = request.id;
         self.tx.send(Command::Submit(request, tx)).ok()?;
         Some((
-            Ticket {
+            SimTicket {
                 id,
                 tx: self.tx.clone(),
                 done: false,
@@ -104,20 +104,20 @@ impl EngineHandle {
 
 /// Aborts its request in the engine when dropped, unless completed first.
 #[derive(Debug)]
-pub struct Ticket {
+pub struct SimTicket {
     id: u64,
     tx: UnboundedSender<Command>,
     done: bool,
 }
 
-impl Ticket {
+impl SimTicket {
     /// Marks the request finished, so dropping the ticket sends nothing.
     pub fn complete(&mut self) {
         self.done = true;
     }
 }
 
-impl Drop for Ticket {
+impl Drop for SimTicket {
     fn drop(&mut self) {
         if !self.done {
             let _ = self.tx.send(Command::Abort(self.id));
@@ -125,7 +125,7 @@ impl Drop for Ticket {
     }
 }
 
-/// Starts the engine task. It stops when every [`EngineHandle`] and [`Ticket`] is gone.
+/// Starts the engine task. It stops when every [`EngineHandle`] and [`SimTicket`] is gone.
 pub fn spawn(
     core: EngineCore,
     metrics: Arc<Metrics>,

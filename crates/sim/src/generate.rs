@@ -27,7 +27,7 @@ use tokio::time::{Duration, Instant, sleep_until};
 
 use super::SimConfig;
 use super::cache::block_hashes;
-use super::driver::{Event, Ticket};
+use super::driver::{Event, SimTicket};
 use super::engine::EngineRequest;
 use super::error::ApiError;
 use super::instance::{Body, Shared, json_response};
@@ -48,7 +48,7 @@ pub fn unix_now() -> u64 {
 /// A request accepted by the engine, as the HTTP side tracks it.
 struct Job {
     meta: Meta,
-    ticket: Ticket,
+    ticket: SimTicket,
     events: mpsc::UnboundedReceiver<Event>,
     prompt_tokens: usize,
     output_tokens: usize,

@@ -17,7 +17,7 @@ pub mod tenant;
 pub use excess::take_back;
 pub use home::{AtHome, at_home, make_room};
 pub use order::{Bounds, Key, Order, Shed};
-pub use preempt::{Preemptible, Preemptions, Stopped};
+pub use preempt::{Preemptions, Stoppable, Stopped};
 pub use share::{ACTIVE_AFTER, Share, Shares};
 pub use tenant::TenantId;
 

@@ -18,7 +18,7 @@ pub type Key = (Reverse<Priority>, u64, u64);
 
 /// What the order weighs of a request.
 #[derive(Clone, Copy, Debug)]
-pub struct Ticket<'t> {
+pub struct QueueTicket<'t> {
     /// Its priority.
     pub priority: Priority,
     /// Its tenant ([`TenantId::none`] without a tenants file).
@@ -29,10 +29,10 @@ pub struct Ticket<'t> {
     pub cost: u64,
 }
 
-impl Default for Ticket<'_> {
+impl Default for QueueTicket<'_> {
     /// A request of no tenant ("") at `normal`, weight 1, cost 1.
     fn default() -> Self {
-        Ticket {
+        QueueTicket {
             priority: Priority::Normal,
             tenant: TenantId::none(),
             weight: 1,
@@ -115,7 +115,7 @@ impl<W> Order<W> {
     pub fn join(
         &mut self,
         bounds: impl Into<Bounds>,
-        ticket: &Ticket,
+        ticket: &QueueTicket,
         promoted: Duration,
         payload: W,
     ) -> Result<(Key, Option<Shed<W>>), W> {
@@ -198,7 +198,7 @@ impl<W> Order<W> {
     /// another tenant with more than one waiter more than `ticket`'s (of two with as many,
     /// the first by name: the same whatever the map's order). So one tenant cannot fill
     /// the queue against the others.
-    fn victim(&self, ticket: &Ticket) -> Option<Key> {
+    fn victim(&self, ticket: &QueueTicket) -> Option<Key> {
         let (last, _) = self.waiters.last_key_value()?;
         if last.0.0 != ticket.priority {
             return (last.0.0 < ticket.priority).then_some(*last);
@@ -221,8 +221,8 @@ mod tests {
     use super::*;
 
     /// A ticket of `tenant` (its id lives as long as the test).
-    fn ticket(priority: Priority, tenant: &str, cost: u64) -> Ticket<'static> {
-        Ticket {
+    fn ticket(priority: Priority, tenant: &str, cost: u64) -> QueueTicket<'static> {
+        QueueTicket {
             priority,
             tenant: Box::leak(Box::new(TenantId::new(tenant))),
             weight: 1,
@@ -233,7 +233,12 @@ mod tests {
     const LATER: Duration = Duration::from_secs(60);
 
     /// Joins with the waiter's number as its payload.
-    fn join(order: &mut Order<u32>, bounds: impl Into<Bounds>, t: Ticket, n: u32) -> Option<Key> {
+    fn join(
+        order: &mut Order<u32>,
+        bounds: impl Into<Bounds>,
+        t: QueueTicket,
+        n: u32,
+    ) -> Option<Key> {
         order.join(bounds, &t, LATER, n).ok().map(|(key, _)| key)
     }
 

@@ -86,7 +86,7 @@ impl Preemptions {
         tenant: &TenantId,
         priority: Priority,
         stop: Stop,
-    ) -> Preemptible<'_> {
+    ) -> Stoppable<'_> {
         let serial = self.serial.fetch_add(1, Relaxed);
         self.flights.lock().push(Flight {
             serial,
@@ -95,7 +95,7 @@ impl Preemptions {
             priority,
             stop,
         });
-        Preemptible {
+        Stoppable {
             preemptions: self,
             serial,
         }
@@ -222,12 +222,12 @@ impl Flight {
 
 /// A registered request; unregistered when dropped.
 #[derive(Debug)]
-pub struct Preemptible<'p> {
+pub struct Stoppable<'p> {
     preemptions: &'p Preemptions,
     serial: u64,
 }
 
-impl Drop for Preemptible<'_> {
+impl Drop for Stoppable<'_> {
     fn drop(&mut self) {
         let mut flights = self.preemptions.flights.lock();
         if let Some(i) = flights.iter().position(|f| f.serial == self.serial) {
@@ -256,7 +256,7 @@ mod tests {
         backend: BackendId,
         priority: Priority,
         tenant: &str,
-    ) -> (Preemptible<'p>, Arc<AtomicUsize>) {
+    ) -> (Stoppable<'p>, Arc<AtomicUsize>) {
         let (calls, stop) = counted();
         let tenant = TenantId::new(tenant);
         (preemptions.enter(backend, &tenant, priority, stop), calls)

@@ -22,7 +22,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::preempt::{Preemptible, Preemptions, Stop};
+use super::preempt::{Preemptions, Stop, Stoppable};
 use super::{Priority, TenantId};
 use crate::BackendId;
 use crate::clock::{Clock, Monotonic};
@@ -205,7 +205,7 @@ impl Shares {
         tenant: &TenantId,
         priority: Priority,
         stop: Stop,
-    ) -> Preemptible<'_> {
+    ) -> Stoppable<'_> {
         self.preemptions.enter(backend, tenant, priority, stop)
     }
 

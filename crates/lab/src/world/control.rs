@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use prefix_router_core::flow::{
-    self, AtHome, Key, Order, Preemptible, Share, Shares, Stopped, order,
+    self, AtHome, Key, Order, Share, Shares, Stoppable, Stopped, order,
 };
 use prefix_router_core::ledger::Cap;
 
@@ -26,7 +26,7 @@ use crate::scenario::Flows;
 const QUEUE_TIMEOUT: f64 = 30.0;
 
 /// The router's flow control.
-pub(super) struct Control<'w> {
+pub(super) struct LabControl<'w> {
     shares: &'w Shares,
     order: Order<Pending<'w>>,
     max_queued: usize,
@@ -50,10 +50,10 @@ pub(super) struct Pending<'w> {
     preempted: bool,
 }
 
-impl<'w> Control<'w> {
+impl<'w> LabControl<'w> {
     /// Flow control over `shares`, with the queue bound and standing slots of `flows`.
     pub(super) fn new(shares: &'w Shares, flows: &Flows) -> Self {
-        Control {
+        LabControl {
             shares,
             order: Order::default(),
             max_queued: flows.max_queued,
@@ -140,7 +140,7 @@ impl<'w> World<'w> {
             return;
         };
         let (tenant, priority) = self.parties[pending.want.party].identity();
-        let ticket = order::Ticket {
+        let ticket = order::QueueTicket {
             priority,
             tenant,
             weight: 1,
@@ -245,7 +245,7 @@ impl<'w> World<'w> {
         placement: Option<&Placement>,
         cap: Cap,
         id: u64,
-    ) -> (Option<Share<'w>>, Option<Preemptible<'w>>) {
+    ) -> (Option<Share<'w>>, Option<Stoppable<'w>>) {
         let (Some(control), Some(placement)) = (&self.control, placement) else {
             return (Some(pending.share), None);
         };

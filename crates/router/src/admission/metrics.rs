@@ -11,7 +11,7 @@ use crate::tenants::Priority;
 
 label_set! {
     /// Why a request was shed before reaching a backend.
-    pub enum Shed {
+    pub enum ShedReason {
         /// Its body did not get buffer budget within `admission_timeout`.
         Budget => "budget",
         /// Every backend was at its limit and the router's queue was full.
@@ -21,20 +21,22 @@ label_set! {
     }
 }
 
-impl Shed {
+impl ShedReason {
     /// What was full, for the error message.
     pub fn explain(self) -> &'static str {
         match self {
-            Shed::Budget => "the router holds as many request bodies as it may",
-            Shed::QueueFull => "every backend is at its limit and the queue is full",
-            Shed::QueueTimeout => "every backend stayed at its limit while the request waited",
+            ShedReason::Budget => "the router holds as many request bodies as it may",
+            ShedReason::QueueFull => "every backend is at its limit and the queue is full",
+            ShedReason::QueueTimeout => {
+                "every backend stayed at its limit while the request waited"
+            }
         }
     }
 }
 
 /// Admission's metrics.
 pub struct AdmissionMetrics {
-    shed: Counters<Shed>,
+    shed: Counters<ShedReason>,
     queue_wait: Histogram,
     buffered_bytes: IntGauge,
     budget_waiting: IntGauge,
@@ -71,7 +73,7 @@ impl AdmissionMetrics {
     }
 
     /// A request was refused with 503 overloaded.
-    pub fn shed(&self, why: Shed) {
+    pub fn shed(&self, why: ShedReason) {
         self.shed.inc(why);
     }
 

@@ -30,7 +30,7 @@ use crate::tenants::{Priority, Shares};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Ticket<'t> {
     /// What the queue's order weighs: its priority, tenant, tenant's weight and cost.
-    pub flow: order::Ticket<'t>,
+    pub flow: order::QueueTicket<'t>,
     /// The tenants' fair shares (with a tenants file).
     pub shares: Option<&'t Shares>,
     /// Slots of each held backend it leaves free for an arrival (`standing_slots`).
@@ -276,7 +276,7 @@ mod tests {
 
     fn ticket(priority: Priority) -> Ticket<'static> {
         Ticket {
-            flow: order::Ticket {
+            flow: order::QueueTicket {
                 priority,
                 ..Default::default()
             },

@@ -22,7 +22,7 @@ use crate::fleet::{
     DiscoverySettings, HealthSettings, OutlierSettings, ReaderSettings, Worker, add_pool,
 };
 use crate::kv_events::KvEventSettings;
-use crate::limits::{ExchangeTimeouts, Limits, Live, RetryOn, RetrySettings};
+use crate::limits::{ExchangeTimeouts, Limits, LiveLimits, RetryOn, RetrySettings};
 use crate::replication::SharedTable;
 use crate::tenants::Tenants;
 use crate::tls::{CertFiles, TlsConfig, UpstreamTls};
@@ -68,7 +68,7 @@ pub struct Config {
     pub workers: Vec<Worker>,
     /// What a reload may change while serving: the limits of each request and the
     /// policy's tunables.
-    pub live: Live,
+    pub live: LiveLimits,
 }
 
 impl Config {
@@ -92,7 +92,7 @@ impl Config {
         Ok(Config {
             boot: boot(&s, d.boot)?,
             workers: workers(&s)?,
-            live: Live {
+            live: LiveLimits {
                 limits: limits(&s, d.live.limits)?,
                 tunables: tunables(&s, d.live.tunables)?,
                 tenants: Arc::new(match &s.tenants_file {

@@ -14,7 +14,7 @@ use pingora_http::RequestHeader;
 use pingora_proxy::Session;
 
 use crate::admission::budget::{self, Budget, Permit};
-use crate::error::{RouterError, Shed};
+use crate::error::{RouterError, ShedReason};
 use crate::limits::Limits;
 
 /// A body read whole, with the budget bytes it holds until it drops.
@@ -133,7 +133,7 @@ async fn take(
 ) -> Result<(), RouterError> {
     let waited = permit.grow(more, deadline).await;
     waited.map_err(|_| RouterError::Overloaded {
-        shed: Shed::Budget,
+        shed: ShedReason::Budget,
         retry_after: how.admission.as_secs().max(1),
     })
 }

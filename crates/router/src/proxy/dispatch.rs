@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 use super::exchange::{Exchange, Failure};
 use super::prepare;
 use crate::admission::{Bounds, Left, Place, Queue, Retrying, Ticket};
-use crate::error::{RouterError, Shed};
+use crate::error::{RouterError, ShedReason};
 use crate::fleet::{Backend, Ended, Fleet, Ready};
 use crate::limits::Limits;
 use crate::state::State;
@@ -221,7 +221,7 @@ impl Refused {
             let count = self.count;
             warn!("placement refused {count} times in a row; answering 503");
             return Err(RouterError::Overloaded {
-                shed: Shed::QueueTimeout,
+                shed: ShedReason::QueueTimeout,
                 retry_after: timeout.as_secs().max(1),
             });
         }
@@ -419,7 +419,7 @@ async fn admitted<E: Exchange>(
     };
     let place = (state.queue).join(bounds, ticket, promote_after);
     let place = place.or_else(|| displaced(&state.queue, bounds, ticket, promote_after));
-    let place = place.ok_or_else(|| overloaded(Shed::QueueFull))?;
+    let place = place.ok_or_else(|| overloaded(ShedReason::QueueFull))?;
     make_room(state, &ticket, &ready, route);
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
@@ -434,8 +434,8 @@ async fn admitted<E: Exchange>(
     state.tenancy.waited(ticket.flow.tenant, started.elapsed());
     trace.waited(since);
     waited?.map_err(|left| match left {
-        Left::TimedOut => overloaded(Shed::QueueTimeout),
-        Left::Shed => overloaded(Shed::QueueFull),
+        Left::TimedOut => overloaded(ShedReason::QueueTimeout),
+        Left::Shed => overloaded(ShedReason::QueueFull),
     })
 }
 

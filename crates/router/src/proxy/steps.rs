@@ -22,7 +22,7 @@ use crate::admission::Ticket;
 use crate::endpoints::Probe;
 use crate::error::RouterError;
 use crate::fleet::{Backend, Ended, Served};
-use crate::limits::{Limits, Live};
+use crate::limits::{Limits, LiveLimits};
 use crate::state::State;
 use crate::stats::{ModelExchange, OTHER};
 use crate::tenants::{Charge, Identity, Refused};
@@ -31,7 +31,7 @@ use crate::tokens::Tokenizing;
 /// The request's tenant and priority from its `headers`; an unknown key is counted.
 pub fn identify<'l>(
     state: &State,
-    live: &'l Live,
+    live: &'l LiveLimits,
     headers: &HeaderMap,
 ) -> Result<Identity<'l>, RouterError> {
     let identity = live.tenants.identify(headers).inspect_err(|refused| {
@@ -65,7 +65,7 @@ pub async fn prepare<'b>(
 /// estimated prompt tokens.
 pub fn ticket<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Ticket<'t> {
     Ticket {
-        flow: order::Ticket {
+        flow: order::QueueTicket {
             priority: identity.priority,
             tenant: identity.tenant.map_or(TenantId::none(), |t| &t.name),
             weight: identity.tenant.map_or(1, |t| t.weight),

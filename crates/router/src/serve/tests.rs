@@ -5,7 +5,7 @@ use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::TextBytes;
 
 use super::PartMetrics;
-use crate::admission::Shed;
+use crate::admission::ShedReason;
 use crate::stats::{Registry, Usage};
 
 #[test]
@@ -50,7 +50,7 @@ fn renders_every_part_with_every_closed_label_value() {
     };
     stats.exchange("http://b:1", None, Duration::from_millis(3), Some(usage));
     stats.decision(Outcome::PrefixHit, TextBytes(3), TextBytes(4));
-    metrics.admission.shed(Shed::QueueFull);
+    metrics.admission.shed(ShedReason::QueueFull);
     let text = String::from_utf8(registry.render()).unwrap();
     for line in [
         "prefix_router_requests_total{backend=\"http://b:1\",route=\"chat\",status=\"200\"} 1",

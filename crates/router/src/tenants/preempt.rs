@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use prefix_router_core::BackendId;
-use prefix_router_core::flow::{Preemptible as Registered, Stopped, TenantId};
+use prefix_router_core::flow::{Stoppable, Stopped, TenantId};
 use tokio::sync::Notify;
 
 use super::{Priority, Shares};
@@ -16,7 +16,7 @@ use super::{Priority, Shares};
 /// dropped.
 #[derive(Debug)]
 pub struct Preemptible<'p> {
-    _registered: Registered<'p>,
+    _registered: Stoppable<'p>,
     stop: Arc<Notify>,
     taken_back: Arc<AtomicBool>,
 }

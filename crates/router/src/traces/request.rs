@@ -30,10 +30,10 @@ pub struct Ending<'e> {
 /// A request's trace; empty (all no-ops) without tracing.
 #[derive(Default)]
 pub struct RequestTrace {
-    live: Option<Live>,
+    live: Option<LiveTrace>,
 }
 
-struct Live {
+struct LiveTrace {
     tracer: Tracer,
     /// The context holding the server span.
     server: Context,
@@ -51,7 +51,7 @@ impl RequestTrace {
             .with_start_time(started)
             .start_with_context(tracer, &parent);
         RequestTrace {
-            live: Some(Live {
+            live: Some(LiveTrace {
                 tracer: tracer.clone(),
                 server: parent.with_span(span),
                 route: Mutex::new(None),
@@ -60,7 +60,7 @@ impl RequestTrace {
     }
 
     /// The live trace when its spans are recorded (sampled).
-    fn recording(&self) -> Option<&Live> {
+    fn recording(&self) -> Option<&LiveTrace> {
         self.live
             .as_ref()
             .filter(|l| l.server.span().is_recording())
@@ -179,7 +179,7 @@ impl RequestTrace {
     }
 }
 
-impl Live {
+impl LiveTrace {
     /// A span under `parent` from `started`, still open.
     fn child(
         &self,

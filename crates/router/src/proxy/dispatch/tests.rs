@@ -18,7 +18,7 @@ use super::*;
 use crate::admission::AdmissionMetrics;
 use crate::fleet::Worker;
 use crate::kv_events::{KvEventMetrics, Records};
-use crate::limits::{Current, Live};
+use crate::limits::{Current, LiveLimits};
 use crate::state::Parts;
 use crate::stats::{Registry, Stats};
 use crate::tokens::{TokenMetrics, Tokenizers};
@@ -124,7 +124,7 @@ fn state(n: u16, checked: bool) -> State {
     for b in fleet.snapshot().backends.iter().filter(|_| checked) {
         b.mark_checked();
     }
-    let live = Current::new(Live::default());
+    let live = Current::new(LiveLimits::default());
     let registry = Registry::new();
     let params = PolicyParams {
         tunables: live.tunables(),
@@ -239,7 +239,7 @@ async fn a_queued_request_times_out_and_leaves_the_queue() {
         Err(RouterError::Overloaded { shed, .. }) => shed,
         other => panic!("{:?}", other.err()),
     };
-    assert_eq!(shed, Shed::QueueTimeout);
+    assert_eq!(shed, ShedReason::QueueTimeout);
     assert!(fake.sent.is_empty());
     assert!(state.queue.is_empty());
 }
@@ -390,7 +390,7 @@ async fn as_tenant(
 ) -> Dispatched<(BackendId, u16)> {
     let tenant = TenantId::new(tenant);
     let ticket = Ticket {
-        flow: prefix_router_core::flow::order::Ticket {
+        flow: prefix_router_core::flow::order::QueueTicket {
             tenant: &tenant,
             ..Default::default()
         },
@@ -441,7 +441,7 @@ async fn a_tenant_below_its_share_passes_the_queue_to_the_slot_kept_for_it() {
     assert!(matches!(
         a,
         Err(RouterError::Overloaded {
-            shed: Shed::QueueTimeout,
+            shed: ShedReason::QueueTimeout,
             ..
         })
     ));
@@ -503,7 +503,7 @@ async fn a_waiting_higher_priority_stops_an_unanswered_lower_one_and_takes_its_s
     let limits = limits(1, Duration::from_secs(5));
     let p = TenantId::new("p");
     let at = |priority| Ticket {
-        flow: prefix_router_core::flow::order::Ticket {
+        flow: prefix_router_core::flow::order::QueueTicket {
             tenant: &p,
             priority,
             ..Default::default()
@@ -562,7 +562,7 @@ async fn placements_refused_in_a_row_pause_and_end_after_the_queue_timeout() {
     assert!(matches!(
         ended,
         Err(RouterError::Overloaded {
-            shed: Shed::QueueTimeout,
+            shed: ShedReason::QueueTimeout,
             ..
         })
     ));
