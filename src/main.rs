@@ -8,11 +8,9 @@ use pingora_core::server::configuration::Opt;
 use prefix_router::config::{Config, Settings};
 use prefix_router::serve;
 
-/// jemalloc instead of glibc's malloc: on 1 KB requests at two data-plane threads, glibc's
-/// malloc and free took ~13% of the router's CPU plus 3% waiting on its arena lock, and
-/// `make overhead` measured 1.23-1.27x a Pingora pass-through's CPU per request with it
-/// against 0.90-1.01x with jemalloc; memory under load is lower too (docs/BENCHMARKS.md
-/// has today's figures).
+/// jemalloc instead of glibc's malloc: at two data-plane threads, glibc's malloc, free and
+/// arena lock were a sixth of the router's CPU on small requests, and memory under load is
+/// lower with jemalloc (docs/BENCHMARKS.md has the cost per request).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
