@@ -263,7 +263,7 @@ impl LabRouter {
             chain: r.chain,
             tokens: r.tokens,
         });
-        request.kept = cap.kept;
+        request.kept = cap.kept();
         request
     }
 

@@ -47,10 +47,10 @@ pub fn at_home(
     outranks: impl Fn(Option<BackendId>) -> bool,
     unbounded: impl FnOnce() -> Option<(usize, Decision)>,
 ) -> Option<AtHome> {
-    if !cap.kept {
+    if !cap.kept() {
         return None;
     }
-    let past = Cap { home: true, ..cap };
+    let past = cap.at_home();
     let at_ceiling = || accounts.iter().any(|a| !a.open(cap) && a.open(past));
     if !outranks(None) && !at_ceiling() {
         return None;
@@ -85,7 +85,7 @@ pub fn make_room(
     mut preempt: impl FnMut(BackendId) -> usize,
     displace: impl FnOnce() -> bool,
 ) {
-    if !cap.kept {
+    if !cap.kept() {
         return;
     }
     displace();
@@ -111,7 +111,7 @@ mod tests {
     use std::cell::{Cell, RefCell};
 
     use super::*;
-    use crate::ledger::{self, Placing, Seat};
+    use crate::ledger::{self, Claim, Kept, Placing, Seat};
     use crate::policy::Published;
 
     /// Two backends that queued at 4 running: held at 4, then, running all 4 with none
@@ -143,10 +143,7 @@ mod tests {
     }
 
     fn kept() -> Cap {
-        Cap {
-            kept: true,
-            ..Cap::default()
-        }
+        Cap::claiming(Claim::Kept(Kept::default()))
     }
 
     fn hit(index: usize) -> Option<(usize, Decision)> {
@@ -159,10 +156,7 @@ mod tests {
         let accounts: Vec<&Arc<Account>> = all.iter().collect();
         assert!(
             !all[0].open(kept())
-                && all[0].open(Cap {
-                    home: true,
-                    ..kept()
-                })
+                && all[0].open(kept().at_home())
         );
         let nobody = |_: Option<BackendId>| false;
         assert_eq!(

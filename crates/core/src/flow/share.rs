@@ -26,7 +26,7 @@ use super::preempt::{Preemptions, Stop, Stoppable};
 use super::{Priority, TenantId};
 use crate::BackendId;
 use crate::clock::{Clock, Monotonic};
-use crate::ledger::Cap;
+use crate::ledger::{Cap, Claim, Kept};
 
 /// How long a tenant counts as active after its last request ended.
 pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
@@ -85,25 +85,26 @@ impl Standing {
         !self.higher && (self.light || self.lower)
     }
 
-    /// Whether it leaves standing slots free: the reserve is not kept for it, or is kept
-    /// for it only against a lower priority while a higher one may still arrive.
-    fn leaves_standing(&self, priority: Priority) -> bool {
-        !self.kept_for() || (!self.light && priority < Priority::High)
-    }
-
-    /// What it may take under the in-flight `limit`, leaving `standing` slots.
+    /// What it may take under the in-flight `limit`, leaving `standing` slots: kept for
+    /// only against a lower priority while a higher one may still arrive, it leaves
+    /// them too; a light flow's (its tenant below its share, or `high`) leaves none.
     fn cap(&self, limit: usize, standing: usize, priority: Priority) -> Cap {
+        let claim = if self.kept_for() {
+            let light = self.light || priority == Priority::High;
+            Claim::Kept(Kept {
+                band: priority as usize,
+                standing: if light { 0 } else { standing },
+                light: light.then_some(0),
+                home: false,
+            })
+        } else if self.higher || self.other_light {
+            Claim::Leaves
+        } else {
+            Claim::Open { standing }
+        };
         Cap {
             limit,
-            reserve: (self.higher || self.other_light) && !self.kept_for(),
-            kept: self.kept_for(),
-            light: self.light || (priority == Priority::High && self.kept_for()),
-            standing: if self.leaves_standing(priority) {
-                standing
-            } else {
-                0
-            },
-            band: priority as usize,
+            claim,
             ..Cap::default()
         }
     }
@@ -338,39 +339,36 @@ mod tests {
             .collect();
         assert_eq!(
             shares.cap("a", Priority::Normal, 0, 0),
-            Cap {
-                band: Priority::Normal as usize,
-                ..Cap::default()
-            },
+            Cap::default(),
             "alone, no reserve"
         );
         assert!(!shares.light("a", Priority::Normal));
-        assert_eq!(shares.cap("a", Priority::Normal, 0, 1).standing, 1);
+        assert_eq!(shares.cap("a", Priority::Normal, 0, 1).standing(), 1);
         assert!(
-            !shares.cap("b", Priority::Normal, 0, 0).kept,
+            !shares.cap("b", Priority::Normal, 0, 0).kept(),
             "b is not active"
         );
         assert!(
-            shares.cap_arriving("b", 1, Priority::Normal, 0, 0).kept,
+            shares.cap_arriving("b", 1, Priority::Normal, 0, 0).kept(),
             "as if its request had arrived"
         );
-        assert!(!shares.cap_arriving("a", 1, Priority::Normal, 0, 0).kept);
+        assert!(!shares.cap_arriving("a", 1, Priority::Normal, 0, 0).kept());
         let b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
         assert!(
             shares.light("b", Priority::Normal),
             "1 of 7 held, below half"
         );
-        assert!(!shares.cap("b", Priority::Normal, 0, 0).reserve);
-        assert!(shares.cap("b", Priority::Normal, 0, 0).kept);
+        assert!(!shares.cap("b", Priority::Normal, 0, 0).leaves());
+        assert!(shares.cap("b", Priority::Normal, 0, 0).kept());
         assert_eq!(
-            shares.cap("b", Priority::Normal, 0, 1).standing,
+            shares.cap("b", Priority::Normal, 0, 1).standing(),
             0,
             "kept for"
         );
-        assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
+        assert!(shares.cap("a", Priority::Normal, 0, 0).leaves());
         drop(b);
         assert!(
-            shares.cap("a", Priority::Normal, 0, 0).reserve,
+            shares.cap("a", Priority::Normal, 0, 0).leaves(),
             "b stays active between its requests"
         );
     }
@@ -388,7 +386,7 @@ mod tests {
             shares.light("b", Priority::Normal),
             "5 of 8 is below three quarters"
         );
-        assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
+        assert!(shares.cap("a", Priority::Normal, 0, 0).leaves());
         drop(a);
         assert!(!shares.light("b", Priority::Normal));
     }
@@ -399,14 +397,14 @@ mod tests {
         let _normal: Vec<_> = (0..6)
             .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
-        assert!(!shares.cap("a", Priority::Normal, 0, 0).reserve);
+        assert!(!shares.cap("a", Priority::Normal, 0, 0).leaves());
         let _high = shares.enter(&TenantId::new("a"), 1, Priority::High);
         assert!(shares.light("a", Priority::High));
-        assert!(!shares.cap("a", Priority::High, 0, 0).reserve);
+        assert!(!shares.cap("a", Priority::High, 0, 0).leaves());
         assert!(!shares.light("a", Priority::Normal));
-        assert!(shares.cap("a", Priority::Normal, 0, 0).reserve);
+        assert!(shares.cap("a", Priority::Normal, 0, 0).leaves());
         let _low = shares.enter(&TenantId::new("a"), 1, Priority::Low);
-        assert!(shares.cap("a", Priority::Low, 0, 0).reserve);
+        assert!(shares.cap("a", Priority::Low, 0, 0).leaves());
         assert_eq!(
             shares.past_bound(Priority::High, 4),
             11,
@@ -415,10 +413,10 @@ mod tests {
         assert_eq!(shares.past_bound(Priority::Normal, 4), 4, "high only");
         assert_eq!(shares.past_bound(Priority::Low, 4), 4);
         assert!(
-            shares.cap("a", Priority::High, 0, 0).light,
+            shares.cap("a", Priority::High, 0, 0).light(),
             "the KV kept for light flows is kept for high"
         );
-        assert!(!shares.cap("a", Priority::Normal, 0, 0).light);
+        assert!(!shares.cap("a", Priority::Normal, 0, 0).light());
     }
 
     #[test]
@@ -427,16 +425,16 @@ mod tests {
         let _low = shares.enter(&TenantId::new("a"), 1, Priority::Low);
         let _normal = shares.enter(&TenantId::new("a"), 1, Priority::Normal);
         let normal = shares.cap("a", Priority::Normal, 0, 1);
-        assert!(normal.kept, "kept against low");
-        assert_eq!(normal.standing, 1, "and still leaves a slot for high");
-        assert_eq!(shares.cap("a", Priority::High, 0, 1).standing, 0);
+        assert!(normal.kept(), "kept against low");
+        assert_eq!(normal.standing(), 1, "and still leaves a slot for high");
+        assert_eq!(shares.cap("a", Priority::High, 0, 1).standing(), 0);
         let _b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
         let _more: Vec<_> = (0..4)
             .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
             .collect();
         assert!(shares.light("b", Priority::Normal));
         assert_eq!(
-            shares.cap("b", Priority::Normal, 0, 1).standing,
+            shares.cap("b", Priority::Normal, 0, 1).standing(),
             0,
             "a light tenant takes the slots left for it"
         );

@@ -183,18 +183,18 @@ impl Account {
         let (hold, ceiling) = self.held();
         // Past what the engine runs, a kept request would wait in the engine's queue (a
         // hold probes a quarter past it) rather than in the router's.
-        let hold = match cap.kept && !cap.home && ceiling > 0 {
+        let hold = match cap.kept() && !cap.home() && ceiling > 0 {
             true => hold.min(ceiling),
             false => hold,
         };
-        let free = if cap.reserve {
+        let free = if cap.leaves() {
             self.reserve.slots(ceiling)
         } else {
-            cap.standing.min(ceiling.saturating_sub(1))
+            cap.standing().min(ceiling.saturating_sub(1))
         };
         let reserved = free > 0 && hold > 0 && ceiling > 0;
         let load = load.saturating_sub(cap.over);
-        let leaving = cap.reserve && hold > 0;
+        let leaving = cap.leaves() && hold > 0;
         let kept_off = leaving && (self.reserve.prefilling() || self.guard.kept());
         !kept_off
             && (cap.limit == 0 || load < cap.limit)

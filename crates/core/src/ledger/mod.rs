@@ -27,7 +27,7 @@ mod seat;
 mod upkeep;
 
 pub use account::Account;
-pub use cap::Cap;
+pub use cap::{Cap, Claim, Kept};
 pub use hold::share_holds;
 pub use kv_guard::{HOME_READS, protect_kv};
 pub use place::{Placing, decide, open, place};

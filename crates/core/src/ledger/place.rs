@@ -52,11 +52,11 @@ pub fn place(
     let Some(seat) = accounts[index].take(cap, prefill, decision) else {
         return Placing::Taken;
     };
-    if cap.top() && cap.conversation != 0 {
+    if let Some(conversation) = cap.conversation() {
         for (i, account) in accounts.iter().enumerate() {
             match i == index {
-                true => account.note_home(cap.conversation, cap.tokens),
-                false => account.guard.move_home(cap.conversation),
+                true => account.note_home(conversation, cap.tokens),
+                false => account.guard.move_home(conversation),
             }
         }
     }
@@ -92,7 +92,7 @@ fn choice(
         if let Some(band) = cap.kept_band() {
             candidate.kept = accounts[i].reserve.in_band(band);
         }
-        candidate.kv_kept = cap.top() && accounts[i].guard.kept();
+        candidate.kv_kept = cap.light() && accounts[i].guard.kept();
         candidate.protected = candidate.kv_kept && accounts[i].keeps_room_for(cap.tokens);
         candidate
     };

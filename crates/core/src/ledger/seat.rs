@@ -50,7 +50,7 @@ impl Seat {
             tokens: cap.tokens,
             decision,
             band,
-            top: cap.top(),
+            top: cap.light(),
             guarding: AtomicBool::new(band.is_some()),
         }
     }

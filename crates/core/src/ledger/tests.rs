@@ -50,15 +50,13 @@ fn a_backend_that_queues_is_held_near_what_it_runs_and_released_as_it_drains() {
     all[0].learn_hold(load(8, 0));
     assert_eq!(all[0].hold(), Some(10), "no queue: the hold grows");
     assert!(open(&refs, 0));
-    let kept = |home| Cap {
-        kept: true,
-        home,
-        ..Cap::default()
+    let kept = |home| {
+        Cap::claiming(Claim::Kept(Kept {
+            home,
+            ..Kept::default()
+        }))
     };
-    let reserve = Cap {
-        reserve: true,
-        ..Cap::default()
-    };
+    let reserve = Cap::claiming(Claim::Leaves);
     for (cap, opens, why) in [
         (reserve, false, "one of the 8 it ran kept for others"),
         (kept(false), false, "a kept request: no further than it ran"),
@@ -93,14 +91,8 @@ fn the_reserve_grows_to_what_the_requests_it_is_kept_for_had_at_once() {
     let refs: Vec<&Arc<Account>> = all.iter().collect();
     all[0].learn_hold(load(8, 3));
     let (heavy, light) = (
-        Cap {
-            reserve: true,
-            ..Cap::default()
-        },
-        Cap {
-            kept: true,
-            ..Cap::default()
-        },
+        Cap::claiming(Claim::Leaves),
+        Cap::claiming(Claim::Kept(Kept::default())),
     );
     let place = |cap: Cap| match place(&refs, cap, TextBytes(1), first) {
         Placing::Placed { seat, .. } => Some(seat),
@@ -132,10 +124,11 @@ fn the_reserve_grows_to_what_the_requests_it_is_kept_for_had_at_once() {
 fn a_kept_request_sees_the_kept_requests_of_its_own_band_in_flight() {
     let all = accounts(2);
     let refs: Vec<&Arc<Account>> = all.iter().collect();
-    let kept = |band| Cap {
-        kept: true,
-        band,
-        ..Cap::default()
+    let kept = |band| {
+        Cap::claiming(Claim::Kept(Kept {
+            band,
+            ..Kept::default()
+        }))
     };
     let on = |i: usize| {
         move |_: &[Candidate]| Decision {
@@ -169,10 +162,7 @@ fn a_kept_request_sees_the_kept_requests_of_its_own_band_in_flight() {
 #[test]
 fn standing_slots_stay_free_on_a_held_backend_and_never_all_of_them() {
     let all = accounts(2);
-    let standing = |n| Cap {
-        standing: n,
-        ..Cap::default()
-    };
+    let standing = |standing| Cap::claiming(Claim::Open { standing });
     let place = |account: &Arc<Account>, cap: Cap| {
         let one = [account];
         (0..8)
@@ -185,10 +175,7 @@ fn standing_slots_stay_free_on_a_held_backend_and_never_all_of_them() {
     assert_eq!(place(&all[0], standing(1)).len(), 8, "no hold: none kept");
     all[0].learn_hold(load(4, 2));
     assert_eq!(place(&all[0], standing(1)).len(), 3, "one of 4 stays free");
-    let kept = Cap {
-        kept: true,
-        ..Cap::default()
-    };
+    let kept = Cap::claiming(Claim::Kept(Kept::default()));
     let held = place(&all[0], standing(1));
     assert_eq!(place(&all[0], kept).len(), 1, "an arrival takes it");
     drop(held);
@@ -205,18 +192,16 @@ fn a_request_leaving_the_reserve_leaves_the_kv_the_kept_ones_had_lately() {
         _ => None,
     };
     let heavy = Cap {
-        reserve: true,
         tokens: 250,
-        ..Cap::default()
+        ..Cap::claiming(Claim::Leaves)
     };
     let heavies = || (0..8).map_while(|_| place(heavy)).collect::<Vec<_>>();
     all[0].set_capacity(Some(Tokens(1_000)));
     all[0].learn_hold(load(16, 2));
     let answered = |tokens| {
         let seat = place(Cap {
-            kept: true,
             tokens,
-            ..Cap::default()
+            ..Cap::claiming(Claim::Kept(Kept::default()))
         });
         seat.inspect(Seat::answered)
     };
@@ -266,16 +251,15 @@ fn once_a_light_flows_context_is_evicted_where_kv_is_full_the_floods_leave_its_b
         }
     };
     let light = |conversation: u128| Cap {
-        kept: true,
-        light: true,
         tokens: 400,
-        conversation,
-        ..Cap::default()
+        ..Cap::claiming(Claim::Kept(Kept {
+            light: Some(conversation),
+            ..Kept::default()
+        }))
     };
     let flood = Cap {
-        reserve: true,
         tokens: 100,
-        ..Cap::default()
+        ..Cap::claiming(Claim::Leaves)
     };
     let on = |i: usize, cap: Cap| place(i, cap, Tokens(0));
     // Conversation `c`'s turn predicted to find 200 tokens cached at backend `i` finds 10.
@@ -409,12 +393,12 @@ fn a_request_leaving_the_reserve_waits_while_a_kept_one_prefills_on_a_held_backe
     let (account, freed) = counting();
     let (kept, reserve) = (
         Cap {
-            kept: true,
-            ..Cap::from(8)
+            limit: 8,
+            ..Cap::claiming(Claim::Kept(Kept::default()))
         },
         Cap {
-            reserve: true,
-            ..Cap::from(8)
+            limit: 8,
+            ..Cap::claiming(Claim::Leaves)
         },
     );
     let Placing::Placed { seat, .. } = place(&[&account], kept, TextBytes(0), first) else {

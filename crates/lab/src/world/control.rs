@@ -127,7 +127,7 @@ impl<'w> World<'w> {
             return true;
         };
         let priority = self.parties[pending.want.party].identity().1;
-        self.cap(pending).kept && first.0.0 <= priority
+        self.cap(pending).kept() && first.0.0 <= priority
     }
 
     /// `pending` waits in the queue: a full one sheds its last waiter of a lower priority
@@ -186,7 +186,7 @@ impl<'w> World<'w> {
         };
         let (tenant, priority) = self.parties[pending.want.party].identity();
         let cap = control.shares.cap(tenant, priority, 0, 0);
-        if !cap.kept {
+        if !cap.kept() {
             return;
         }
         let router = &self.routers[0];
@@ -231,7 +231,7 @@ impl<'w> World<'w> {
             Some(AtHome::Stop(i)) if shares.displace(priority, Some(accounts[i].id)) => {
                 (Some(i), Cap { over: 1, ..cap })
             }
-            Some(AtHome::PastCeiling(i)) => (Some(i), Cap { home: true, ..cap }),
+            Some(AtHome::PastCeiling(i)) => (Some(i), cap.at_home()),
             _ => (None, cap),
         }
     }
@@ -252,12 +252,12 @@ impl<'w> World<'w> {
         let (tenant, priority) = self.parties[pending.want.party].identity();
         let backend = self.routers[0].accounts()[placement.backend].id;
         let shares = control.shares;
-        if cap.kept {
+        if cap.kept() {
             shares.preempt(backend, tenant, priority);
         }
         let stopped = Arc::clone(&control.stopped);
         let stop = Box::new(move |why| stopped.lock().push((id, why)));
-        let preemptible = (!pending.preempted && !cap.kept)
+        let preemptible = (!pending.preempted && !cap.kept())
             .then(|| shares.preemptible(backend, tenant, priority, stop));
         (Some(pending.share), preemptible)
     }

@@ -110,9 +110,9 @@ pub async fn explain(
         (Ok(identity), Some(ticket)) => json!({
             "tenant": identity.tenant.map(|t| t.name.as_str()),
             "priority": identity.priority.label(),
-            "reserve": cap.reserve,
-            "kept": cap.kept,
-            "standing_slots": cap.standing,
+            "reserve": cap.leaves(),
+            "kept": cap.kept(),
+            "standing_slots": cap.standing(),
             "queued": state.queue.len(),
             "wait": dispatch::wait(state, limits, &ready, &ticket).map(Wait::label),
             "stops_at_home": match dispatch::at_home(state, &ticket, &ready, &route, cap) {

@@ -58,7 +58,7 @@ impl<'t> Ticket<'t> {
     /// Placed on `backend` under `cap`, a request the reserve is not kept for may be
     /// stopped, until its answer, by one that outranks it ([`crate::tenants::preempt`]).
     pub fn preemptible(&self, cap: Cap, backend: BackendId) -> Option<Preemptible<'t>> {
-        let shares = self.shares.filter(|_| !cap.kept)?;
+        let shares = self.shares.filter(|_| !cap.kept())?;
         Some(Preemptible::enter(
             shares,
             backend,
@@ -70,7 +70,7 @@ impl<'t> Ticket<'t> {
     /// Placed on `backend` under `cap`, a request the reserve is kept for stops those
     /// there that it outranks and that have no answer yet; returns how many.
     pub fn preempt(&self, cap: Cap, backend: BackendId) -> usize {
-        let shares = self.shares.filter(|_| cap.kept);
+        let shares = self.shares.filter(|_| cap.kept());
         shares.map_or(0, |s| {
             s.preempt(backend, self.flow.tenant, self.flow.priority)
         })
@@ -101,7 +101,7 @@ impl<'t> Ticket<'t> {
 
     /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).
     pub fn outranked(&self, cap: Cap, backend: BackendId) -> usize {
-        let shares = self.shares.filter(|_| cap.kept);
+        let shares = self.shares.filter(|_| cap.kept());
         shares.map_or(0, |s| {
             s.outranked(backend, self.flow.tenant, self.flow.priority)
         })
@@ -110,7 +110,7 @@ impl<'t> Ticket<'t> {
     /// Whether it may pass the waiters of `queue` to a slot open for it: the reserve is
     /// kept for it ([`Shares::light`]), and no waiter has a higher priority.
     pub fn passes(&self, queue: &Queue) -> bool {
-        self.cap(0).kept
+        self.cap(0).kept()
             && queue
                 .first_priority()
                 .is_none_or(|p| p <= self.flow.priority)

@@ -483,7 +483,7 @@ fn reclaim_home(
         Some((AtHome::Stop(_), id)) if ticket.displace(Some(id)) => {
             (ready.only(id), Cap { over: 1, ..cap })
         }
-        Some((AtHome::PastCeiling(_), id)) => (ready.only(id), Cap { home: true, ..cap }),
+        Some((AtHome::PastCeiling(_), id)) => (ready.only(id), cap.at_home()),
         _ => (ready, cap),
     }
 }

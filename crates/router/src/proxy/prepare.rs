@@ -89,7 +89,7 @@ pub fn choose(
     recorded: &Cell<bool>,
 ) -> Decision {
     let request = &Request {
-        kept: cap.kept,
+        kept: cap.kept(),
         ..*request
     };
     match state.records.recorded(request, candidates) {
