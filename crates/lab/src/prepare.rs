@@ -49,6 +49,7 @@ impl Shape {
                 prompt_tokens: *prompt_tokens,
                 output_tokens: *output_tokens,
                 token_ids: Vec::new(),
+                priority: 0,
             }),
             Shape::Refused(_) => None,
         }

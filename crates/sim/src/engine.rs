@@ -46,6 +46,19 @@ pub struct Timing {
     pub max_num_seqs: usize,
     /// Tokens per KV block.
     pub block_tokens: usize,
+    /// The order waiting requests are admitted in (vLLM's `--scheduling-policy`).
+    pub scheduling: Scheduling,
+}
+
+/// The order waiting requests are admitted in, as vLLM's `--scheduling-policy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scheduling {
+    /// First come, first served; a request's priority is ignored (vLLM's default).
+    #[default]
+    Fcfs,
+    /// The lowest [`EngineRequest::priority`] first, then the earliest arrival. As in
+    /// vLLM, a waiting request never stops a running one for its seat.
+    Priority,
 }
 
 /// A request handed to the engine, already rendered and hashed.
@@ -61,6 +74,9 @@ pub struct EngineRequest {
     pub output_tokens: usize,
     /// The prompt's token ids, for KV events; empty when the engine publishes none.
     pub token_ids: Vec<u32>,
+    /// Its priority, lower first (vLLM's `priority` field or `X-Vllm-Priority` header;
+    /// default 0); only [`Scheduling::Priority`] reads it.
+    pub priority: i64,
 }
 
 /// What happened to a request, at simulated time `at` (seconds).
@@ -406,16 +422,28 @@ impl EngineCore {
         }
     }
 
-    /// Admits waiting requests in FIFO order while a seat and the blocks are available.
+    /// The waiting request admitted next: the first in line, or with
+    /// [`Scheduling::Priority`] the first of the lowest priority value.
+    fn next_waiting(&self) -> Option<usize> {
+        match self.timing.scheduling {
+            Scheduling::Fcfs => (!self.waiting.is_empty()).then_some(0),
+            Scheduling::Priority => (self.waiting.iter().enumerate())
+                .min_by_key(|(i, (request, _))| (request.priority, *i))
+                .map(|(i, _)| i),
+        }
+    }
+
+    /// Admits waiting requests in their order while a seat and the blocks are available.
     fn admit(&mut self) {
         while self.running.len() < self.timing.max_num_seqs.max(1) {
-            let Some((request, _)) = self.waiting.front() else {
+            let Some(next) = self.next_waiting() else {
                 return;
             };
+            let request = &self.waiting[next].0;
             let total = self.blocks_needed(request.prompt_tokens, request.output_tokens);
             if total > self.cache.capacity() {
                 let id = request.id;
-                self.waiting.pop_front();
+                self.waiting.remove(next);
                 self.outputs.push(Output::Rejected { id });
                 continue;
             }
@@ -443,7 +471,7 @@ impl EngineCore {
                 }
                 self.changes.push(change);
             }
-            if let Some((request, arrival)) = self.waiting.pop_front() {
+            if let Some((request, arrival)) = self.waiting.remove(next) {
                 self.start(request, arrival, allocation);
             }
         }

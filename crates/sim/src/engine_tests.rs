@@ -11,6 +11,7 @@ fn timing() -> Timing {
         decode_s_per_token: 0.007,
         max_num_seqs: 256,
         block_tokens: 16,
+        scheduling: Scheduling::Fcfs,
     }
 }
 
@@ -25,6 +26,7 @@ fn req(id: u64, tag: u64, prompt_tokens: usize, output_tokens: usize) -> EngineR
         prompt_tokens,
         output_tokens,
         token_ids: Vec::new(),
+        priority: 0,
     }
 }
 
@@ -155,6 +157,37 @@ fn max_num_seqs_queues_and_ttft_includes_queueing() {
     assert!(close(at, end1 + 0.120));
     assert!(close(ttft, at));
     assert_eq!((core.running(), core.waiting()), (0, 0));
+}
+
+#[test]
+fn priority_scheduling_admits_the_lowest_priority_value_first_and_stops_no_one() {
+    let admitted = |scheduling| {
+        let one_seat = Timing {
+            max_num_seqs: 1,
+            scheduling,
+            ..timing()
+        };
+        let mut core = EngineCore::new(one_seat, 26_000);
+        for (id, priority) in [(1, 1), (2, 1), (3, -1), (4, 0), (5, -1)] {
+            core.submit(EngineRequest {
+                priority,
+                ..req(id, id, 320, 2)
+            });
+        }
+        let order: Vec<u64> = (run_to_idle(&mut core).iter())
+            .filter_map(|o| match *o {
+                Output::Admitted { id, .. } => Some(id),
+                _ => None,
+            })
+            .collect();
+        order
+    };
+    assert_eq!(admitted(Scheduling::Fcfs), [1, 2, 3, 4, 5]);
+    assert_eq!(
+        admitted(Scheduling::Priority),
+        [1, 3, 5, 4, 2],
+        "the running request keeps its seat; then lowest value, earliest arrival"
+    );
 }
 
 #[test]

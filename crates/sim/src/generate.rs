@@ -72,16 +72,29 @@ impl Job {
     }
 }
 
-/// Handles one generation request whose body is `body`.
+/// The header that sets a request's priority, as vLLM's, in place of its body's field.
+const PRIORITY_HEADER: &str = "x-vllm-priority";
+
+/// A request's priority from its `X-Vllm-Priority` header, if it carries a valid integer
+/// (vLLM skips one that is not).
+pub fn header_priority(headers: &hyper::HeaderMap) -> Option<i64> {
+    let value = headers.get(PRIORITY_HEADER)?.to_str().ok()?;
+    value.trim().parse().ok()
+}
+
+/// Handles one generation request whose body is `body`, of `priority` when its header
+/// set one (else its body's `priority`).
 pub async fn generate(
     shared: &Arc<Shared>,
     endpoint: Endpoint,
     body: Bytes,
+    priority: Option<i64>,
 ) -> Result<Response<Body>, ApiError> {
     let config = &shared.config;
     let number = shared.next_number.fetch_add(1, Relaxed);
-    let (request, stream) = prepare(config, endpoint, &body, number)?;
+    let (mut request, stream) = prepare(config, endpoint, &body, number)?;
     drop(body);
+    request.priority = priority.unwrap_or(request.priority);
     let (prompt_tokens, output_tokens) = (request.prompt_tokens, request.output_tokens);
     // An answer as long as the model's own is one it ended.
     let stopped = config.answer_tokens == Some(output_tokens);
@@ -150,8 +163,20 @@ pub fn prepare(
         prompt_tokens,
         output_tokens: parsed.output_tokens.min(answer),
         token_ids,
+        priority: body_priority(&body)?,
     };
     Ok((request, parsed.stream))
+}
+
+/// The body's `priority` (default 0), an integer as vLLM requires.
+fn body_priority(body: &Value) -> Result<i64, ApiError> {
+    match body.get("priority") {
+        None | Some(Value::Null) => Ok(0),
+        Some(value) => value.as_i64().ok_or_else(|| ApiError::InvalidRequest {
+            message: "priority must be an integer".into(),
+            param: Some("priority"),
+        }),
+    }
 }
 
 /// The built-in tokenizer's token ids: each `bytes_per_token` bytes of the prompt, as a

@@ -119,7 +119,8 @@ async fn dispatch(
         Route::Tokenize => tokenize(shared, &read_body(request).await?),
         Route::CountTokens => count_tokens(shared, &read_body(request).await?),
         Route::Generate(endpoint) => {
-            generate::generate(shared, endpoint, read_body(request).await?).await
+            let priority = generate::header_priority(request.headers());
+            generate::generate(shared, endpoint, read_body(request).await?, priority).await
         }
     }
 }

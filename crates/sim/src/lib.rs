@@ -74,6 +74,8 @@ pub struct SimConfig {
     pub decode_ms_per_token: f64,
     /// Most requests running at once; the rest wait (default 256).
     pub max_num_seqs: usize,
+    /// The order the waiting requests are admitted in (default first come, first served).
+    pub scheduling_policy: engine::Scheduling,
     /// Every delay is divided by this (default 1; 60 replays an hour in a minute).
     pub time_scale: f64,
     /// Longest prompt plus output accepted, tokens (default 131 072).
@@ -104,6 +106,7 @@ impl Default for SimConfig {
             prefill_overhead_ms: 20.0,
             decode_ms_per_token: 7.0,
             max_num_seqs: 256,
+            scheduling_policy: engine::Scheduling::Fcfs,
             time_scale: 1.0,
             max_model_len: 131_072,
             answer_tokens: None,
@@ -152,6 +155,7 @@ impl SimConfig {
             decode_s_per_token: self.decode_ms_per_token / 1000.0,
             max_num_seqs: self.max_num_seqs,
             block_tokens: self.block_tokens,
+            scheduling: self.scheduling_policy,
         }
     }
 }
@@ -278,6 +282,10 @@ pub struct SimArgs {
     /// Most requests running at once per instance.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
+    /// The order waiting requests are admitted in, as vLLM's: `priority` admits the
+    /// lowest `priority` (body field or `X-Vllm-Priority` header) first.
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub scheduling_policy: engine::Scheduling,
     /// Divides every delay (60: an hour of trace in a minute).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
@@ -316,6 +324,7 @@ impl SimArgs {
             prefill_overhead_ms: self.prefill_overhead_ms,
             decode_ms_per_token: self.decode_ms_per_token,
             max_num_seqs: self.max_num_seqs,
+            scheduling_policy: self.scheduling_policy,
             time_scale: self.time_scale,
             max_model_len: self.max_model_len,
             answer_tokens: self.answer_tokens,

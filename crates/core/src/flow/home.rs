@@ -154,10 +154,7 @@ mod tests {
     fn a_kept_request_stops_a_lower_priority_at_a_full_home_or_goes_past_its_ceiling() {
         let (all, _seats) = fleet();
         let accounts: Vec<&Arc<Account>> = all.iter().collect();
-        assert!(
-            !all[0].open(kept())
-                && all[0].open(kept().at_home())
-        );
+        assert!(!all[0].open(kept()) && all[0].open(kept().at_home()));
         let nobody = |_: Option<BackendId>| false;
         assert_eq!(
             at_home(kept(), &accounts, nobody, || hit(0)),

@@ -137,9 +137,7 @@ impl Cap {
     /// Its light flow's conversation, once counted ([`Self::of_conversation`]).
     pub(super) fn conversation(&self) -> Option<u128> {
         match self.claim {
-            Claim::Kept(Kept {
-                light: Some(c), ..
-            }) if c != 0 => Some(c),
+            Claim::Kept(Kept { light: Some(c), .. }) if c != 0 => Some(c),
             _ => None,
         }
     }

@@ -5,6 +5,7 @@
 
 use http::header::{self, HeaderName};
 use pingora_http::{RequestHeader, ResponseHeader};
+use prefix_router_core::flow::Priority;
 
 /// Hop-by-hop headers (RFC 9110 7.6.1) other than Transfer-Encoding, which frames the body.
 const HOP_BY_HOP: [HeaderName; 6] = [
@@ -67,6 +68,23 @@ pub fn request_id(client: &RequestHeader) -> String {
 /// The header that carries a request's id to the backend and back to the client.
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
+/// The header that carries a request's priority to a vLLM engine (lower first), in place
+/// of its body's `priority` field. vLLM schedules by it with `--scheduling-policy
+/// priority` and ignores it otherwise; other engines ignore an unknown header.
+pub const X_VLLM_PRIORITY: HeaderName = HeaderName::from_static("x-vllm-priority");
+
+/// Carries `priority` to the engine ([`X_VLLM_PRIORITY`]): `high` -1, `normal` 0 (vLLM's
+/// default), `low` 1. Replaces any the client sent.
+pub fn set_engine_priority(req: &mut RequestHeader, priority: Priority) {
+    let value = match priority {
+        Priority::High => "-1",
+        Priority::Normal => "0",
+        Priority::Low => "1",
+    };
+    // A static ASCII value is always a valid header value.
+    let _ = req.insert_header(X_VLLM_PRIORITY, value);
+}
+
 /// The response to send the client.
 pub fn client_response(upstream: &ResponseHeader) -> Box<ResponseHeader> {
     let mut resp = Box::new(upstream.clone());
@@ -114,6 +132,27 @@ mod tests {
         assert_eq!(up.headers["transfer-encoding"], "chunked");
         assert_eq!(up.headers["x-session-id"], "s");
         assert_eq!(up.headers["host"], "10.0.0.1:8000");
+    }
+
+    #[test]
+    fn the_engine_priority_replaces_the_clients() {
+        let mut client = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
+        client.append_header("x-vllm-priority", "-100").unwrap();
+        let mut up = upstream_request(&client);
+        for (priority, value) in [
+            (Priority::High, "-1"),
+            (Priority::Normal, "0"),
+            (Priority::Low, "1"),
+        ] {
+            set_engine_priority(&mut up, priority);
+            assert_eq!(
+                up.headers
+                    .get_all("x-vllm-priority")
+                    .iter()
+                    .collect::<Vec<_>>(),
+                [value]
+            );
+        }
     }
 
     #[test]

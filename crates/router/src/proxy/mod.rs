@@ -208,9 +208,13 @@ impl Router {
         let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
         let method = &session.req_header().method;
         let replayable = endpoint.is_some() || method == Method::GET || method == Method::HEAD;
+        let mut head = headers::upstream_request(session.req_header());
+        if identity.tenant.is_some_and(|t| t.engine_priority) {
+            headers::set_engine_priority(&mut head, identity.priority);
+        }
         let mut upstream = Upstream {
             replayable,
-            head: headers::upstream_request(session.req_header()),
+            head,
             session: &mut *session,
             connector: &state.connector,
             body: Some(body),

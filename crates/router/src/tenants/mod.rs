@@ -46,6 +46,10 @@ pub struct Tenant {
     /// priority to arrive at, while none is active: the file's `standing_slots`, the same
     /// for every tenant. Default 0.
     pub standing_slots: usize,
+    /// Whether its requests carry their priority to the engine, as vLLM's
+    /// `X-Vllm-Priority` header: the file's `engine_priority`, the same for every tenant.
+    /// Default true.
+    pub engine_priority: bool,
 }
 
 /// The tenants of the file, by the SHA-256 of their keys.
@@ -89,6 +93,8 @@ pub struct TenantsError(String);
 struct File {
     #[serde(default)]
     standing_slots: usize,
+    #[serde(default = "yes")]
+    engine_priority: bool,
     #[serde(default)]
     tenants: BTreeMap<String, Entry>,
 }
@@ -102,6 +108,10 @@ struct Entry {
     tokens_per_minute: Option<u64>,
     requests_per_minute: Option<u64>,
     max_priority: Option<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Tenants {
@@ -161,6 +171,7 @@ impl Tenants {
                 requests_per_minute: entry.requests_per_minute.unwrap_or(0),
                 max_priority,
                 standing_slots: file.standing_slots,
+                engine_priority: file.engine_priority,
             });
         }
         Ok(tenants)

@@ -208,6 +208,7 @@ mod tests {
             requests_per_minute: rpm,
             max_priority: Priority::Normal,
             standing_slots: 0,
+            engine_priority: true,
         }
     }
 

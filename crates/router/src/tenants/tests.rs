@@ -66,6 +66,9 @@ fn a_key_names_its_tenant_by_its_hash_and_priority_is_clamped() {
     assert_eq!(acme.tenant.unwrap().standing_slots, 0, "none by default");
     let standing = Tenants::parse(&format!("standing_slots = 2\n{}", file())).unwrap();
     assert!(standing.all().iter().all(|t| t.standing_slots == 2));
+    assert!(acme.tenant.unwrap().engine_priority, "on by default");
+    let off = Tenants::parse(&format!("engine_priority = false\n{}", file())).unwrap();
+    assert!(off.all().iter().all(|t| !t.engine_priority));
     assert_eq!(standing.standing_slots(), 2);
 }
 
