@@ -325,13 +325,6 @@ impl LabRouter {
         }
     }
 
-    /// After a read of every backend, with flow control on: those that never queued take
-    /// the hold their peers learned, and the KV kept for light flows is chosen.
-    pub fn share_holds(&self) {
-        ledger::share_holds(self.accounts.iter().map(|a| &**a));
-        ledger::protect_kv(self.accounts.iter().map(|a| &**a));
-    }
-
     /// The ledger's upkeep at `now`, seconds; returns the key bytes evicted.
     fn upkeep(&self, now: f64) -> u64 {
         let accounts: Vec<&Arc<Account>> = self.accounts.iter().collect();

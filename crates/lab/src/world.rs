@@ -435,13 +435,7 @@ impl<'w> World<'w> {
                 };
                 self.routers[replica].published(backend, load, self.control.is_some());
             }
-            if self.control.is_some() {
-                self.routers[replica].share_holds();
-            }
-            if replica == 0 {
-                // Flow control's router.
-                self.take_back();
-            }
+            self.after_read(replica);
         }
     }
 

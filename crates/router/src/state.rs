@@ -11,7 +11,7 @@ use prefix_router_core::ledger::{Account, UpkeepSchedule};
 use prefix_router_core::policy::{Selector, Ties};
 
 use crate::admission::{AdmissionMetrics, Budget, Queue, RetryBudget};
-use crate::fleet::{Fleet, FlowControl};
+use crate::fleet::{AfterRead, Fleet};
 use crate::kv_events::Records;
 use crate::limits::{Current, LiveLimits};
 use crate::responses::ResponseHomes;
@@ -157,18 +157,17 @@ impl State {
     }
 }
 
-impl FlowControl for State {
+impl AfterRead for State {
     fn on(&self) -> bool {
         self.live().tenants.configured()
     }
 
-    /// With standing slots, takes back what the engines queue past their holds, as many
-    /// as the queue has room for ([`Tenancy::take_back`]).
+    /// Flow control's steps after a read ([`Tenancy::after_read`]); what the engines
+    /// queue past their holds is taken back as far as the queue has room.
     fn read(&self, accounts: &[&Account]) {
         let live = self.live();
         let room = (live.limits.max_queued).saturating_sub(self.queue.len());
         let standing = live.tenants.standing_slots();
-        self.tenancy
-            .take_back(accounts.iter().copied(), room, standing);
+        self.tenancy.after_read(accounts, room, standing);
     }
 }

@@ -21,7 +21,18 @@
 //! against 12 of 16).
 
 use super::share::Shares;
-use crate::ledger::Account;
+use crate::ledger::{self, Account};
+
+/// After a read of every one of `accounts`' published load, with a tenants file, the same
+/// in every front end: those that never queued take their peers' hold
+/// ([`ledger::share_holds`]), the backends kept for light flows are chosen
+/// ([`ledger::protect_kv`]), and with `standing` slots what the engines queue past their
+/// holds is taken back, `room` at most ([`take_back`]); how many were.
+pub fn after_read(shares: &Shares, accounts: &[&Account], room: usize, standing: usize) -> usize {
+    ledger::share_holds(accounts.iter().copied());
+    ledger::protect_kv(accounts.iter().copied());
+    take_back(shares, accounts.iter().copied(), room, standing)
+}
 
 /// With `standing` slots (the tenants file's `standing_slots`), stops, on each of
 /// `accounts`, the last placed requests with no answer yet that its engine queues past

@@ -3,18 +3,21 @@
 //! ([`share`]), the requests a request outranking them may stop before their answer
 //! ([`preempt`]), the order of the router's queue ([`order`]), and where a request the
 //! reserve is kept for stays when its home is full ([`home`]), and what an engine queues
-//! past its hold, taken back to the router's queue ([`excess`]). Time comes from a
+//! past its hold, taken back to the router's queue ([`excess`]); and one request's way
+//! through all of it, the same for every front end ([`gate`]). Time comes from a
 //! [`crate::clock::Clock`]; waking and stopping are the caller's (the router's tasks, the
 //! lab's events).
 
 pub mod excess;
+pub mod gate;
 pub mod home;
 pub mod order;
 pub mod preempt;
 pub mod share;
 pub mod tenant;
 
-pub use excess::take_back;
+pub use excess::{after_read, take_back};
+pub use gate::{FlowControl, Gate, NO_FLOW_CONTROL, NoFlowControl, Wait, placed};
 pub use home::{AtHome, at_home, make_room};
 pub use order::{Bounds, Key, Order, Shed};
 pub use preempt::{Preemptions, Stoppable, Stopped};

@@ -64,9 +64,9 @@ impl Account {
         self.load.pending()
     }
 
-    /// Prompt tokens of the requests in flight here (as estimated at admission, with a
-    /// tenants file), and the most that requests a reserve was kept for had in flight
-    /// here lately: the KV a request leaving the reserve leaves them.
+    /// Prompt tokens of the requests in flight here (as estimated at admission), and the
+    /// most that requests a reserve was kept for had in flight here lately: the KV a
+    /// request leaving the reserve leaves them.
     pub fn tokens_in_flight(&self) -> (Tokens, Tokens) {
         (self.load.tokens(), Tokens(self.reserve.tokens_lately()))
     }

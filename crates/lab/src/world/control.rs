@@ -15,7 +15,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use prefix_router_core::flow::{
-    self, AtHome, Key, Order, Share, Shares, Stoppable, Stopped, order,
+    self, FlowControl, Gate, Key, NO_FLOW_CONTROL, Order, Share, Shares, Stoppable, Stopped, gate,
+    order,
 };
 use prefix_router_core::ledger::Cap;
 
@@ -83,31 +84,46 @@ impl<'w> World<'w> {
         self.admit(now, pending);
     }
 
-    /// Places `pending` at once if a backend is open to it and none waits ahead that it
-    /// may not pass (`dispatch::wait`), else it waits in the queue.
+    /// Places `pending` at once unless it waits ([`Gate::wait`]): no backend is open to it,
+    /// or others wait ahead that it may not pass.
     fn admit(&mut self, now: f64, pending: Pending<'w>) {
-        let cap = self.cap(&pending);
         let router = &self.routers[0];
-        let held = router.limit() > 0 || router.holds();
-        let waits = held && (!router.open(cap) || !self.passes(now, &pending));
-        if waits {
+        let first = (self.control.as_ref())
+            .and_then(|c| c.order.first(seconds(now)))
+            .map(|key| key.0.0);
+        let wait = self
+            .gate(&pending)
+            .wait(&router.accounts(), router.limit(), first);
+        if wait.is_some() {
             self.join(now, pending);
         } else {
             self.place_flow(now, pending);
         }
     }
 
-    /// What `pending` may take of a backend now (`Ticket::cap`).
-    fn cap(&self, pending: &Pending) -> Cap {
+    /// `pending` at flow control's gate, as the proxy's `steps::gate` makes it.
+    fn gate(&self, pending: &Pending) -> Gate<'_> {
         let (tenant, priority) = self.parties[pending.want.party].identity();
-        let limit = self.routers[0].limit();
-        match &self.control {
-            Some(c) => Cap {
-                tokens: usize::try_from(self.prompt_tokens(pending)).unwrap_or(usize::MAX),
-                ..c.shares.cap(tenant, priority, limit, c.standing)
+        let control: &dyn FlowControl = match &self.control {
+            Some(c) => c.shares,
+            None => &NO_FLOW_CONTROL,
+        };
+        Gate {
+            flow: order::QueueTicket {
+                priority,
+                tenant,
+                weight: 1,
+                cost: self.prompt_tokens(pending),
             },
-            None => Cap::from(limit),
+            control,
+            standing: self.control.as_ref().map_or(0, |c| c.standing),
+            arriving: false,
         }
+    }
+
+    /// What `pending` may take of a backend now.
+    fn cap(&self, pending: &Pending) -> Cap {
+        self.gate(pending).cap(self.routers[0].limit())
     }
 
     /// `pending`'s prompt tokens (its cost in the queue's order).
@@ -117,46 +133,34 @@ impl<'w> World<'w> {
         turns[want.turn].prompt_tokens()
     }
 
-    /// Whether `pending` goes ahead of the waiters (`Ticket::passes`): none waits, or the
-    /// reserve is kept for it and none waiting first is of a higher priority.
-    fn passes(&self, now: f64, pending: &Pending) -> bool {
-        let Some(control) = &self.control else {
-            return true;
-        };
-        let Some(first) = control.order.first(seconds(now)) else {
-            return true;
-        };
-        let priority = self.parties[pending.want.party].identity().1;
-        self.cap(pending).kept() && first.0.0 <= priority
-    }
-
     /// `pending` waits in the queue: a full one sheds its last waiter of a lower priority
     /// (or of the tenant with the most), or waits past its bound for a lower priority's
-    /// request (`Shares::past_bound`, as `dispatch::displaced`), or sheds `pending`
-    /// itself; a waiter the reserve is kept for makes room.
+    /// request ([`Gate::past_bound`]), or sheds `pending` itself; a waiter the reserve is
+    /// kept for makes room.
     fn join(&mut self, now: f64, pending: Pending<'w>) {
         let cost = self.prompt_tokens(&pending);
-        let Some(control) = self.control.as_mut() else {
+        let Some(max_queued) = self.control.as_ref().map(|c| c.max_queued) else {
             return;
         };
         let (tenant, priority) = self.parties[pending.want.party].identity();
+        let tenant = tenant.clone();
         let ticket = order::QueueTicket {
             priority,
-            tenant,
+            tenant: &tenant,
             weight: 1,
             cost,
         };
         let promoted = seconds(now + QUEUE_TIMEOUT / 2.0);
         let number = pending.number;
-        let joined = match control
-            .order
-            .join(control.max_queued, &ticket, promoted, pending)
-        {
-            Err(pending) if control.order.len() >= control.max_queued => {
-                let bound = control.shares.past_bound(priority, control.max_queued);
-                control.order.join(bound, &ticket, promoted, pending)
+        let joined = match self.queue_join(max_queued, &ticket, promoted, pending) {
+            Err(pending) if self.queued() >= max_queued => {
+                let bound = self.gate(&pending).past_bound(max_queued);
+                self.queue_join(bound, &ticket, promoted, pending)
             }
             joined => joined,
+        };
+        let Some(control) = self.control.as_mut() else {
+            return;
         };
         match joined {
             Ok((key, shed)) => {
@@ -174,6 +178,25 @@ impl<'w> World<'w> {
         }
     }
 
+    /// `pending` of `ticket` joins the queue within `bound`, promoted at `promoted`.
+    fn queue_join(
+        &mut self,
+        bound: usize,
+        ticket: &order::QueueTicket,
+        promoted: std::time::Duration,
+        pending: Pending<'w>,
+    ) -> Result<(Key, Option<flow::Shed<Pending<'w>>>), Pending<'w>> {
+        match self.control.as_mut() {
+            Some(control) => control.order.join(bound, ticket, promoted, pending),
+            None => Err(pending),
+        }
+    }
+
+    /// Requests waiting in the queue.
+    fn queued(&self) -> usize {
+        self.control.as_ref().map_or(0, |c| c.order.len())
+    }
+
     /// A waiter the reserve is kept for stops a lower priority's request, and the requests
     /// it outranks where it would go.
     fn make_room(&self, number: u64) {
@@ -184,24 +207,16 @@ impl<'w> World<'w> {
         else {
             return;
         };
-        let (tenant, priority) = self.parties[pending.want.party].identity();
-        let cap = control.shares.cap(tenant, priority, 0, 0);
-        if !cap.kept() {
-            return;
-        }
+        let gate = self.gate(pending);
         let router = &self.routers[0];
-        let shares = control.shares;
-        let preempt = |backend| shares.preempt(backend, tenant, priority);
-        let displace = || shares.displace(priority, None);
         self.asking(pending.want, |asked| {
-            let unbounded = || router.unbounded(asked, cap);
-            let size = router.size(asked);
-            flow::make_room(cap, &router.accounts(), size, unbounded, preempt, displace);
+            let unbounded = |cap| router.unbounded(asked, cap);
+            gate.make_room(&router.accounts(), router.size(asked), unbounded);
         });
     }
 
     /// Places `pending` now: at its conversation's home if it stays there
-    /// (`dispatch::reclaim_home`), else where the policy chooses under its cap.
+    /// ([`Gate::reclaim_home`]), else where the policy chooses under its cap.
     fn place_flow(&mut self, now: f64, pending: Pending<'w>) {
         let cap = self.cap(&pending);
         let (only, cap) = self.reclaim_home(&pending, cap);
@@ -216,24 +231,12 @@ impl<'w> World<'w> {
 
     /// Where a request the reserve is kept for stays home, and under what cap.
     fn reclaim_home(&self, pending: &Pending, cap: Cap) -> (Option<usize>, Cap) {
-        let Some(control) = &self.control else {
-            return (None, cap);
-        };
-        let (_, priority) = self.parties[pending.want.party].identity();
+        let gate = self.gate(pending);
         let router = &self.routers[0];
-        let accounts = router.accounts();
-        let shares = control.shares;
-        let outranks = |on| shares.any_below(priority, on);
-        let at = self.asking(pending.want, |asked| {
-            flow::at_home(cap, &accounts, outranks, || router.unbounded(asked, cap))
+        let home = self.asking(pending.want, |asked| {
+            gate.reclaim_home(&router.accounts(), cap, || router.unbounded(asked, cap))
         });
-        match at {
-            Some(AtHome::Stop(i)) if shares.displace(priority, Some(accounts[i].id)) => {
-                (Some(i), Cap { over: 1, ..cap })
-            }
-            Some(AtHome::PastCeiling(i)) => (Some(i), cap.at_home()),
-            _ => (None, cap),
-        }
+        home.map_or((None, cap), |(i, cap)| (Some(i), cap))
     }
 
     /// Flow control's part of a placement on `placement`'s backend under `cap`, as the
@@ -249,16 +252,13 @@ impl<'w> World<'w> {
         let (Some(control), Some(placement)) = (&self.control, placement) else {
             return (Some(pending.share), None);
         };
-        let (tenant, priority) = self.parties[pending.want.party].identity();
         let backend = self.routers[0].accounts()[placement.backend].id;
-        let shares = control.shares;
-        if cap.kept() {
-            shares.preempt(backend, tenant, priority);
-        }
         let stopped = Arc::clone(&control.stopped);
-        let stop = Box::new(move |why| stopped.lock().push((id, why)));
-        let preemptible = (!pending.preempted && !cap.kept())
-            .then(|| shares.preemptible(backend, tenant, priority, stop));
+        let stop =
+            move || -> flow::preempt::Stop { Box::new(move |why| stopped.lock().push((id, why))) };
+        let flow = self.gate(&pending).flow;
+        let preemptible =
+            gate::placed(control.shares, &flow, cap, backend, pending.preempted, stop);
         (Some(pending.share), preemptible)
     }
 
@@ -277,17 +277,19 @@ impl<'w> World<'w> {
         }
     }
 
-    /// After a read of the engines' load, with standing slots: the requests an engine
-    /// queues past its hold wait in the router's queue instead, as many as it has room
-    /// for (`flow::take_back`).
-    pub(super) fn take_back(&self) {
+    /// After replica `replica`'s read of the engines' load, with flow control: its
+    /// steps ([`flow::after_read`]); on the first replica, flow control's, the requests an
+    /// engine queues past its hold wait in the router's queue instead, as many as it has
+    /// room for.
+    pub(super) fn after_read(&self, replica: usize) {
         let Some(control) = &self.control else {
             return;
         };
         let room = control.max_queued.saturating_sub(control.order.len());
-        let accounts = self.routers[0].accounts();
-        let accounts = accounts.iter().map(|a| &***a);
-        flow::take_back(control.shares, accounts, room, control.standing);
+        let standing = if replica == 0 { control.standing } else { 0 };
+        let accounts = self.routers[replica].accounts();
+        let accounts: Vec<_> = accounts.iter().map(|a| &***a).collect();
+        flow::after_read(control.shares, &accounts, room, standing);
     }
 
     /// Takes the stopped requests off their engines and admits them again, and places the

@@ -27,11 +27,10 @@ use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::TextBytes;
 use serde_json::{Value, json};
 
-use crate::admission::Ticket;
 use crate::error::RouterError;
-use prefix_router_core::flow::AtHome;
+use prefix_router_core::flow::{AtHome, Gate, Wait};
 
-use crate::proxy::dispatch::{self, Route, Wait};
+use crate::proxy::dispatch::{self, Route};
 use crate::proxy::prepare::{self, Prepared};
 use crate::proxy::steps;
 use crate::responses;
@@ -71,11 +70,11 @@ pub async fn explain(
     let live_config = state.live();
     let identity = live_config.tenants.identify(headers);
     let size = prepared.size();
-    let ticket = identity.as_ref().ok().map(|identity| Ticket {
+    let gate = identity.as_ref().ok().map(|identity| Gate {
         arriving: true,
-        ..steps::ticket(state, identity, size.tokens().0 as u64)
+        ..steps::gate(state, identity, size.tokens().0 as u64)
     });
-    let cap = ticket.map_or(Cap::from(limit), |t| t.cap(limit));
+    let cap = gate.map_or(Cap::from(limit), |g| g.cap(limit));
     let decided = prepare::decide(state, &accounts, cap, &request);
     let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
     let matches = (state.selector.index())
@@ -97,7 +96,7 @@ pub async fn explain(
                 "kv_kept": a.kv_kept(),
                 "slots": a.sequences(),
                 "open": a.open(cap),
-                "would_stop": ticket.map_or(0, |t| t.outranked(cap, a.id)),
+                "would_stop": gate.map_or(0, |g| g.outranked(cap, a.id)),
                 "hold": a.hold(),
                 "home": home == Some(a.id),
                 "live_conversations": live.map(|l| l.conversations),
@@ -106,16 +105,16 @@ pub async fn explain(
             })
         })
         .collect();
-    let admission = match (&identity, ticket) {
-        (Ok(identity), Some(ticket)) => json!({
+    let admission = match (&identity, gate) {
+        (Ok(identity), Some(gate)) => json!({
             "tenant": identity.tenant.map(|t| t.name.as_str()),
             "priority": identity.priority.label(),
             "reserve": cap.leaves(),
             "kept": cap.kept(),
             "standing_slots": cap.standing(),
             "queued": state.queue.len(),
-            "wait": dispatch::wait(state, limits, &ready, &ticket).map(Wait::label),
-            "stops_at_home": match dispatch::at_home(state, &ticket, &ready, &route, cap) {
+            "wait": dispatch::wait(state, limits, &ready, &gate).map(Wait::label),
+            "stops_at_home": match dispatch::at_home(state, &gate, &ready, &route, cap) {
                 Some(AtHome::Stop(home)) => url(home),
                 _ => None,
             },

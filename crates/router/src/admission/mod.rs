@@ -11,5 +11,5 @@ mod retry;
 
 pub use budget::{Budget, Permit};
 pub use metrics::{AdmissionMetrics, ShedReason};
-pub use queue::{Bounds, Left, Place, Queue, Ticket};
+pub use queue::{Bounds, Left, Place, Queue};
 pub use retry::{RetryBudget, Retrying};

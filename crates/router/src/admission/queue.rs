@@ -15,107 +15,12 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use prefix_router_core::BackendId;
 use prefix_router_core::clock::{Clock, Monotonic};
-use prefix_router_core::flow::{Key, Order, Shed, TenantId, order};
-use prefix_router_core::ledger::Cap;
+use prefix_router_core::flow::{Gate, Key, Order, Priority, Shed, TenantId};
 
 pub use prefix_router_core::flow::Bounds;
 
 use crate::fleet::Fleet;
-use crate::tenants::preempt::Preemptible;
-use crate::tenants::{Priority, Shares};
-
-/// Where a request stands in the queue's order and among the flows.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Ticket<'t> {
-    /// What the queue's order weighs: its priority, tenant, tenant's weight and cost.
-    pub flow: order::QueueTicket<'t>,
-    /// The tenants' fair shares (with a tenants file).
-    pub shares: Option<&'t Shares>,
-    /// Slots of each held backend it leaves free for an arrival (`standing_slots`).
-    pub standing: usize,
-    /// Not counted in its tenant's share (`POST /route` asks about a request that has
-    /// not arrived): weighed as if it were.
-    pub arriving: bool,
-}
-
-impl<'t> Ticket<'t> {
-    /// What it may take of a backend under the in-flight `limit` (0: none), with the
-    /// reserve its tenant's share asks, as it stands now, and its cost as its prompt.
-    pub fn cap(&self, limit: usize) -> Cap {
-        let (tenant, priority, standing) = (self.flow.tenant, self.flow.priority, self.standing);
-        let cap = |s: &Shares| Cap {
-            tokens: usize::try_from(self.flow.cost).unwrap_or(usize::MAX),
-            ..match self.arriving {
-                true => s.cap_arriving(tenant, self.flow.weight, priority, limit, standing),
-                false => s.cap(tenant, priority, limit, standing),
-            }
-        };
-        self.shares.map_or(Cap::from(limit), cap)
-    }
-
-    /// Placed on `backend` under `cap`, a request the reserve is not kept for may be
-    /// stopped, until its answer, by one that outranks it ([`crate::tenants::preempt`]).
-    pub fn preemptible(&self, cap: Cap, backend: BackendId) -> Option<Preemptible<'t>> {
-        let shares = self.shares.filter(|_| !cap.kept())?;
-        Some(Preemptible::enter(
-            shares,
-            backend,
-            self.flow.tenant,
-            self.flow.priority,
-        ))
-    }
-
-    /// Placed on `backend` under `cap`, a request the reserve is kept for stops those
-    /// there that it outranks and that have no answer yet; returns how many.
-    pub fn preempt(&self, cap: Cap, backend: BackendId) -> usize {
-        let shares = self.shares.filter(|_| cap.kept());
-        shares.map_or(0, |s| {
-            s.preempt(backend, self.flow.tenant, self.flow.priority)
-        })
-    }
-
-    /// Stops the last placed request with no answer yet at the lowest priority below its
-    /// own (with a tenants file), on `on`: for want of a place in a full queue, on any
-    /// backend (`None`); for want of a slot at its conversation's home, there. Whether
-    /// there was one.
-    pub fn displace(&self, on: Option<BackendId>) -> bool {
-        self.shares
-            .is_some_and(|s| s.displace(self.flow.priority, on))
-    }
-
-    /// The bound it may wait past in a queue full at `bound` of waiters it may not shed
-    /// ([`Shares::past_bound`], with a tenants file; else `bound`).
-    pub fn past_bound(&self, bound: usize) -> usize {
-        self.shares
-            .map_or(bound, |s| s.past_bound(self.flow.priority, bound))
-    }
-
-    /// Whether [`Self::displace`] on `on` would find a request to stop: one of a lower
-    /// priority, with no answer yet, is in flight there.
-    pub fn outranks_any(&self, on: Option<BackendId>) -> bool {
-        self.shares
-            .is_some_and(|s| s.any_below(self.flow.priority, on))
-    }
-
-    /// How many requests [`Self::preempt`] would stop on `backend` now (`POST /route`).
-    pub fn outranked(&self, cap: Cap, backend: BackendId) -> usize {
-        let shares = self.shares.filter(|_| cap.kept());
-        shares.map_or(0, |s| {
-            s.outranked(backend, self.flow.tenant, self.flow.priority)
-        })
-    }
-
-    /// Whether it may pass the waiters of `queue` to a slot open for it: the reserve is
-    /// kept for it ([`Shares::light`]), and no waiter has a higher priority.
-    pub fn passes(&self, queue: &Queue) -> bool {
-        self.cap(0).kept()
-            && queue
-                .first_priority()
-                .is_none_or(|p| p <= self.flow.priority)
-    }
-}
 
 #[derive(Default)]
 struct Waiter {
@@ -165,19 +70,19 @@ impl Queue {
         self.order.lock().first(self.clock.now())
     }
 
-    /// A place for `ticket`, if fewer than `bounds` allow wait (or a waiter can be shed
-    /// for it when the whole queue is full; never when its tenant's or its priority's
-    /// bound is); after `promote_after` it goes first whatever its priority.
+    /// A place for `gate`'s request, if fewer than `bounds` allow wait (or a waiter can be
+    /// shed for it when the whole queue is full; never when its tenant's or its
+    /// priority's bound is); after `promote_after` it goes first whatever its priority.
     pub fn join(
         &self,
         bounds: impl Into<Bounds>,
-        ticket: Ticket,
+        gate: Gate,
         promote_after: Duration,
     ) -> Option<Place<'_>> {
         let waiter = Arc::new(Waiter::default());
         let promoted = self.clock.now() + promote_after;
         let payload = Arc::clone(&waiter);
-        let joined = (self.order.lock()).join(bounds, &ticket.flow, promoted, payload);
+        let joined = (self.order.lock()).join(bounds, &gate.flow, promoted, payload);
         let (key, shed) = joined.ok()?;
         if let Some(Shed(last)) = shed {
             last.shed.store(true, Relaxed);
@@ -274,13 +179,13 @@ impl Drop for Place<'_> {
 mod tests {
     use super::*;
 
-    fn ticket(priority: Priority) -> Ticket<'static> {
-        Ticket {
-            flow: order::QueueTicket {
+    fn ticket(priority: Priority) -> Gate<'static> {
+        Gate {
+            flow: prefix_router_core::flow::order::QueueTicket {
                 priority,
                 ..Default::default()
             },
-            ..Ticket::default()
+            ..Gate::default()
         }
     }
 

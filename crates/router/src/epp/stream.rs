@@ -162,13 +162,13 @@ async fn pick(state: &State, stream: &mut Stream, record: &mut Record) -> Result
     let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
     // Counted in its tenant's share until the response ends.
     let _share = state.tenancy.share(&identity);
-    let ticket = steps::ticket(state, &identity, estimate);
+    let gate = steps::gate(state, &identity, estimate);
     let mut choosing = Choosing {
         stream: &mut *stream,
         subset: incoming.subset.clone(),
     };
     let trace = RequestTrace::default();
-    let dispatched = dispatch::run(state, limits, &mut choosing, &route, ticket, &trace).await;
+    let dispatched = dispatch::run(state, limits, &mut choosing, &route, gate, &trace).await;
     if let Err(RouterError::Overloaded { shed, .. }) = &dispatched.result {
         state.tenancy.shed(&identity, shed.label());
     }

@@ -33,7 +33,7 @@ pub use gauges::FleetGauges;
 pub use health::{HealthChecks, HealthSettings};
 pub use models::{Model, Models, Served};
 pub use outlier::{Ejection, Ended, OutlierSettings, Reason};
-pub use reader::{FlowControl, MetricsReader, ReaderSettings};
+pub use reader::{AfterRead, MetricsReader, ReaderSettings};
 pub use worker::{Worker, WorkerError, add_pool};
 
 /// The backends at one moment. Never changes once published.

@@ -6,7 +6,7 @@
 //! flow control on (a tenants file), each published queue teaches the backend's account
 //! where to hold work back in the router ([`Account::learn_hold`]); a backend that never
 //! queued takes the hold its peers learned; then flow control hears of the read
-//! ([`FlowControl::read`]: it takes back what the engines queue past their holds).
+//! ([`AfterRead::read`]: it takes back what the engines queue past their holds).
 //!
 //! The models each backend lists ([`models`](super::models)) are read with its first
 //! metrics and then every `models_interval`; not llama.cpp's, which answers any `model`.
@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use log::info;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use prefix_router_core::ledger::{self, Account};
+use prefix_router_core::ledger::Account;
 
 use super::fetch::Fetcher;
 use super::{Backend, Fleet, Served, metrics};
@@ -55,13 +55,13 @@ enum Engine {
     Other,
 }
 
-/// What the reader asks of flow control.
-pub trait FlowControl: Send + Sync {
+/// What the reader asks of flow control after each read.
+pub trait AfterRead: Send + Sync {
     /// Whether flow control is on now (a reload may change it): holds are learned.
     fn on(&self) -> bool;
 
     /// A read of every backend in `accounts` ended, with flow control on, their holds
-    /// learned.
+    /// learned ([`flow::after_read`](prefix_router_core::flow::after_read)).
     fn read(&self, accounts: &[&Account]);
 }
 
@@ -70,12 +70,12 @@ pub struct MetricsReader {
     settings: ReaderSettings,
     fleet: Arc<Fleet>,
     fetcher: Fetcher,
-    flow: Arc<dyn FlowControl>,
+    flow: Arc<dyn AfterRead>,
 }
 
 impl MetricsReader {
     /// Reads `fleet`'s backends as `settings` say; holds are learned while `flow` is on.
-    pub fn new(settings: ReaderSettings, fleet: Arc<Fleet>, flow: Arc<dyn FlowControl>) -> Self {
+    pub fn new(settings: ReaderSettings, fleet: Arc<Fleet>, flow: Arc<dyn AfterRead>) -> Self {
         MetricsReader {
             settings,
             fetcher: Fetcher::new(&fleet),
@@ -96,8 +96,6 @@ impl MetricsReader {
         futures_util::future::join_all(reads).await;
         if self.flow.on() {
             let accounts: Vec<&Account> = snapshot.backends.iter().map(|b| &*b.account).collect();
-            ledger::share_holds(accounts.iter().copied());
-            ledger::protect_kv(accounts.iter().copied());
             self.flow.read(&accounts);
         }
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use log::warn;
 use opentelemetry::KeyValue;
 use prefix_router_core::BackendId;
-use prefix_router_core::flow::{self, AtHome};
+use prefix_router_core::flow::{AtHome, Gate, Wait};
 use prefix_router_core::ledger::{self, Account, Cap, Placing, Seat};
 use prefix_router_core::policy::{Candidate, Decision, Outcome, Request, Turn};
 use prefix_router_core::units::TextBytes;
@@ -23,12 +23,13 @@ use smallvec::SmallVec;
 
 use super::exchange::{Exchange, Failure};
 use super::prepare;
-use crate::admission::{Bounds, Left, Place, Queue, Retrying, Ticket};
+use crate::admission::{Bounds, Left, Place, Queue, Retrying};
 use crate::error::{RouterError, ShedReason};
 use crate::fleet::{Backend, Ended, Fleet, Ready};
 use crate::limits::Limits;
 use crate::state::State;
 use crate::stats::{Label, RetryReason};
+use crate::tenants::preempt::Preemptible;
 use crate::traces::RequestTrace;
 
 /// Models named in a `model_required` answer at most.
@@ -109,7 +110,7 @@ pub async fn run<E: Exchange>(
     limits: &Limits,
     exchange: &mut E,
     route: &Route<'_, '_>,
-    ticket: Ticket<'_>,
+    gate: Gate<'_>,
     trace: &RequestTrace,
 ) -> Dispatched<E::Answer> {
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
@@ -124,13 +125,13 @@ pub async fn run<E: Exchange>(
         budget: None,
     };
     let result = loop {
-        let ready = match admitted(state, limits, exchange, route, &tried, ticket, trace).await {
+        let ready = match admitted(state, limits, exchange, route, &tried, gate, trace).await {
             Ok(ready) if ready.is_empty() => break Err(last_error),
             Ok(ready) => ready,
             Err(e) => break Err(e),
         };
-        let cap = ticket.cap(limits.max_inflight_per_backend);
-        let (ready, cap) = reclaim_home(state, &ticket, ready, route, cap);
+        let cap = gate.cap(limits.max_inflight_per_backend);
+        let (ready, cap) = reclaim_home(state, &gate, ready, route, cap);
         let Some((seat, backend)) = place(state, cap, &ready, route, trace) else {
             // Another request took the last slot since the backends were read.
             match refused.back_off(limits.queue_timeout).await {
@@ -144,7 +145,7 @@ pub async fn run<E: Exchange>(
             backend: Arc::clone(&backend),
             decision,
         });
-        let sent = send(state, exchange, &ticket, cap, &backend, &mut preempted).await;
+        let sent = send(state, exchange, &gate, cap, &backend, &mut preempted).await;
         let (retried, error) = match sent {
             Err(Failure::Preempted) => continue,
             Ok(answer)
@@ -230,30 +231,26 @@ impl Refused {
     }
 }
 
-/// Sends the request of `exchange`, placed on `backend` under `cap`: one the reserve is
-/// kept for first stops those there that it outranks and that have no answer yet; one it
-/// is not kept for may be stopped so until its answer, unless it was once (`preempted`,
-/// set when it is; not when it was only taken back from the engine's queue).
+/// Sends the request of `exchange`, placed on `backend` under `cap` ([`Gate::placed`]):
+/// one the reserve is kept for first stops those there that it outranks and that have no
+/// answer yet; one it is not kept for may be stopped so until its answer, unless it was
+/// once (`preempted`, set when it is; not when it was only taken back from the engine's
+/// queue).
 async fn send<E: Exchange>(
     state: &State,
     exchange: &mut E,
-    ticket: &Ticket<'_>,
+    gate: &Gate<'_>,
     cap: Cap,
     backend: &Backend,
     preempted: &mut bool,
 ) -> Result<E::Answer, Failure> {
-    ticket.preempt(cap, backend.id);
-    let preemptible = (!*preempted)
-        .then(|| ticket.preemptible(cap, backend.id))
-        .flatten();
+    let preemptible = Preemptible::placed(gate, cap, backend.id, *preempted);
     let sent = exchange
         .send(backend, preemptible.as_ref().map(|p| p.stop()))
         .await;
     if let Err(Failure::Preempted) = sent {
         *preempted = !preemptible.as_ref().is_some_and(|p| p.taken_back());
-        state
-            .tenancy
-            .preempted(ticket.flow.tenant, ticket.flow.priority);
+        (state.tenancy).preempted(gate.flow.tenant, gate.flow.priority);
     }
     sent
 }
@@ -388,7 +385,7 @@ async fn admitted<E: Exchange>(
     exchange: &mut E,
     route: &Route<'_, '_>,
     tried: &[BackendId],
-    ticket: Ticket<'_>,
+    gate: Gate<'_>,
     trace: &RequestTrace,
 ) -> Result<Ready, RouterError> {
     let fleet = &state.fleet;
@@ -403,10 +400,10 @@ async fn admitted<E: Exchange>(
         [] => serving(within(fleet), route)?,
         _ => within(fleet).serving(route.model()),
     };
-    if ready.is_empty() || wait(state, limits, &ready, &ticket).is_none() {
+    if ready.is_empty() || wait(state, limits, &ready, &gate).is_none() {
         return Ok(ready);
     }
-    let open = |ready: &Ready| ledger::open(&ready.accounts(), ticket.cap(limit));
+    let open = |ready: &Ready| ledger::open(&ready.accounts(), gate.cap(limit));
     let overloaded = |shed| RouterError::Overloaded {
         shed,
         retry_after: limits.queue_timeout.as_secs().max(1),
@@ -417,10 +414,10 @@ async fn admitted<E: Exchange>(
         per_tenant: limits.max_queued_per_tenant,
         per_priority: limits.max_queued_per_priority,
     };
-    let place = (state.queue).join(bounds, ticket, promote_after);
-    let place = place.or_else(|| displaced(&state.queue, bounds, ticket, promote_after));
+    let place = (state.queue).join(bounds, gate, promote_after);
+    let place = place.or_else(|| displaced(&state.queue, bounds, gate, promote_after));
     let place = place.ok_or_else(|| overloaded(ShedReason::QueueFull))?;
-    make_room(state, &ticket, &ready, route);
+    make_room(state, &gate, &ready, route);
     let (started, since) = (Instant::now(), SystemTime::now());
     let wait = place.wait(fleet, started + limits.queue_timeout, |f| {
         Some(within(f).serving(route.model())).filter(open)
@@ -431,7 +428,7 @@ async fn admitted<E: Exchange>(
         gone = exchange.client_gone() => Err(gone),
     };
     state.admission.waited(started.elapsed());
-    state.tenancy.waited(ticket.flow.tenant, started.elapsed());
+    state.tenancy.waited(gate.flow.tenant, started.elapsed());
     trace.waited(since);
     waited?.map_err(|left| match left {
         Left::TimedOut => overloaded(ShedReason::QueueTimeout),
@@ -439,68 +436,57 @@ async fn admitted<E: Exchange>(
     })
 }
 
-/// A place for `ticket` that the queue, full of waiters it may not shed, refused: past
-/// the bound [`Ticket::past_bound`] gives it (unbounded once it stopped a request it
-/// outranks; else, for `high`, by those it outranks, all answered), for the slot one of
-/// them frees.
+/// A place for `gate`'s request that the queue, full of waiters it may not shed,
+/// refused: past the bound [`Gate::past_bound`] gives it (unbounded once it stopped a
+/// request it outranks; else, for `high`, by those it outranks, all answered), for the
+/// slot one of them frees.
 fn displaced<'q>(
     queue: &'q Queue,
     bounds: Bounds,
-    ticket: Ticket,
+    gate: Gate,
     promote_after: Duration,
 ) -> Option<Place<'q>> {
     if queue.len() < bounds.all {
         return None;
     }
-    let all = ticket.past_bound(bounds.all);
-    queue.join(Bounds { all, ..bounds }, ticket, promote_after)
+    let all = gate.past_bound(bounds.all);
+    queue.join(Bounds { all, ..bounds }, gate, promote_after)
 }
 
 /// A request the reserve is kept for, waiting for a slot, makes room where it would go
-/// ([`flow::make_room`]).
-fn make_room(state: &State, ticket: &Ticket, ready: &Ready, route: &Route) {
-    let cap = ticket.cap(0);
+/// ([`Gate::make_room`]).
+fn make_room(state: &State, gate: &Gate, ready: &Ready, route: &Route) {
     let accounts = ready.accounts();
-    let unbounded = || unbounded(state, cap, &accounts, route);
-    let preempt = |backend| ticket.preempt(cap, backend);
-    let displace = || ticket.displace(None);
-    flow::make_room(cap, &accounts, route.text(), unbounded, preempt, displace);
+    let unbounded = |cap| unbounded(state, cap, &accounts, route);
+    gate.make_room(&accounts, route.text(), unbounded);
 }
 
 /// A request the reserve is kept for whose conversation's home is not open to it stays
-/// there, as [`at_home`] says: only the home, under the cap that lets it in. Else `ready`
-/// and `cap` are left as they were.
-fn reclaim_home(
-    state: &State,
-    ticket: &Ticket,
-    ready: Ready,
-    route: &Route,
-    cap: Cap,
-) -> (Ready, Cap) {
-    let at = at_home(state, ticket, &ready, route, cap);
-    let home = at.and_then(|at| Some((at, ready.accounts().get(at.home())?.id)));
+/// there ([`Gate::reclaim_home`]): only the home, under the cap that lets it in. Else
+/// `ready` and `cap` are left as they were.
+fn reclaim_home(state: &State, gate: &Gate, ready: Ready, route: &Route, cap: Cap) -> (Ready, Cap) {
+    let home = {
+        let accounts = ready.accounts();
+        let unbounded = || unbounded(state, cap, &accounts, route);
+        let home = gate.reclaim_home(&accounts, cap, unbounded);
+        home.and_then(|(i, cap)| Some((accounts.get(i)?.id, cap)))
+    };
     match home {
-        Some((AtHome::Stop(_), id)) if ticket.displace(Some(id)) => {
-            (ready.only(id), Cap { over: 1, ..cap })
-        }
-        Some((AtHome::PastCeiling(_), id)) => (ready.only(id), cap.at_home()),
-        _ => (ready, cap),
+        Some((id, cap)) => (ready.only(id), cap),
+        None => (ready, cap),
     }
 }
 
-/// How the request stays home ([`flow::at_home`]), among `ready`.
+/// How the request stays home ([`Gate::at_home`]), among `ready`.
 pub fn at_home(
     state: &State,
-    ticket: &Ticket,
+    gate: &Gate,
     ready: &Ready,
     route: &Route,
     cap: Cap,
 ) -> Option<AtHome> {
     let accounts = ready.accounts();
-    let outranks = |on| ticket.outranks_any(on);
-    flow::at_home(cap, &accounts, outranks, || {
-        unbounded(state, cap, &accounts, route)
-    })
+    gate.at_home(&accounts, cap, || unbounded(state, cap, &accounts, route))
 }
 
 /// Where the policy would place the request under `cap` among `accounts` if every one
@@ -561,42 +547,11 @@ pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
     Ok(serving)
 }
 
-/// Why a request would wait in the router's queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
-    /// No backend of `ready` is open for it (each at its in-flight limit or hold, or its
-    /// free slots kept in reserve for others).
-    Full,
-    /// Requests wait ahead of it in the queue.
-    Behind,
-}
-
-impl Wait {
-    /// Its name in `POST /route`.
-    pub fn label(self) -> &'static str {
-        match self {
-            Wait::Full => "full",
-            Wait::Behind => "behind",
-        }
-    }
-}
-
-/// Why a request of `ticket` would wait before being placed on one of `ready` now; `None`
-/// when it would go at once.
-pub fn wait(state: &State, limits: &Limits, ready: &Ready, ticket: &Ticket) -> Option<Wait> {
+/// Why a request at `gate` would wait before being placed on one of `ready` now
+/// ([`Gate::wait`]); `None` when it would go at once.
+pub fn wait(state: &State, limits: &Limits, ready: &Ready, gate: &Gate) -> Option<Wait> {
     let limit = limits.max_inflight_per_backend;
-    let held = ready.accounts().iter().any(|a| a.hold().is_some());
-    if limit == 0 && !held {
-        return None;
-    }
-    let queue = &state.queue;
-    if !ledger::open(&ready.accounts(), ticket.cap(limit)) {
-        Some(Wait::Full)
-    } else if !queue.is_empty() && !ticket.passes(queue) {
-        Some(Wait::Behind)
-    } else {
-        None
-    }
+    gate.wait(&ready.accounts(), limit, state.queue.first_priority())
 }
 
 /// Outlier detection counts how an exchange with `backend` ended; the fleet keeps its

@@ -225,9 +225,9 @@ impl Router {
         };
         // Counted in its tenant's share until the response ends.
         let _share = state.tenancy.share(&identity);
-        let ticket = steps::ticket(state, &identity, estimate);
+        let gate = steps::gate(state, &identity, estimate);
         let dispatched =
-            dispatch::run(state, limits, &mut upstream, &route, ticket, &ctx.trace).await;
+            dispatch::run(state, limits, &mut upstream, &route, gate, &ctx.trace).await;
         drop(upstream);
         if let Err(RouterError::Overloaded { shed, .. }) = &dispatched.result {
             state.tenancy.shed(&identity, shed.label());

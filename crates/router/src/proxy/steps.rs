@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 use log::debug;
-use prefix_router_core::flow::{TenantId, order};
+use prefix_router_core::flow::{Gate, TenantId, order};
 use prefix_router_core::ledger::{Report, Seat};
 use prefix_router_core::request::Endpoint;
 use prefix_router_core::units::Tokens;
@@ -18,7 +18,6 @@ use prefix_router_core::units::Tokens;
 use super::dispatch::{self, Route};
 use super::prepare::Prepared;
 use super::relay::Trace;
-use crate::admission::Ticket;
 use crate::endpoints::Probe;
 use crate::error::RouterError;
 use crate::fleet::{Backend, Ended, Served};
@@ -61,17 +60,17 @@ pub async fn prepare<'b>(
     Ok(Some(prepared))
 }
 
-/// The request's place in the router's queue: its priority and tenant, and `cost`, its
+/// The request at flow control's gate: its priority and tenant, and `cost`, its
 /// estimated prompt tokens.
-pub fn ticket<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Ticket<'t> {
-    Ticket {
+pub fn gate<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Gate<'t> {
+    Gate {
         flow: order::QueueTicket {
             priority: identity.priority,
             tenant: identity.tenant.map_or(TenantId::none(), |t| &t.name),
             weight: identity.tenant.map_or(1, |t| t.weight),
             cost,
         },
-        shares: state.tenancy.shares(identity),
+        control: state.tenancy.flow_control(identity),
         standing: identity.tenant.map_or(0, |t| t.standing_slots),
         arriving: false,
     }

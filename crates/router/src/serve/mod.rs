@@ -25,7 +25,7 @@ use crate::config::{Config, Source};
 use crate::control::{Control, Triggers};
 use crate::epp::Epp;
 use crate::fleet::{
-    Discovery, Fleet, FleetGauges, FlowControl, HealthChecks, MetricsReader, Resolving,
+    AfterRead, Discovery, Fleet, FleetGauges, HealthChecks, MetricsReader, Resolving,
 };
 use crate::kv_events::{KvEventMetrics, Records, Subscribers};
 use crate::limits::Current;
@@ -129,7 +129,7 @@ pub fn build(
     let reader = MetricsReader::new(
         config.boot.metrics.clone(),
         Arc::clone(&fleet),
-        Arc::clone(&state) as Arc<dyn FlowControl>,
+        Arc::clone(&state) as Arc<dyn AfterRead>,
     );
     let control = Arc::new(Control::new(
         config.clone(),

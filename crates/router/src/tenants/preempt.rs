@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use prefix_router_core::BackendId;
-use prefix_router_core::flow::{Stoppable, Stopped, TenantId};
+use prefix_router_core::flow::{Gate, Stoppable, Stopped};
+use prefix_router_core::ledger::Cap;
 use tokio::sync::Notify;
-
-use super::{Priority, Shares};
 
 /// A registered request: stopped when [`Preemptible::stop`] resolves; unregistered when
 /// dropped.
@@ -22,25 +21,23 @@ pub struct Preemptible<'p> {
 }
 
 impl<'p> Preemptible<'p> {
-    /// Registers a request of `tenant` at `priority` placed on `backend` in `shares`.
-    pub fn enter(
-        shares: &'p Shares,
-        backend: BackendId,
-        tenant: &TenantId,
-        priority: Priority,
-    ) -> Self {
+    /// `gate`'s request placed on `backend` under `cap` ([`Gate::placed`]): registered if
+    /// it may be stopped (not the once it was already, `once`).
+    pub fn placed(gate: &Gate<'p>, cap: Cap, backend: BackendId, once: bool) -> Option<Self> {
         let stop = Arc::new(Notify::new());
         let taken_back = Arc::new(AtomicBool::new(false));
         let (notify, taken) = (Arc::clone(&stop), Arc::clone(&taken_back));
-        let stopper = Box::new(move |why| {
-            taken.store(why == Stopped::TakenBack, Relaxed);
-            notify.notify_one();
-        });
-        Preemptible {
-            _registered: shares.preemptible(backend, tenant, priority, stopper),
+        let stopper = move || -> prefix_router_core::flow::preempt::Stop {
+            Box::new(move |why| {
+                taken.store(why == Stopped::TakenBack, Relaxed);
+                notify.notify_one();
+            })
+        };
+        Some(Preemptible {
+            _registered: gate.placed(cap, backend, once, stopper)?,
             stop,
             taken_back,
-        }
+        })
     }
 
     /// Whether it was stopped to be taken back from its engine's queue (it may be
@@ -58,16 +55,27 @@ impl<'p> Preemptible<'p> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tenants::{Priority, Shares};
+    use prefix_router_core::flow::TenantId;
+    use prefix_router_core::flow::order::QueueTicket;
 
     #[tokio::test]
     async fn a_stopped_request_is_woken_even_when_stopped_before_it_waits() {
         let shares = Shares::default();
+        let a = TenantId::new("a");
         let _a: Vec<_> = (0..6)
-            .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
+            .map(|_| shares.enter(&a, 1, Priority::Normal))
             .collect();
         let _b = shares.enter(&TenantId::new("b"), 1, Priority::Normal);
-        let heavy =
-            Preemptible::enter(&shares, BackendId(1), &TenantId::new("a"), Priority::Normal);
+        let gate = Gate {
+            flow: QueueTicket {
+                tenant: &a,
+                ..QueueTicket::default()
+            },
+            control: &shares,
+            ..Gate::default()
+        };
+        let heavy = Preemptible::placed(&gate, gate.cap(0), BackendId(1), false).unwrap();
         assert_eq!(shares.preempt(BackendId(1), "b", Priority::Normal), 1);
         heavy.stop().notified().await;
     }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use std::collections::HashMap;
 
 use prefix_router_core::flow;
-use prefix_router_core::flow::TenantId;
+use prefix_router_core::flow::{FlowControl, NO_FLOW_CONTROL, TenantId};
 use prefix_router_core::ledger::Account;
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
 
@@ -175,22 +175,20 @@ impl Tenancy {
         Some((self.shares).enter(&tenant.name, tenant.weight, identity.priority))
     }
 
-    /// The tenants' fair shares, to weigh a request of `identity` against; `None` without
-    /// a tenants file.
-    pub fn shares(&self, identity: &Identity) -> Option<&Shares> {
-        identity.tenant.map(|_| &self.shares)
+    /// The flow control a request of `identity` is weighed by: the tenants' fair shares,
+    /// or none without a tenants file.
+    pub fn flow_control(&self, identity: &Identity) -> &dyn FlowControl {
+        match identity.tenant {
+            Some(_) => &self.shares,
+            None => &NO_FLOW_CONTROL,
+        }
     }
 
-    /// With `standing` slots, stops the requests `accounts`' engines queue past their
-    /// holds, `room` at most ([`flow::take_back`]); they wait in the router's queue. How
-    /// many.
-    pub fn take_back<'a>(
-        &self,
-        accounts: impl IntoIterator<Item = &'a Account>,
-        room: usize,
-        standing: usize,
-    ) -> usize {
-        flow::take_back(&self.shares, accounts, room, standing)
+    /// Flow control's steps after a read of every one of `accounts` ([`flow::after_read`]):
+    /// holds shared, KV kept for light flows, and with `standing` slots what the engines
+    /// queue past their holds taken back, `room` at most; how many were.
+    pub fn after_read(&self, accounts: &[&Account], room: usize, standing: usize) -> usize {
+        flow::after_read(&self.shares, accounts, room, standing)
     }
 
     /// A request admitted as `charge` cost `tokens` (prompt and completion), as its answer

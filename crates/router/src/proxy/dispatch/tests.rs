@@ -177,7 +177,7 @@ async fn dispatch(state: &State, limits: &Limits, fake: &mut Fake) -> Dispatched
         limits,
         fake,
         &Route::AnyBackend,
-        Ticket::default(),
+        Gate::default(),
         &RequestTrace::default(),
     )
     .await
@@ -389,14 +389,14 @@ async fn as_tenant(
     standing: usize,
 ) -> Dispatched<(BackendId, u16)> {
     let tenant = TenantId::new(tenant);
-    let ticket = Ticket {
+    let ticket = Gate {
         flow: prefix_router_core::flow::order::QueueTicket {
             tenant: &tenant,
             ..Default::default()
         },
-        shares: Some(shares),
+        control: shares,
         standing,
-        ..Ticket::default()
+        ..Gate::default()
     };
     let trace = RequestTrace::default();
     run(state, limits, fake, &Route::AnyBackend, ticket, &trace).await
@@ -502,14 +502,14 @@ async fn a_waiting_higher_priority_stops_an_unanswered_lower_one_and_takes_its_s
     let state = state(1, true);
     let limits = limits(1, Duration::from_secs(5));
     let p = TenantId::new("p");
-    let at = |priority| Ticket {
+    let at = |priority| Gate {
         flow: prefix_router_core::flow::order::QueueTicket {
             tenant: &p,
             priority,
             ..Default::default()
         },
-        shares: Some(&shares),
-        ..Ticket::default()
+        control: &shares,
+        ..Gate::default()
     };
     let _low_share = shares.enter(&TenantId::new("p"), 1, Priority::Low);
     let mut low = Fake::new([Step::UntilStopped, Step::Answer]);
