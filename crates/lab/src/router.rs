@@ -279,11 +279,6 @@ impl LabRouter {
         self.selector.released(placement.conversation, backend);
     }
 
-    /// Whether every backend is at its in-flight limit (never, without a limit).
-    pub fn full(&self) -> bool {
-        !self.open(Cap::from(self.limit))
-    }
-
     /// Whether a backend is open to a request under `cap`.
     pub fn open(&self, cap: Cap) -> bool {
         ledger::open(&self.accounts(), cap)

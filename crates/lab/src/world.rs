@@ -7,7 +7,7 @@
 //! function of its inputs.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use prefix_router_replay::{Exchange, Outcome, Plan, RunResult, Served};
@@ -22,7 +22,7 @@ use prefix_router_core::policy::Published;
 
 use crate::router::{Asked, LabRouter, Placement, RouterSetup};
 use crate::scenario::Flows;
-use prefix_router_core::flow::{Share, Shares, Stoppable};
+use prefix_router_core::flow::{NO_FLOW_CONTROL, Share, Shares, Stoppable};
 use prefix_router_core::ledger::Cap;
 
 mod control;
@@ -108,9 +108,18 @@ pub fn run(
     let total = total.min(clients.max_requests.unwrap_or(usize::MAX));
     let clock = Manual::default();
     let (routers, notes) = routers(router, backends, &clock);
-    let shares = Shares::new(Arc::new(clock.clone()));
+    let replicas = router.replicas.max(1);
+    let shares: Vec<Shares> = (0..replicas)
+        .map(|_| Shares::new(Arc::new(clock.clone())))
+        .collect();
     let parties = Party::split(workloads, clients.concurrency, flows);
-    let control = (flows.filter(|f| f.control)).map(|f| LabControl::new(&shares, f));
+    let tenants = flows.filter(|f| f.control);
+    let control = (shares.iter())
+        .map(|s| match tenants {
+            Some(flows) => LabControl::new(s, Some(flows)),
+            None => LabControl::new(&NO_FLOW_CONTROL, None),
+        })
+        .collect();
     let mut world = World {
         clients,
         situation,
@@ -132,10 +141,11 @@ pub fn run(
         seq: 0,
         parties,
         control,
+        tenants: tenants.is_some(),
+        pending_serial: 0,
         clock,
         budget: clients.max_requests.unwrap_or(usize::MAX),
         live: HashMap::new(),
-        held: VecDeque::new(),
         next_id: 0,
         first_arrival: None,
         last_end: 0.0,
@@ -177,9 +187,9 @@ enum Event {
         session: usize,
         turn: usize,
     },
-    /// A request waiting in the router's queue since its `pending` number waited its
-    /// longest (`queue_timeout`).
-    Expire { pending: u64 },
+    /// A request waiting in router replica `replica`'s queue since its `pending` number
+    /// waited its longest (`queue_timeout`).
+    Expire { replica: usize, pending: u64 },
 }
 
 /// A client waiting for a concurrency slot.
@@ -193,13 +203,12 @@ struct Want {
     ready: f64,
 }
 
-/// How flow control has a request placed, if it does: under its cap, on its home alone
-/// when it stays there, with its place in the flows.
-#[derive(Default)]
+/// How admission has a request placed: under its cap, on its home alone when it stays
+/// there, with its place in the flows.
 struct Flowing<'w> {
-    cap: Option<Cap>,
+    cap: Cap,
     only: Option<usize>,
-    pending: Option<Pending<'w>>,
+    pending: Pending<'w>,
 }
 
 /// A request at an engine.
@@ -252,15 +261,17 @@ struct World<'w> {
     seq: u64,
     /// The groups of clients, each with its workload, sessions and concurrency.
     parties: Vec<Party<'w>>,
-    /// Flow control, when the router has a tenants file.
-    control: Option<LabControl<'w>>,
+    /// Each router replica's admission (with its flow control when the router has a
+    /// tenants file).
+    control: Vec<LabControl<'w>>,
+    /// Whether the router has a tenants file: holds are learnt, flows' shares counted.
+    tenants: bool,
+    /// Requests admitted so far (each admission numbered).
+    pending_serial: u64,
     /// The routers' clock.
     clock: Manual,
     budget: usize,
     live: HashMap<u64, InFlight<'w>>,
-    /// Requests a router replica holds while every backend is at its limit, with the time
-    /// the client sent each and the replica.
-    held: VecDeque<(Want, f64, usize)>,
     next_id: u64,
     first_arrival: Option<f64>,
     last_end: f64,
@@ -295,7 +306,7 @@ impl<'w> World<'w> {
             for engine in &mut self.engines {
                 engine.advance(now);
             }
-            if self.control.is_some() {
+            if self.tenants {
                 // The flows' shares read it (without, only placements set it).
                 self.clock.set(seconds(now));
             }
@@ -351,7 +362,7 @@ impl<'w> World<'w> {
                     ready: now,
                 },
             ),
-            Event::Expire { pending } => self.expire(now, pending),
+            Event::Expire { replica, pending } => self.expire(now, replica, pending),
         }
     }
 
@@ -391,33 +402,9 @@ impl<'w> World<'w> {
         self.schedule_next(now, want, true);
     }
 
-    /// The client sends at `now` to the next router replica in turn: placed at once, or
-    /// held in that replica's queue while every backend is at its in-flight limit.
+    /// The client sends at `now` to the next router replica in turn, which admits it.
     fn send(&mut self, now: f64, want: Want) {
-        if self.control.is_some() {
-            return self.arrive(now, want);
-        }
-        let replica = self.next_replica;
-        self.next_replica = (replica + 1) % self.routers.len();
-        if self.routers[replica].full() {
-            self.held.push_back((want, now, replica));
-        } else {
-            self.dispatch(now, want, now, replica, Flowing::default());
-        }
-    }
-
-    /// Places held requests, in order, on the replicas whose backends have room.
-    fn drain_held(&mut self, now: f64) {
-        let mut kept = VecDeque::new();
-        while let Some((want, sent, replica)) = self.held.pop_front() {
-            let blocked = kept.iter().any(|&(_, _, r)| r == replica);
-            if blocked || self.routers[replica].full() {
-                kept.push_back((want, sent, replica));
-            } else {
-                self.dispatch(now, want, sent, replica, Flowing::default());
-            }
-        }
-        self.held = kept;
+        self.arrive(now, want);
     }
 
     /// Replicas whose read of the engines' published load is due at `now` read it.
@@ -433,7 +420,7 @@ impl<'w> World<'w> {
                     waiting: engine.waiting(),
                     kv_usage: engine.cache().usage(),
                 };
-                self.routers[replica].published(backend, load, self.control.is_some());
+                self.routers[replica].published(backend, load, self.tenants);
             }
             self.after_read(replica);
         }
@@ -449,14 +436,12 @@ impl<'w> World<'w> {
         }
         let shape = self.shape(want);
         self.notes.deliver(replica, seconds(now));
-        let cap = flowing
-            .cap
-            .unwrap_or(Cap::from(self.routers[replica].limit()));
+        let cap = flowing.cap;
         let placed = if self.bypasses(want) {
             Ok(None)
         } else {
             match self.place(now, want, shape, replica, cap, flowing.only) {
-                Ok(None) => return self.unplaced(now, (want, sent, replica), flowing.pending),
+                Ok(None) => return self.unplaced(now, flowing.pending),
                 placed => placed,
             }
         };
@@ -476,10 +461,8 @@ impl<'w> World<'w> {
             };
             return self.refused(now, sent, want, placement, replica, status);
         };
-        let (share, preemptible) = match flowing.pending {
-            Some(pending) => self.flow_placed(pending, placement.as_ref(), cap, self.next_id),
-            None => (None, None),
-        };
+        let (share, preemptible) =
+            self.flow_placed(flowing.pending, placement.as_ref(), cap, self.next_id);
         let engine = &mut self.engines[backend];
         engine.advance(now);
         let prompt = request.prompt_tokens;
@@ -644,7 +627,6 @@ impl<'w> World<'w> {
     /// its client slot goes to the next in line, and its session's next turn is due a think
     /// time later once every answer of the session is in.
     fn ended(&mut self, now: f64, want: Want) {
-        self.drain_held(now);
         self.release(now, want.party);
         let progress = &mut self.parties[want.party].progress[want.session];
         progress.in_flight = progress.in_flight.saturating_sub(1);

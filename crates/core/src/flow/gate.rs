@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::home::{self, AtHome};
 use super::order::QueueTicket;
 use super::preempt::{Stop, Stoppable};
-use super::{Priority, Shares};
+use super::{Priority, Share, Shares};
 use crate::BackendId;
 use crate::ledger::{self, Account, Cap};
 use crate::policy::Decision;
@@ -21,6 +21,15 @@ use crate::units::TextBytes;
 /// The flow control a request is weighed by: a tenants file's [`Shares`], or
 /// [`NoFlowControl`].
 pub trait FlowControl: Send + Sync {
+    /// Counts a request of `ticket`'s tenant at its priority until the share drops;
+    /// `None` where nothing is counted.
+    fn enter(&self, ticket: &QueueTicket) -> Option<Share<'_>>;
+
+    /// After a read of every one of `accounts`' published load ([`super::after_read`]),
+    /// `room` left in the queue, with `standing` slots; how many requests were taken
+    /// back to the queue.
+    fn after_read(&self, accounts: &[&Account], room: usize, standing: usize) -> usize;
+
     /// What a request of `ticket`'s tenant at its priority may take under the in-flight
     /// `limit`, leaving `standing` slots; weighed as if counted when `arriving`.
     fn cap(&self, ticket: &QueueTicket, arriving: bool, limit: usize, standing: usize) -> Cap;
@@ -52,6 +61,19 @@ pub trait FlowControl: Send + Sync {
 }
 
 impl FlowControl for Shares {
+    fn enter(&self, ticket: &QueueTicket) -> Option<Share<'_>> {
+        Some(Shares::enter(
+            self,
+            ticket.tenant,
+            ticket.weight,
+            ticket.priority,
+        ))
+    }
+
+    fn after_read(&self, accounts: &[&Account], room: usize, standing: usize) -> usize {
+        super::after_read(self, accounts, room, standing)
+    }
+
     fn cap(&self, ticket: &QueueTicket, arriving: bool, limit: usize, standing: usize) -> Cap {
         let (tenant, priority) = (&**ticket.tenant, ticket.priority);
         match arriving {
@@ -105,6 +127,14 @@ pub struct NoFlowControl;
 pub static NO_FLOW_CONTROL: NoFlowControl = NoFlowControl;
 
 impl FlowControl for NoFlowControl {
+    fn enter(&self, _: &QueueTicket) -> Option<Share<'_>> {
+        None
+    }
+
+    fn after_read(&self, _: &[&Account], _: usize, _: usize) -> usize {
+        0
+    }
+
     fn cap(&self, _: &QueueTicket, _: bool, limit: usize, _: usize) -> Cap {
         Cap::from(limit)
     }
