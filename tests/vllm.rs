@@ -18,6 +18,8 @@ const BLOCK: usize = 32;
 const MAX_MODEL_LEN: usize = 2048;
 /// KV blocks: `MAX_MODEL_LEN` and a block, twice.
 const BLOCKS: usize = 2 * (MAX_MODEL_LEN / BLOCK + 1);
+/// Sequences vLLM runs at once.
+const SEQUENCES: usize = 4;
 /// The longest vLLM may take to start on a loaded 2-core machine (about 50 s idle).
 const START: Duration = Duration::from_secs(420);
 
@@ -49,7 +51,9 @@ impl Vllm {
         command.args(["--block-size", &BLOCK.to_string()]);
         command.args(["--enable-prefix-caching", "--enable-prompt-tokens-details"]);
         command.args(["--max-model-len", &MAX_MODEL_LEN.to_string()]);
-        command.args(["--max-num-seqs", "4"]);
+        command.args(["--max-num-seqs", &SEQUENCES.to_string()]);
+        // Requests of equal priority (the default 0) are served first come, first served.
+        command.args(["--scheduling-policy", "priority"]);
         // Tools in a request (as Claude Code sends them) need a tool-call parser.
         command.args(["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]);
         command.args(["--num-gpu-blocks-override", &BLOCKS.to_string()]);
@@ -229,7 +233,89 @@ async fn a_real_vllm_behind_the_router_in_token_mode_with_its_kv_events() {
     assert_eq!(live(&explained), Some(1), "{explained}");
     messages_in_token_mode(&router).await;
     drop(router);
+    high_before_the_low_it_queued(&vllm).await;
     drop(vllm);
+}
+
+/// A gauge of vLLM's `/metrics`.
+async fn gauge(vllm: &Vllm, name: &str) -> u64 {
+    let page = reqwest::get(format!("{}/metrics", vllm.url)).await.unwrap();
+    let page = page.text().await.unwrap();
+    let line = page
+        .lines()
+        .find(|l| l.starts_with(name) && !l.starts_with('#'));
+    let value = line.and_then(|l| l.rsplit(' ').next()).unwrap_or("0");
+    value.parse::<f64>().unwrap() as u64
+}
+
+/// Waits until vLLM runs `running` requests and queues `waiting`.
+async fn until_engine(vllm: &Vllm, running: u64, waiting: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = (
+            gauge(vllm, "vllm:num_requests_running").await,
+            gauge(vllm, "vllm:num_requests_waiting").await,
+        );
+        if now == (running, waiting) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "vLLM at {now:?}, not {:?}",
+            (running, waiting)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Behind a router with a tenants file, vLLM scheduling by priority admits a `high`
+/// request before a `low` one it queued first, by the `X-Vllm-Priority` the router sets
+/// (with `engine_priority = false` it runs the `low` one first: checked by hand).
+async fn high_before_the_low_it_queued(vllm: &Vllm) {
+    let file = format!(
+        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        crate::support::sha256_entry("sk-priority")
+    );
+    let mut s = settings(&[]);
+    s.worker_urls = Some(vec![vllm.url.clone()]);
+    // The router learns no hold here: the engine's own queue decides.
+    s.metrics_interval = Some(600.0);
+    s.tenants_file = Some(crate::tenants::tenants_file("vllm-priority", &file));
+    let router = TestRouter::start(s, 1);
+    let send = |priority: &'static str, tokens: usize| {
+        let url = format!("{}/v1/chat/completions", router.url);
+        let mut body = chat(
+            &[json!({"role": "user", "content": format!("A {priority} one.")})],
+            tokens,
+        );
+        body["ignore_eos"] = json!(true);
+        async move {
+            let response = (reqwest::Client::new().post(url))
+                .header("x-priority", priority)
+                .bearer_auth("sk-priority")
+                .json(&body)
+                .timeout(Duration::from_secs(120))
+                .send()
+                .await
+                .unwrap();
+            (response.status().as_u16(), priority)
+        }
+    };
+    let running: Vec<_> = (0..SEQUENCES)
+        .map(|_| tokio::spawn(send("low", 300)))
+        .collect();
+    until_engine(vllm, SEQUENCES as u64, 0).await;
+    let mut queued = tokio::task::JoinSet::new();
+    queued.spawn(send("low", 4));
+    until_engine(vllm, SEQUENCES as u64, 1).await;
+    queued.spawn(send("high", 4));
+    until_engine(vllm, SEQUENCES as u64, 2).await;
+    let first = queued.join_next().await.unwrap().unwrap();
+    assert_eq!(first, (200, "high"), "vLLM ran high first");
+    assert_eq!(queued.join_next().await.unwrap().unwrap(), (200, "low"));
+    for request in running {
+        assert_eq!(request.await.unwrap().0, 200);
+    }
 }
 
 /// A Claude Code-shaped Messages request (the attribution line, an inline system message,
