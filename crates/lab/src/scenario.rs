@@ -293,6 +293,17 @@ fn flows() -> Vec<Scenario> {
             queued,
         ),
         with(
+            "noisy-tie",
+            "tenants a and b alike beside light c, a queue of half the slots: which of a and b a full queue sheds is a tie",
+            vec![
+                flow("a", Priority::Normal, 128, 32),
+                flow("b", Priority::Normal, 128, 32),
+                measured("c", Priority::Normal),
+            ],
+            true,
+            slots / 2,
+        ),
+        with(
             "priority",
             "high beside normal and low that keep twice the fleet's slots in flight, a queue of half the slots",
             [neighbours(slots), vec![measured("p", Priority::High)]].concat(),

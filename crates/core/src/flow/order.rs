@@ -196,23 +196,22 @@ impl<W> Order<W> {
     /// The waiter a full queue sheds for `ticket`: the last of a lower priority; else, of
     /// its own priority, the last of the tenant with the most waiters, when that is
     /// another tenant with more than one waiter more than `ticket`'s (of two with as many,
-    /// the first by name: the same whatever the map's order). So one tenant cannot fill
-    /// the queue against the others.
+    /// the one whose last waiter is later in order: stable, and no name is always the one
+    /// shed). So one tenant cannot fill the queue against the others.
     fn victim(&self, ticket: &QueueTicket) -> Option<Key> {
         let (last, _) = self.waiters.last_key_value()?;
         if last.0.0 != ticket.priority {
             return (last.0.0 < ticket.priority).then_some(*last);
         }
-        let mut tenants: HashMap<&str, (usize, Key)> = HashMap::new();
+        let mut tenants: HashMap<&TenantId, (usize, Key)> = HashMap::new();
         let band = (self.waiters.iter()).filter(|(k, _)| k.0.0 == ticket.priority);
         for (key, waiter) in band {
-            let entry = tenants.entry(&*waiter.tenant).or_insert((0, *key));
+            let entry = tenants.entry(&waiter.tenant).or_insert((0, *key));
             *entry = (entry.0 + 1, *key);
         }
-        let mine = tenants.get(&**ticket.tenant).map_or(0, |t| t.0);
-        let (tenant, (most, key)) =
-            (tenants.into_iter()).max_by_key(|(name, t)| (t.0, Reverse(*name)))?;
-        (tenant != &**ticket.tenant && most > mine + 1).then_some(key)
+        let mine = tenants.get(ticket.tenant).map_or(0, |t| t.0);
+        let (tenant, (most, key)) = (tenants.into_iter()).max_by_key(|&(_, t)| t)?;
+        (tenant != ticket.tenant && most > mine + 1).then_some(key)
     }
 }
 
@@ -297,14 +296,19 @@ mod tests {
     }
 
     #[test]
-    fn of_two_tenants_with_as_many_waiters_the_first_by_name_is_shed() {
-        for _ in 0..32 {
-            let mut order = Order::default();
-            for (n, tenant) in [(0, "y"), (1, "x"), (2, "y"), (3, "x")] {
-                join(&mut order, 4, ticket(Priority::Normal, tenant, 1), n).unwrap();
+    fn of_two_tenants_with_as_many_waiters_the_one_last_in_order_is_shed() {
+        for arrivals in [["y", "x", "y", "x"], ["x", "y", "x", "y"]] {
+            for _ in 0..32 {
+                let mut order = Order::default();
+                for (n, tenant) in arrivals.into_iter().enumerate() {
+                    join(&mut order, 4, ticket(Priority::Normal, tenant, 1), n as u32).unwrap();
+                }
+                let joined = order.join(4, &ticket(Priority::Normal, "z", 1), LATER, 9);
+                assert!(
+                    matches!(joined, Ok((_, Some(Shed(3))))),
+                    "{arrivals:?}: the last"
+                );
             }
-            let joined = order.join(4, &ticket(Priority::Normal, "z", 1), LATER, 9);
-            assert!(matches!(joined, Ok((_, Some(Shed(3))))), "x's last");
         }
     }
 
