@@ -294,11 +294,15 @@ fn flows() -> Vec<Scenario> {
         ),
         with(
             "noisy-tie",
-            "tenants a and b alike beside light c, a queue of half the slots: which of a and b a full queue sheds is a tie",
+            "tenants a, b and c alike, each keeping the fleet's slots in flight, a queue of half the slots: a full queue sheds a and b alike",
             vec![
-                flow("a", Priority::Normal, 128, 32),
-                flow("b", Priority::Normal, 128, 32),
-                measured("c", Priority::Normal),
+                flow("a", Priority::Normal, 128, slots),
+                flow("b", Priority::Normal, 128, slots),
+                Flow {
+                    sessions: 32,
+                    concurrency: slots,
+                    ..measured("c", Priority::Normal)
+                },
             ],
             true,
             slots / 2,
