@@ -121,7 +121,8 @@ pub struct LabArgs {
     #[arg(long)]
     pub no_calibration: bool,
     /// Requests in flight per backend at most; beyond, the router holds them in its queue
-    /// and places them when a backend frees a slot (0: no limit, the router's default).
+    /// (the router's default bound and timeout: 1,024 waiting, 30 s) and places them when
+    /// a backend frees a slot (0: no limit, the router's default).
     #[arg(long, default_value_t = 0)]
     pub max_inflight_per_backend: usize,
     /// Router replicas, each with state of its own, requests spread over them in turn as a

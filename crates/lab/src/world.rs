@@ -1,8 +1,9 @@
 //! The discrete-event simulation: clients that follow the replay's schedule (sessions
 //! start at their arrival times, each next turn a think time after the previous answer,
 //! all under the replay's concurrency cap, first come first served; with flows, one party
-//! of clients per flow, `parties`), the lab's router (with flows and a tenants file, its
-//! flow control, `control`), and one simulator engine per backend, all on one virtual
+//! of clients per flow, `parties`), the lab's router replicas (each with its admission,
+//! `control`, and with flows and a tenants file its flow control), and one simulator
+//! engine per backend, all on one virtual
 //! clock. Events are handled in time order, ties in a fixed order, so a run is a pure
 //! function of its inputs.
 
