@@ -25,6 +25,7 @@ use prefix_router_core::tree::TreeConfig;
 use prefix_router_core::units::Tokens;
 use prefix_router_replay::{ReplayArgs, ReplayError, Report, Synthetic, Workload};
 use prefix_router_sim::SimConfig;
+use prefix_router_sim::engine::Scheduling;
 use serde::Serialize;
 
 pub use output::{svg, table};
@@ -168,6 +169,11 @@ pub struct LabArgs {
     /// Seed of the workload and of the policies' tie-breaking.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// The order the engines admit waiting requests in (vLLM's `--scheduling-policy`);
+    /// with a tenants file each request carries its priority to them, as the router's
+    /// `X-Vllm-Priority` does.
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub scheduling_policy: Scheduling,
     /// Where the named traces are.
     #[arg(long, default_value = "../shared/traces")]
     pub traces: PathBuf,
@@ -260,6 +266,8 @@ pub struct Setting {
     pub bypass: f64,
     /// Whether backend 0 loses its cache halfway.
     pub restart: bool,
+    /// The order the engines admit waiting requests in.
+    pub scheduling: Scheduling,
 }
 
 impl Setting {
@@ -268,6 +276,7 @@ impl Setting {
             kv_blocks: self.scenario.kv_blocks,
             max_model_len: self.scenario.max_model_len,
             max_num_seqs: self.scenario.max_num_seqs,
+            scheduling_policy: self.scheduling,
             ..SimConfig::default()
         }
     }

@@ -72,6 +72,7 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
                     index,
                     bypass: args.bypass,
                     restart: args.restart,
+                    scheduling: args.scheduling_policy,
                 });
             }
         }

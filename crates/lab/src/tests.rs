@@ -32,6 +32,7 @@ pub fn small() -> Setting {
         index: IndexMode::Text,
         bypass: 0.0,
         restart: false,
+        scheduling: Scheduling::Fcfs,
     }
 }
 

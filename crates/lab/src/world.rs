@@ -455,13 +455,17 @@ impl<'w> World<'w> {
         let Some(shape) = shape else {
             return self.refused(now, sent, want, placement, replica, 500);
         };
-        let Some(request) = shape.request(self.next_id) else {
+        let Some(mut request) = shape.request(self.next_id) else {
             let status = match shape {
                 Shape::Refused(status) => *status,
                 Shape::Accepted { .. } => 500,
             };
             return self.refused(now, sent, want, placement, replica, status);
         };
+        if self.tenants {
+            // The router's `X-Vllm-Priority`.
+            request.priority = self.parties[want.party].identity().1.vllm();
+        }
         let (share, preemptible) =
             self.flow_placed(flowing.pending, placement.as_ref(), cap, self.next_id);
         let engine = &mut self.engines[backend];

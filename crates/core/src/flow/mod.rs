@@ -49,6 +49,16 @@ impl Priority {
         }
     }
 
+    /// Its value as vLLM's request `priority` (lower first; 0 is vLLM's default): `high`
+    /// -1, `normal` 0, `low` 1.
+    pub fn vllm(self) -> i64 {
+        match self {
+            Priority::Low => 1,
+            Priority::Normal => 0,
+            Priority::High => -1,
+        }
+    }
+
     /// Its name in headers, files and metric labels.
     pub fn label(self) -> &'static str {
         match self {

@@ -73,16 +73,11 @@ pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// priority` and ignores it otherwise; other engines ignore an unknown header.
 pub const X_VLLM_PRIORITY: HeaderName = HeaderName::from_static("x-vllm-priority");
 
-/// Carries `priority` to the engine ([`X_VLLM_PRIORITY`]): `high` -1, `normal` 0 (vLLM's
-/// default), `low` 1. Replaces any the client sent.
+/// Carries `priority` to the engine ([`X_VLLM_PRIORITY`], [`Priority::vllm`]). Replaces
+/// any the client sent.
 pub fn set_engine_priority(req: &mut RequestHeader, priority: Priority) {
-    let value = match priority {
-        Priority::High => "-1",
-        Priority::Normal => "0",
-        Priority::Low => "1",
-    };
-    // A static ASCII value is always a valid header value.
-    let _ = req.insert_header(X_VLLM_PRIORITY, value);
+    // An integer's digits are always a valid header value.
+    let _ = req.insert_header(X_VLLM_PRIORITY, priority.vllm().to_string());
 }
 
 /// The response to send the client.
