@@ -13,12 +13,9 @@
 //! stopped for another).
 //!
 //! Only with standing slots (`standing_slots`), which it frees: at a start, a flood's
-//! first requests queued up to 26 deep in one or two engines of 4, whose standing slots
-//! then went to them. In the lab's `noisy-neighbour` and `priority` scenarios (seeds
-//! 1-16, `--standing-slots 1`) the measured flow's TTFT p99 was within 1.5 times its
-//! alone value in 15 and 14 runs of 16 with it, 13 and 13 without. Without standing
-//! slots it left `priority` as it was (10 of 16) and made `noisy-neighbour` worse (9
-//! against 12 of 16).
+//! first requests can queue deep in one or two engines, whose standing slots would then
+//! go to them. Without standing slots there is no slot kept free for the requests taken
+//! back to be placed ahead of, and the stops only cost the flood its prefill.
 
 use super::share::Shares;
 use crate::ledger::{self, Account};

@@ -1,7 +1,7 @@
 //! Where a request the reserve is kept for goes when the backend the policy would choose
 //! is not open to it: at its conversation's home it stops a lower priority or goes past
 //! the ceiling ([`at_home`]), rather than move and compute its context again elsewhere
-//! (200-700 ms for 20-50K tokens in `benches/tenants/noisy.sh`); waiting in the queue, it
+//! (a whole prefill of its context); waiting in the queue, it
 //! stops a lower priority's request and the requests it outranks where it would go
 //! ([`make_room`]). Decisions only: the
 //! caller stops, places and waits.
@@ -73,10 +73,7 @@ pub fn at_home(
 /// where the policy would place it if there were room (`unbounded`), or, for a text less
 /// than half matched there, on the first backend of `accounts` with such requests
 /// (`preempt` stops them on a backend and says how many): it takes a slot they free,
-/// ahead of them. Stopping a lower priority while it waits was measured in the lab's
-/// `priority` scenario (five seeds: `high`'s p99 over alone 0.81-1.64, mean 1.30,
-/// against 1.11-2.07, mean 1.51) and in `benches/tenants/noisy.sh` (six rounds
-/// interleaved: lower in five, within the spread).
+/// ahead of them, rather than wait for a lower priority's request to end.
 pub fn make_room(
     cap: Cap,
     accounts: &[&Arc<Account>],

@@ -11,10 +11,9 @@
 //! back once from an engine's queue ([`Stopped::TakenBack`]).
 //!
 //! It outranks another tenant's request at its own priority whose tenant is at or over
-//! its fair share. A higher priority stops no lower one where it is placed: measured in
-//! `benches/tenants/noisy.sh` (`MODES=priority`) and in the lab, the work a stopped
-//! `normal` or `low` request does again, and the cache it churns, cost `high` more than
-//! sharing the prefill did. It stops the last placed request of the lowest priority below
+//! its fair share. A higher priority stops no lower one where it is placed: the work a
+//! stopped `normal` or `low` request does again, and the cache it churns, cost `high`
+//! more than sharing the prefill does. It stops the last placed request of the lowest priority below
 //! its own ([`Preemptions::displace`]) only for want of a slot: on any backend when the
 //! queue is full of requests it may not shed (rather than be shed itself), or when the
 //! reserve is kept for it and it would wait in the queue (rather than wait for a lower

@@ -9,8 +9,8 @@
 //! with no learned hold has room, and no reserve.
 //!
 //! Without a reserve a light tenant's request waits for the next slot to free anywhere,
-//! and then takes it wherever it freed, usually away from its cached prefix: measured in
-//! `benches/tenants/noisy.sh`. A tenant is active from its first request until
+//! and then takes it wherever it freed, usually away from its cached prefix. A tenant is
+//! active from its first request until
 //! [`ACTIVE_AFTER`] after its last one ended, so the reserve outlives an agent's pause
 //! between turns; so is a priority. Tenants come only from the tenants file, so the
 //! table is bounded by it.
@@ -239,12 +239,9 @@ impl Shares {
     /// waiters it may not shed: none once it stopped the last placed request with no
     /// answer yet at the lowest priority below its own ([`Self::displace`], which,
     /// sent back to the queue, gets 503); else, for `high`, `bound` plus the requests
-    /// held below it, all answered, each freeing a slot it goes to first. Without that,
-    /// 3-4 of `high`'s 8 first turns got 503 on the default fleet of
-    /// `benches/tenants/noisy.sh` (`MODES=priority`) in each of four rounds, the floods'
-    /// requests all answered. Not for `normal` against `low`: in the lab's `priority`
-    /// scenario the `normal` requests that waited so raised `high`'s TTFT p99 on 7 seeds
-    /// of 16 (mean 1.53 times alone against 1.41).
+    /// held below it, all answered, each freeing a slot it goes to first, so that a burst
+    /// of `high` is not shed while the floods below it run. Not for `normal` against
+    /// `low`: the `normal` requests that waited so took the slots `high` arrived at.
     pub fn past_bound(&self, priority: Priority, bound: usize) -> usize {
         if self.displace(priority, None) {
             usize::MAX

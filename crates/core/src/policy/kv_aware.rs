@@ -33,8 +33,8 @@
 //!   kept requests of its priority have the fewest in flight
 //!   ([`Candidate::kept`](super::Candidate)), before KV room:
 //!   their conversations stay home, where the reserve kept for them is a slot or two, so
-//!   a light tenant whose conversations piled onto one backend beside a heavy one waited
-//!   there for each other's slots (measured in `benches/tenants/noisy.sh`).
+//!   a light tenant whose conversations piled onto one backend beside a heavy one would
+//!   wait there for each other's slots.
 //!
 //! Where each sequence has a KV of its own (llama.cpp's slots, read from its `/props`),
 //! room is also counted in live conversations, and a prefix other conversations share
