@@ -229,9 +229,10 @@ impl LabRouter {
             explain: true,
             ..self.request(&parsed, &asked, cap)
         };
-        let candidates: Vec<Candidate> = self.accounts.iter().map(|a| a.candidate()).collect();
-        let decision = select(&self.selector, &request, &candidates, asked.record);
-        Some((decision.index, decision))
+        let choose = |candidates: &[Candidate]| {
+            select(&self.selector, &request, candidates, asked.record)
+        };
+        ledger::unbounded(&self.accounts(), choose)
     }
 
     /// The size of the routing text of the request `asked` (none if it does not parse).

@@ -30,7 +30,7 @@ pub use account::Account;
 pub use cap::{Cap, Claim, Kept};
 pub use hold::share_holds;
 pub use kv_guard::{HOME_READS, protect_kv};
-pub use place::{Placing, decide, open, place};
+pub use place::{Placing, decide, open, place, unbounded};
 pub use reserve::{BANDS, KEPT_READS};
 pub use seat::{Report, Seat};
 pub use upkeep::{EVICTION_INTERVAL, UpkeepSchedule};

@@ -74,6 +74,18 @@ pub fn decide(
     choice(accounts, cap.into(), choose).flatten()
 }
 
+/// Where `choose` would place a request if every one of `accounts` had room (the caller
+/// asks without remembering anything): the chosen position and the decision; `None`
+/// when it chose none of them.
+pub fn unbounded(
+    accounts: &[&Arc<Account>],
+    choose: impl FnOnce(&[Candidate]) -> Decision,
+) -> Option<(usize, Decision)> {
+    let candidates: SmallVec<[Candidate; 16]> = accounts.iter().map(|a| a.candidate()).collect();
+    let decision = choose(&candidates);
+    (decision.index < accounts.len()).then_some((decision.index, decision))
+}
+
 /// `choose` among the accounts open under `cap`, as candidates: `None` when there are
 /// none, `Some(None)` when it chose none of them.
 fn choice(

@@ -500,13 +500,14 @@ fn unbounded(
     let Route::Policy(request) = route else {
         return None;
     };
-    let candidates: SmallVec<[Candidate; 16]> = accounts.iter().map(|a| a.candidate()).collect();
     let asking = Request {
         explain: true,
         ..**request
     };
-    let decision = prepare::choose(state, &asking, cap, &candidates, &Cell::new(false));
-    (decision.index < accounts.len()).then_some((decision.index, decision))
+    let choose = |candidates: &[Candidate]| {
+        prepare::choose(state, &asking, cap, candidates, &Cell::new(false))
+    };
+    ledger::unbounded(accounts, choose)
 }
 
 /// Those of `ready` (every ready backend) that serve the request's model: 404
