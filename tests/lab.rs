@@ -65,6 +65,7 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         index: IndexMode::Text,
         bypass: 0.0,
         restart: false,
+        scheduling: prefix_router_sim::engine::Scheduling::Fcfs,
     };
     let names = policies.clone();
     let virtual_time = tokio::task::spawn_blocking(move || lab(&setting, &names, &mut |_| {}))
