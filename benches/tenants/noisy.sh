@@ -17,7 +17,8 @@
 # B_DELAY (2: seconds the neighbours run before B starts), B_SESSION_RATE (100: new
 # sessions a second of B, and of `high` in the priority runs, in simulated time; the
 # neighbours' start at 100 a second), STANDING_SLOTS (0: the tenants
-# files' standing_slots),
+# files' standing_slots), SCHEDULING (fcfs: the engines' --scheduling-policy; priority admits
+# by the X-Vllm-Priority the router sets with a tenants file),
 # OUT (a directory for logs, reports and the router's metrics when B finished).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -43,7 +44,7 @@ start_sims() {
   for i in 0 1 2 3; do
     local p; p=$(free_port)
     "$bin" sim --count 1 --base-port "$p" --time-scale "$speedup" \
-      --max-num-seqs "${MAX_NUM_SEQS:-2}" >"$out/sim-$i.log" 2>&1 &
+      --max-num-seqs "${MAX_NUM_SEQS:-2}" --scheduling-policy "${SCHEDULING:-fcfs}" >"$out/sim-$i.log" 2>&1 &
     pids+=($!)
     urls+=("http://127.0.0.1:$p")
   done
