@@ -229,9 +229,8 @@ impl LabRouter {
             explain: true,
             ..self.request(&parsed, &asked, cap)
         };
-        let choose = |candidates: &[Candidate]| {
-            select(&self.selector, &request, candidates, asked.record)
-        };
+        let choose =
+            |candidates: &[Candidate]| select(&self.selector, &request, candidates, asked.record);
         ledger::unbounded(&self.accounts(), choose)
     }
 

@@ -67,6 +67,32 @@ fn every_request_is_answered_and_counted() {
     assert_eq!(results[0].decisions.values().sum::<u64>(), 120);
 }
 
+/// Without a tenants file, what waits past the router's in-flight limit waits in its
+/// queue as the proxy's does: a wait past the router's default `queue_timeout` (30 s)
+/// gets 503, and the rest is answered.
+#[test]
+fn without_a_tenants_file_a_wait_past_the_queue_timeout_is_shed() {
+    let base = small();
+    let setting = Setting {
+        scenario: Scenario {
+            source: Source::Agent(Agent::new(64, 8.0, 2)),
+            ..base.scenario.clone()
+        },
+        max_inflight_per_backend: 1,
+        max_requests: Some(300),
+        ..base
+    };
+    let results = compare(&setting, &["kv_aware".to_string()], &mut |_| {}).unwrap();
+    let requests = &results[0].report.requests;
+    let shed = requests.errors.get("http_503").copied().unwrap_or(0);
+    assert!(shed > 0 && requests.ok > 0, "{requests:?}");
+    assert_eq!(
+        (requests.ok + shed, requests.failed),
+        (requests.sent, shed),
+        "{requests:?}"
+    );
+}
+
 /// A small noisy neighbour on 2 backends of 2 slots: tenant `a`'s 16 sessions, 8 in
 /// flight (0: drawn, not sent), beside tenant `b`'s 2, 1 in flight, measured; with a
 /// tenants file when `control`.

@@ -3,9 +3,8 @@
 //! all under the replay's concurrency cap, first come first served; with flows, one party
 //! of clients per flow, `parties`), the lab's router replicas (each with its admission,
 //! `control`, and with flows and a tenants file its flow control), and one simulator
-//! engine per backend, all on one virtual
-//! clock. Events are handled in time order, ties in a fixed order, so a run is a pure
-//! function of its inputs.
+//! engine per backend, all on one virtual clock. Events are handled in time order, ties
+//! in a fixed order, so a run is a pure function of its inputs.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
@@ -399,13 +398,8 @@ impl<'w> World<'w> {
             return;
         }
         self.budget -= 1;
-        self.send(now, want);
-        self.schedule_next(now, want, true);
-    }
-
-    /// The client sends at `now` to the next router replica in turn, which admits it.
-    fn send(&mut self, now: f64, want: Want) {
         self.arrive(now, want);
+        self.schedule_next(now, want, true);
     }
 
     /// Replicas whose read of the engines' published load is due at `now` read it.
