@@ -7,6 +7,7 @@
 //! picker's metrics; a bad body gets the OpenAI 400 from the picker, no ready backend a
 //! 503 (and `grpc.health.v1` readiness not serving), and a picker that is gone Envoy's
 //! configured failure (500). Envoy's `BUFFERED` body mode and the gateway's subset hint.
+//! With a tenants file the engine gets each request's priority.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -423,4 +424,48 @@ async fn the_picker_serves_its_grpc_port_over_tls_to_an_envoy_that_verifies_it()
         Ok::<_, Box<dyn std::error::Error>>(client.check(request).await?)
     });
     assert!(!matches!(plain.await, Ok(Ok(_))), "plaintext was answered");
+}
+
+/// With a tenants file, Envoy forwards each request with its priority for the engine as
+/// the picker set it (vLLM's `X-Vllm-Priority`, replacing the client's), as the proxy does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_tenants_file_the_engine_gets_each_requests_priority() {
+    let _heavy = heavy().await;
+    let ups = four().await;
+    let file = format!(
+        "[tenants.p]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
+        sha256_entry("sk-priority")
+    );
+    let tenants = Settings {
+        tenants_file: Some(crate::tenants::tenants_file("epp-priority", &file)),
+        ..Settings::default()
+    };
+    let epp = picker_with(&ups, tenants);
+    let envoy = Envoy::start(&epp.url);
+    let mut seen = Vec::new();
+    for (priority, own) in [("high", None), ("normal", None), ("low", Some("-100"))] {
+        let body = chat(&[("user", format!("a {priority} question"))]).to_string();
+        let mut request = (client().post(format!("{}/v1/chat/completions", envoy.url)))
+            .header("content-type", "application/json")
+            .header("x-priority", priority)
+            .bearer_auth("sk-priority")
+            .body(body);
+        if let Some(value) = own {
+            request = request.header("x-vllm-priority", value);
+        }
+        let before = counts(&ups);
+        assert_eq!(request.send().await.unwrap().status(), 200);
+        let (_, received) = the_one(&ups, &before);
+        let values = received.headers.get_all("x-vllm-priority").iter();
+        seen.push(
+            values
+                .map(|v| v.to_str().unwrap().to_string())
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(
+        seen,
+        [["-1"], ["0"], ["1"]],
+        "the picker's, not the client's"
+    );
 }

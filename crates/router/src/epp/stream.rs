@@ -174,7 +174,10 @@ async fn pick(state: &State, stream: &mut Stream, record: &mut Record) -> Result
     }
     let Answered { seat, backend, .. } = dispatched.result?;
     record.backend = Some(Arc::clone(&backend));
-    if let Err(e) = answer(stream, &incoming, backend.addr).await {
+    // With a tenants file the engine gets the request's priority, as from the proxy.
+    let engine = identity.tenant.filter(|t| t.engine_priority);
+    let engine_priority = engine.map(|_| identity.priority.vllm());
+    if let Err(e) = answer(stream, &incoming, backend.addr, engine_priority).await {
         route.released(state, backend.id);
         return Err(e);
     }
@@ -264,14 +267,23 @@ async fn gather(
     }
 }
 
-/// Names `addr` as the request's endpoint, where the body mode wants it, and gives the
-/// body back in the full-duplex mode.
-async fn answer(stream: &Stream, incoming: &Incoming, addr: SocketAddr) -> Result<(), RouterError> {
+/// Names `addr` as the request's endpoint (with its `engine_priority`), where the body
+/// mode wants it, and gives the body back in the full-duplex mode.
+async fn answer(
+    stream: &Stream,
+    incoming: &Incoming,
+    addr: SocketAddr,
+    engine_priority: Option<i64>,
+) -> Result<(), RouterError> {
     let bytes = &incoming.body.bytes;
     let bodiless = bytes.is_empty() && !incoming.trailers;
     if stream.duplex.request || bodiless {
         stream
-            .send(wire::destination(addr, Phase::RequestHeaders))
+            .send(wire::destination(
+                addr,
+                Phase::RequestHeaders,
+                engine_priority,
+            ))
             .await?;
         if !bodiless {
             for piece in wire::echo(Side::Request, bytes, !incoming.trailers) {
@@ -280,7 +292,7 @@ async fn answer(stream: &Stream, incoming: &Incoming, addr: SocketAddr) -> Resul
         }
     } else {
         stream
-            .send(wire::destination(addr, Phase::RequestBody))
+            .send(wire::destination(addr, Phase::RequestBody, engine_priority))
             .await?;
     }
     if incoming.trailers {

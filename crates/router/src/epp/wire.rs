@@ -104,12 +104,22 @@ pub enum Phase {
     RequestBody,
 }
 
-/// The answer naming `addr` as the request's endpoint, in the `phase` the protocol asks.
-pub fn destination(addr: SocketAddr, phase: Phase) -> ProcessingResponse {
+/// The answer naming `addr` as the request's endpoint, in the `phase` the protocol asks,
+/// with the request's `engine_priority` for the engine when it carries one.
+pub fn destination(
+    addr: SocketAddr,
+    phase: Phase,
+    engine_priority: Option<i64>,
+) -> ProcessingResponse {
     let endpoint = addr.to_string();
+    let mut set_headers = vec![header(DESTINATION, &endpoint)];
+    if let Some(priority) = engine_priority {
+        let name = crate::proxy::headers::X_VLLM_PRIORITY;
+        set_headers.push(header(name.as_str(), &priority.to_string()));
+    }
     let common = CommonResponse {
         header_mutation: Some(HeaderMutation {
-            set_headers: vec![header(DESTINATION, &endpoint)],
+            set_headers,
             remove_headers: Vec::new(),
         }),
         clear_route_cache: true,
@@ -374,7 +384,7 @@ mod tests {
     #[test]
     fn the_destination_is_a_header_and_lb_metadata() {
         let addr: SocketAddr = "127.0.0.1:8000".parse().unwrap();
-        let answer = destination(addr, Phase::RequestHeaders);
+        let answer = destination(addr, Phase::RequestHeaders, None);
         let Some(Response::RequestHeaders(h)) = &answer.response else {
             panic!("not a headers answer");
         };

@@ -6,7 +6,7 @@
 pub(crate) mod body;
 pub mod dispatch;
 pub(crate) mod exchange;
-mod headers;
+pub(crate) mod headers;
 pub mod prepare;
 pub(crate) mod relay;
 pub mod steps;
