@@ -131,7 +131,8 @@ async fn first_of_two_queued(name: &str, extra: &str, scheduling: Scheduling) ->
     };
     let router = TestRouter::start(settings, 1);
     let url = router.url.clone();
-    let running = tokio::spawn(async move { post(&url, "low", None, 40).await });
+    // 1.2 s running: time for both to reach the engine's queue on a busy machine.
+    let running = tokio::spawn(async move { post(&url, "low", None, 60).await });
     let mut ends = tokio::task::JoinSet::new();
     for (waiting, priority) in [(0, "low"), (1, "high")] {
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -143,7 +144,8 @@ async fn first_of_two_queued(name: &str, extra: &str, scheduling: Scheduling) ->
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         let url = router.url.clone();
-        ends.spawn(async move { (post(&url, priority, None, 5).await, priority) });
+        // 0.5 s each: the first ends well before the second is answered.
+        ends.spawn(async move { (post(&url, priority, None, 25).await, priority) });
     }
     let deadline = Instant::now() + Duration::from_secs(5);
     while engine_waiting(&sim).await != 2 {

@@ -160,9 +160,9 @@ async fn pick(state: &State, stream: &mut Stream, record: &mut Record) -> Result
     let charge = (state.tenancy.admit(&identity, estimate)).map_err(RouterError::RateLimited)?;
     let request = prepared.as_ref().map(|p| p.request(false));
     let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
-    // Counted in its tenant's share until the response ends.
-    let _share = state.tenancy.share(&identity);
     let gate = steps::gate(state, &identity, estimate);
+    // Counted in its tenant's share until the response ends.
+    let _share = gate.control.enter(&gate.flow);
     let mut choosing = Choosing {
         stream: &mut *stream,
         subset: incoming.subset.clone(),

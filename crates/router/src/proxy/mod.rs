@@ -223,9 +223,9 @@ impl Router {
             trace: &ctx.trace,
             subset,
         };
-        // Counted in its tenant's share until the response ends.
-        let _share = state.tenancy.share(&identity);
         let gate = steps::gate(state, &identity, estimate);
+        // Counted in its tenant's share until the response ends.
+        let _share = gate.control.enter(&gate.flow);
         let dispatched =
             dispatch::run(state, limits, &mut upstream, &route, gate, &ctx.trace).await;
         drop(upstream);

@@ -12,9 +12,9 @@ use prefix_router_core::flow::{FlowControl, NO_FLOW_CONTROL, TenantId};
 use prefix_router_core::ledger::Account;
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGaugeVec};
 
+use super::Shares;
 use super::rate::{Limit, RateLimits, Verdict};
 use super::{Identity, Priority};
-use super::{Share, Shares};
 use crate::stats::Registry;
 
 /// A request admitted under its tenant's limits: what to settle when it ends.
@@ -166,13 +166,6 @@ impl Tenancy {
                 .with_label_values(&[&tenant.name, priority, reason]))
             .inc();
         }
-    }
-
-    /// Counts a request of `identity` in its tenant's share until the share drops; `None`
-    /// without a tenants file.
-    pub fn share(&self, identity: &Identity) -> Option<Share<'_>> {
-        let tenant = identity.tenant?;
-        Some((self.shares).enter(&tenant.name, tenant.weight, identity.priority))
     }
 
     /// The flow control a request of `identity` is weighed by: the tenants' fair shares,
