@@ -101,20 +101,34 @@ async fn one_sequence_engine(scheduling: Scheduling) -> SimHandle {
     start(config, listener).await.unwrap()
 }
 
-/// The simulator's requests waiting now.
-async fn engine_waiting(sim: &SimHandle) -> u64 {
-    let page = (client().get(format!("http://{}/metrics", sim.addr)))
+/// A gauge of the simulator's `/metrics`.
+async fn gauge(sim: &SimHandle, name: &str) -> u64 {
+    let url = format!("http://{}/metrics", sim.addr);
+    let page = client()
+        .get(url)
         .send()
         .await
         .unwrap()
         .text()
         .await
         .unwrap();
-    let line = page
-        .lines()
-        .find(|l| l.starts_with("vllm:num_requests_waiting"));
+    let line = page.lines().find(|l| l.starts_with(name));
     let value = line.and_then(|l| l.rsplit(' ').next()).unwrap_or("0");
     value.parse::<f64>().unwrap() as u64
+}
+
+/// Waits until the simulator runs one request and queues `waiting`.
+async fn until_engine(sim: &SimHandle, waiting: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let running = gauge(sim, "vllm:num_requests_running").await;
+        if (running, gauge(sim, "vllm:num_requests_waiting").await) == (1, waiting) {
+            return;
+        }
+        let late = Instant::now() > deadline;
+        assert!(!late, "the engine does not run one and queue {waiting}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Behind a router with the tenants file `extra`, an engine of one sequence admitting by
@@ -135,26 +149,13 @@ async fn first_of_two_queued(name: &str, extra: &str, scheduling: Scheduling) ->
     let running = tokio::spawn(async move { post(&url, "low", None, 60).await });
     let mut ends = tokio::task::JoinSet::new();
     for (waiting, priority) in [(0, "low"), (1, "high")] {
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while engine_waiting(&sim).await != waiting {
-            assert!(
-                Instant::now() < deadline,
-                "the engine did not queue {waiting}"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_engine(&sim, waiting).await;
         let url = router.url.clone();
         // 0.5 s each: the first ends well before the second is answered.
         ends.spawn(async move { (post(&url, priority, None, 25).await, priority) });
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while engine_waiting(&sim).await != 2 {
-        assert!(
-            Instant::now() < deadline,
-            "both wait in the engine, not the router"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Both wait in the engine, not in the router.
+    until_engine(&sim, 2).await;
     assert_eq!(running.await.unwrap(), 200);
     let (status, first) = ends.join_next().await.unwrap().unwrap();
     assert_eq!(status, 200);

@@ -132,8 +132,19 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
     let counted: Value = serde_json::from_str(&counted).unwrap();
     assert!(counted["input_tokens"].as_u64().unwrap() > 500, "{counted}");
     assert_eq!(stats(&sims), before, "a count generates nothing");
+    // Counted once the exchange's log line is written, after its answer.
     let counts = [("route", "count_tokens"), ("backend", homes[2].as_str())];
-    let scrape = router.metrics().await;
+    let all = [("route", "count_tokens")];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut scrape = router.metrics().await;
+    while sum(&scrape, "prefix_router_requests_total", &all) < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "count_tokens not counted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        scrape = router.metrics().await;
+    }
     assert_eq!(
         sum(&scrape, "prefix_router_requests_total", &counts),
         1.0,
