@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use prefix_router_demo::{DemoArgs, compare as real_time};
 use prefix_router_lab::scenario::{Agent, Scenario, Source};
-use prefix_router_lab::{IndexMode, Setting, compare as lab};
+use prefix_router_lab::{Setting, compare as lab};
 use serde_json::Value;
 
 use crate::support::*;
@@ -39,33 +39,20 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         max_num_seqs: 4,
         scenario_seconds: 30.0,
     };
+    let scenario = Scenario {
+        name: "small".into(),
+        about: "test",
+        source: Source::Agent(Agent::new(4, 0.5, 4)),
+        backends: 2,
+        kv_blocks: 4_000,
+        concurrency: 64,
+        max_model_len: 131_072,
+        max_num_seqs: 256,
+        flows: None,
+    };
     let setting = Setting {
-        scenario: Scenario {
-            name: "small".into(),
-            about: "test",
-            source: Source::Agent(Agent::new(4, 0.5, 4)),
-            backends: 2,
-            kv_blocks: 4_000,
-            concurrency: 64,
-            max_model_len: 131_072,
-            max_num_seqs: 256,
-            flows: None,
-        },
-        max_tree_size: None,
-        unknown_capacity: false,
-        calibrate: true,
-        max_inflight_per_backend: 0,
-        replicas: 1,
-        scrape_interval: 1.0,
-        shared_table: true,
-        note_delay: 0.002,
-        seed: 1,
         max_requests: Some(120),
-        send_session_header: false,
-        index: IndexMode::Text,
-        bypass: 0.0,
-        restart: false,
-        scheduling: prefix_router_sim::engine::Scheduling::Fcfs,
+        ..Setting::of(scenario)
     };
     let names = policies.clone();
     let virtual_time = tokio::task::spawn_blocking(move || lab(&setting, &names, &mut |_| {}))

@@ -271,6 +271,29 @@ pub struct Setting {
 }
 
 impl Setting {
+    /// `scenario` with the lab's defaults, as `prefix-router lab` runs it without options
+    /// (seed 1, text mode, one replica, no in-flight limit, every request).
+    pub fn of(scenario: Scenario) -> Self {
+        Setting {
+            scenario,
+            max_tree_size: None,
+            unknown_capacity: false,
+            calibrate: true,
+            max_inflight_per_backend: 0,
+            replicas: 1,
+            scrape_interval: 1.0,
+            shared_table: true,
+            note_delay: 0.002,
+            seed: 1,
+            max_requests: None,
+            send_session_header: false,
+            index: IndexMode::Text,
+            bypass: 0.0,
+            restart: false,
+            scheduling: Scheduling::Fcfs,
+        }
+    }
+
     fn sim(&self) -> SimConfig {
         SimConfig {
             kv_blocks: self.scenario.kv_blocks,

@@ -6,33 +6,21 @@ use crate::settings::sweep;
 
 /// A small agent setting: 4 sessions on 2 backends with little KV.
 pub fn small() -> Setting {
+    let scenario = Scenario {
+        name: "small".into(),
+        about: "test",
+        source: Source::Agent(Agent::new(4, 0.5, 2)),
+        backends: 2,
+        kv_blocks: 4_000,
+        concurrency: 64,
+        max_model_len: 131_072,
+        max_num_seqs: 256,
+        flows: None,
+    };
     Setting {
-        scenario: Scenario {
-            name: "small".into(),
-            about: "test",
-            source: Source::Agent(Agent::new(4, 0.5, 2)),
-            backends: 2,
-            kv_blocks: 4_000,
-            concurrency: 64,
-            max_model_len: 131_072,
-            max_num_seqs: 256,
-            flows: None,
-        },
-        max_tree_size: None,
-        unknown_capacity: false,
-        calibrate: true,
-        max_inflight_per_backend: 0,
-        replicas: 1,
-        scrape_interval: 1.0,
-        shared_table: true,
-        note_delay: 0.002,
         seed: 3,
         max_requests: Some(120),
-        send_session_header: false,
-        index: IndexMode::Text,
-        bypass: 0.0,
-        restart: false,
-        scheduling: Scheduling::Fcfs,
+        ..Setting::of(scenario)
     }
 }
 
