@@ -12,8 +12,8 @@ use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
 use prefix_router_core::ledger::{self, Account, Cap, Placing, Report, Seat, UpkeepSchedule};
 use prefix_router_core::policy::{
-    Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request, Selector,
-    SharedTunables, TokenBlocks, Tunables,
+    Asking, Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request,
+    Selector, SharedTunables, TokenBlocks, Tunables,
 };
 use prefix_router_core::request::{self, Endpoint, ParseError, SessionKey, SessionSources};
 use prefix_router_core::tree::TreeConfig;
@@ -80,13 +80,16 @@ pub struct Asked<'a> {
     pub record: Option<&'a Record<'a>>,
 }
 
-/// The policy's choice among `candidates`, over the engines' `record` when there is one.
+/// The policy's choice among `candidates`, as flow control is `asking`, over the engines'
+/// `record` when there is one.
 fn select(
     selector: &Selector,
     request: &Request,
+    asking: Asking,
     candidates: &[Candidate],
     record: Option<&Record>,
 ) -> Decision {
+    let request = &request.asked(asking);
     let Some(record) = record else {
         return selector.select(request, candidates);
     };
@@ -194,7 +197,7 @@ impl LabRouter {
     ) -> Result<Option<Placement>, ParseError> {
         self.clock.set(Duration::from_secs_f64(now.max(0.0)));
         let parsed = request::parse(Endpoint::Chat, asked.body)?;
-        let request = self.request(&parsed, &asked, cap);
+        let request = self.request(&parsed, &asked);
         let cap = cap.of_conversation(|| request.conversation());
         let accounts: Vec<&Arc<Account>> = (self.accounts.iter().enumerate())
             .filter(|(i, _)| only.is_none_or(|o| o == *i))
@@ -202,8 +205,8 @@ impl LabRouter {
             .collect();
         let text = request.size();
         let (selector, record) = (&self.selector, asked.record);
-        let placing = ledger::place(&accounts, cap, text, |candidates| {
-            select(selector, &request, candidates, record)
+        let placing = ledger::place(&accounts, cap, text, |candidates, asking| {
+            select(selector, &request, asking, candidates, record)
         });
         let Placing::Placed { seat, index } = placing else {
             return Ok(None);
@@ -227,11 +230,12 @@ impl LabRouter {
         let parsed = request::parse(Endpoint::Chat, asked.body).ok()?;
         let request = Request {
             explain: true,
-            ..self.request(&parsed, &asked, cap)
+            ..self.request(&parsed, &asked)
         };
-        let choose =
-            |candidates: &[Candidate]| select(&self.selector, &request, candidates, asked.record);
-        ledger::unbounded(&self.accounts(), choose)
+        let choose = |candidates: &[Candidate], asking| {
+            select(&self.selector, &request, asking, candidates, asked.record)
+        };
+        ledger::unbounded(&self.accounts(), cap, choose)
     }
 
     /// The size of the routing text of the request `asked` (none if it does not parse).
@@ -239,17 +243,11 @@ impl LabRouter {
         let Ok(parsed) = request::parse(Endpoint::Chat, asked.body) else {
             return TextBytes(0);
         };
-        self.request(&parsed, &asked, Cap::default()).size()
+        self.request(&parsed, &asked).size()
     }
 
-    /// The policy's view of a parsed request: its text, session and tokens, and whether
-    /// the reserve is kept for it (as the proxy's `prepare::choose` sets it).
-    fn request<'r>(
-        &self,
-        parsed: &'r request::Parsed<'r>,
-        asked: &Asked<'r>,
-        cap: Cap,
-    ) -> Request<'r, 'r> {
+    /// The policy's view of a parsed request: its text, session and tokens.
+    fn request<'r>(&self, parsed: &'r request::Parsed<'r>, asked: &Asked<'r>) -> Request<'r, 'r> {
         let mut headers = HeaderMap::new();
         if let Some(value) = asked
             .session_id
@@ -263,7 +261,6 @@ impl LabRouter {
             chain: r.chain,
             tokens: r.tokens,
         });
-        request.kept = cap.kept();
         request
     }
 

@@ -77,7 +77,7 @@ mod tests {
         for (backend, n) in [(0, 7), (1, 3)] {
             let on: Vec<&Arc<Account>> = vec![&all[backend]];
             for _ in 0..n {
-                let first = |_: &[_]| Decision::new(0, Outcome::Balanced);
+                let first = |_: &[_], _| Decision::new(0, Outcome::Balanced);
                 let Placing::Placed { seat, .. } = ledger::place(&on, 0, TextBytes(10), first)
                 else {
                     panic!("not placed");
@@ -146,7 +146,7 @@ mod tests {
         let on = [&Arc::new(account)];
         let seats: Vec<_> = (0..5)
             .map(|_| {
-                let first = |_: &[_]| Decision::new(0, Outcome::Balanced);
+                let first = |_: &[_], _| Decision::new(0, Outcome::Balanced);
                 match ledger::place(&on, 0, TextBytes(10), first) {
                     Placing::Placed { seat, .. } => seat,
                     other => panic!("not placed: {other:?}"),

@@ -129,7 +129,7 @@ mod tests {
         let refs: Vec<&Arc<Account>> = all.iter().take(1).collect();
         let seats = (0..4)
             .map(|_| {
-                let first = |_: &[_]| Decision::new(0, Outcome::Balanced);
+                let first = |_: &[_], _| Decision::new(0, Outcome::Balanced);
                 match ledger::place(&refs, 0, TextBytes(10), first) {
                     Placing::Placed { seat, .. } => seat,
                     other => panic!("not placed: {other:?}"),

@@ -234,9 +234,6 @@ impl Account {
             hash: self.hash,
             published: self.published(),
             recorded: None,
-            kept: self.reserve.lately(),
-            protected: false,
-            kv_kept: false,
         }
     }
 

@@ -57,8 +57,7 @@ impl Default for Claim {
 pub struct Kept {
     /// The band it counts in (its priority, 0 lowest, below [`BANDS`]): its new
     /// conversations spread by the requests of its own band in flight
-    /// ([`Candidate::kept`](crate::policy::Candidate::kept)), not by those of a band kept
-    /// before it.
+    /// ([`place`](super::place)), not by those of a band kept before it.
     pub band: usize,
     /// Slots it leaves free, as [`Claim::Open`]'s: kept for only against a lower
     /// priority while a higher one may still arrive, it leaves `standing_slots`.

@@ -36,6 +36,12 @@ impl KvGuard {
         self.kept.load(Relaxed)
     }
 
+    /// Keeps its KV for light flows, or not, as [`protect_kv`] would.
+    #[cfg(test)]
+    pub fn keep(&self, kept: bool) {
+        self.kept.store(kept, Relaxed);
+    }
+
     /// Whether the light flows' conversations here, with `tokens` more, stay within two
     /// thirds of `capacity` (the third left for them to grow): a kept backend takes
     /// conversations that move only then, so that they do not pile on one of them.
@@ -95,7 +101,7 @@ impl KvGuard {
 /// then those where they have the most; at most three quarters of the backends with a
 /// published capacity, and none while those tokens outgrow them. No request that leaves
 /// the reserve is placed on a held one of them, and the light flows' conversations move
-/// there ([`Candidate::protected`](crate::policy::Candidate::protected)). Kept backends
+/// there ([`place`](super::place)). Kept backends
 /// stay kept while the flows are active. Where the KV holds every conversation nothing is
 /// kept.
 pub fn protect_kv<'a>(accounts: impl Iterator<Item = &'a Account> + Clone) {

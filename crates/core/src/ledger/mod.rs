@@ -24,6 +24,7 @@ mod place;
 mod publication;
 mod reserve;
 mod seat;
+mod steer;
 mod upkeep;
 
 pub use account::Account;

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use super::steer::steer;
 use super::{Account, Cap, Seat};
-use crate::policy::{Candidate, Decision};
+use crate::policy::{Asking, Candidate, Decision};
 use crate::units::TextBytes;
 
 /// What [`place`] did.
@@ -32,14 +33,19 @@ pub fn open(accounts: &[&Arc<Account>], cap: impl Into<Cap>) -> bool {
 }
 
 /// Places a request of `text` routing text on one of `accounts` open under `cap` (a
-/// `usize` is an in-flight limit, 0: none): `choose` picks among them as candidates, and
-/// the chosen backend counts the request in flight and its text not expected cached as
-/// pending prefill.
+/// `usize` is an in-flight limit, 0: none): `choose` picks among them as candidates (the
+/// policy: asked once, or, for a request the reserve is kept for, first to look
+/// ([`Asking::Look`]: remembering nothing) and then among the candidates flow control
+/// narrows to, as `ledger/steer.rs` says: a conversation stays at the home the policy
+/// names, unless a light flow's moves to a backend whose KV is kept for it; anything the
+/// policy would place as new goes first where its band has the fewest kept requests in
+/// flight), and the chosen backend counts the request in flight and its text not
+/// expected cached as pending prefill.
 pub fn place(
     accounts: &[&Arc<Account>],
     cap: impl Into<Cap>,
     text: TextBytes,
-    choose: impl FnOnce(&[Candidate]) -> Decision,
+    choose: impl FnMut(&[Candidate], Asking) -> Decision,
 ) -> Placing {
     let cap = cap.into();
     let Some(decided) = choice(accounts, cap, choose) else {
@@ -69,29 +75,30 @@ pub fn place(
 pub fn decide(
     accounts: &[&Arc<Account>],
     cap: impl Into<Cap>,
-    choose: impl FnOnce(&[Candidate]) -> Decision,
+    choose: impl FnMut(&[Candidate], Asking) -> Decision,
 ) -> Option<(usize, Decision)> {
     choice(accounts, cap.into(), choose).flatten()
 }
 
-/// Where `choose` would place a request if every one of `accounts` had room (the caller
-/// asks without remembering anything): the chosen position and the decision; `None`
-/// when it chose none of them.
+/// Where `choose` would place a request under `cap` if every one of `accounts` had room
+/// (the caller asks without remembering anything): the chosen position and the decision;
+/// `None` when it chose none of them.
 pub fn unbounded(
     accounts: &[&Arc<Account>],
-    choose: impl FnOnce(&[Candidate]) -> Decision,
+    cap: Cap,
+    choose: impl FnMut(&[Candidate], Asking) -> Decision,
 ) -> Option<(usize, Decision)> {
-    let candidates: SmallVec<[Candidate; 16]> = accounts.iter().map(|a| a.candidate()).collect();
-    let decision = choose(&candidates);
+    let all: SmallVec<[usize; 16]> = (0..accounts.len()).collect();
+    let decision = steer(cap, accounts, &all, choose);
     (decision.index < accounts.len()).then_some((decision.index, decision))
 }
 
-/// `choose` among the accounts open under `cap`, as candidates: `None` when there are
-/// none, `Some(None)` when it chose none of them.
+/// `choose` among the accounts open under `cap`, as candidates, steered (as [`place`]):
+/// `None` when there are none, `Some(None)` when it chose none of them.
 fn choice(
     accounts: &[&Arc<Account>],
     cap: Cap,
-    choose: impl FnOnce(&[Candidate]) -> Decision,
+    choose: impl FnMut(&[Candidate], Asking) -> Decision,
 ) -> Option<Option<(usize, Decision)>> {
     let open: SmallVec<[usize; 16]> = (0..accounts.len())
         .filter(|&i| accounts[i].open(cap))
@@ -99,16 +106,6 @@ fn choice(
     if open.is_empty() {
         return None;
     }
-    let candidate = |i: usize| {
-        let mut candidate = accounts[i].candidate();
-        if let Some(band) = cap.kept_band() {
-            candidate.kept = accounts[i].reserve.in_band(band);
-        }
-        candidate.kv_kept = cap.light() && accounts[i].guard.kept();
-        candidate.protected = candidate.kv_kept && accounts[i].keeps_room_for(cap.tokens);
-        candidate
-    };
-    let candidates: SmallVec<[Candidate; 16]> = open.iter().map(|&i| candidate(i)).collect();
-    let decision = choose(&candidates);
+    let decision = steer(cap, accounts, &open, choose);
     Some(open.get(decision.index).map(|&index| (index, decision)))
 }

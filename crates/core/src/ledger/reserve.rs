@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 /// remembered: a window of 5, and the window before it.
 pub const KEPT_READS: usize = 5;
 
-/// Bands of requests a reserve is kept for ([`Cap::band`](super::Cap::band)): one per
+/// Bands of requests a reserve is kept for ([`Kept::band`](super::Kept::band)): one per
 /// priority.
 pub const BANDS: usize = 3;
 
@@ -64,11 +64,6 @@ impl Reserve {
     /// Requests kept a reserve for in flight in `band`.
     pub fn in_band(&self, band: usize) -> usize {
         self.in_band[band].load(Relaxed)
-    }
-
-    /// The most requests kept a reserve for in flight at once lately.
-    pub fn lately(&self) -> usize {
-        self.kept.lately()
     }
 
     /// The most prompt tokens those requests had in flight at once lately.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use crate::BackendId;
-use crate::policy::{Candidate, Decision, Outcome, Published};
+use crate::policy::{Asking, Candidate, Decision, Outcome, Published};
 use crate::units::{PromptSize, TextBytes, Tokens};
 
 fn accounts(n: u32) -> Vec<Arc<Account>> {
@@ -23,11 +23,12 @@ fn load(running: usize, waiting: usize) -> Published {
     }
 }
 
-fn first(_: &[Candidate]) -> Decision {
+fn first(_: &[Candidate], _: Asking) -> Decision {
     Decision {
         index: 0,
         outcome: Outcome::Balanced,
         matched: TextBytes(30),
+        home: None,
     }
 }
 
@@ -121,7 +122,7 @@ fn the_reserve_grows_to_what_the_requests_it_is_kept_for_had_at_once() {
 }
 
 #[test]
-fn a_kept_request_sees_the_kept_requests_of_its_own_band_in_flight() {
+fn a_kept_requests_new_conversation_is_placed_where_its_own_band_has_fewest_in_flight() {
     let all = accounts(2);
     let refs: Vec<&Arc<Account>> = all.iter().collect();
     let kept = |band| {
@@ -131,16 +132,17 @@ fn a_kept_request_sees_the_kept_requests_of_its_own_band_in_flight() {
         }))
     };
     let on = |i: usize| {
-        move |_: &[Candidate]| Decision {
+        move |_: &[Candidate], _| Decision {
             index: i,
-            ..first(&[])
+            ..first(&[], Asking::Take)
         }
     };
+    // The backends the policy is asked to choose among last.
     let seen = |cap: Cap| {
         let mut seen = Vec::new();
-        decide(&refs, cap, |c| {
-            seen = c.iter().map(|c| c.kept).collect();
-            first(c)
+        decide(&refs, cap, |c, _| {
+            seen = c.iter().map(|c| c.id.0).collect();
+            Decision::new(0, Outcome::Placed)
         });
         seen
     };
@@ -150,13 +152,13 @@ fn a_kept_request_sees_the_kept_requests_of_its_own_band_in_flight() {
     let high = place(&refs, kept(2), TextBytes(1), on(1));
     assert_eq!(
         seen(kept(2)),
-        [0, 1],
+        [0],
         "normal's requests kept before do not count"
     );
-    assert_eq!(seen(kept(1)), [3, 0]);
-    assert_eq!(seen(Cap::default()), [3, 1], "every band, lately");
+    assert_eq!(seen(kept(1)), [1]);
+    assert_eq!(seen(Cap::default()), [0, 1], "not kept: the policy's alone");
     drop((normal, high));
-    assert_eq!(seen(kept(1)), [0, 0]);
+    assert_eq!(seen(kept(1)), [0, 1]);
 }
 
 #[test]
@@ -234,22 +236,26 @@ fn once_a_light_flows_context_is_evicted_where_kv_is_full_the_floods_leave_its_b
         a.set_capacity(Some(Tokens(2_000)));
         a.learn_hold(load(16, 2));
     }
-    // On backend `i`, predicted to find `matched` cached; among all backends, so that
-    // a light conversation placed here is no longer counted where it was.
-    let place = |i: usize, cap: Cap, matched: Tokens| {
-        let choose = |candidates: &[Candidate]| Decision {
-            index: candidates
-                .iter()
-                .position(|c| c.id == all[i].id)
-                .unwrap_or(9),
-            matched: matched.text(),
-            ..first(&[])
+    // On backend `i` of `among`, its home, predicted to find `matched` cached.
+    let place_among = |among: &[&Arc<Account>], i: usize, cap: Cap, matched: Tokens| {
+        let choose = |candidates: &[Candidate], _| {
+            let index = (candidates.iter().position(|c| c.id == all[i].id)).unwrap_or(9);
+            Decision {
+                index,
+                matched: matched.text(),
+                home: Some(index),
+                ..first(&[], Asking::Take)
+            }
         };
-        match place(&refs, cap, TextBytes(1), choose) {
+        match place(among, cap, TextBytes(1), choose) {
             Placing::Placed { seat, .. } => Some(seat).inspect(Seat::answered),
             _ => None,
         }
     };
+    // Among all backends, so that a light conversation placed here is no longer counted
+    // where it was; a new one alone, where flow control would not move it.
+    let place = |i: usize, cap: Cap, matched: Tokens| place_among(&refs, i, cap, matched);
+    let new = |i: usize, cap: Cap| place_among(&[&all[i]], i, cap, Tokens(0));
     let light = |conversation: u128| Cap {
         tokens: 400,
         ..Cap::claiming(Claim::Kept(Kept {
@@ -295,21 +301,23 @@ fn once_a_light_flows_context_is_evicted_where_kv_is_full_the_floods_leave_its_b
     );
     assert!(on(1, flood).is_none(), "a flood leaves it");
     assert!(on(2, flood).is_some(), "and goes to the others");
-    let moved = on(2, light(3));
+    // Conversation 3 moves to backend 2 (flow control would move it to 1, kept for it).
+    let moved = new(2, light(3));
+    all[1].guard.move_home(3);
     protect();
     assert_eq!(
         protected(),
         [false, true, false, false],
         "kept while the flow is active, though it has as much on backends 0 and 2"
     );
-    let opened = [on(3, light(4)), on(3, light(5))];
+    let opened = [new(3, light(4)), new(3, light(5))];
     protect();
     assert_eq!(
         protected(),
         [false, true, false, true],
         "one more for its 2,000 tokens: the one where it has the most"
     );
-    let grown = [on(0, light(6)), on(2, light(7))];
+    let grown = [new(0, light(6)), new(2, light(7))];
     protect();
     assert_eq!(
         protected(),

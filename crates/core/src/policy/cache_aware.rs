@@ -35,6 +35,7 @@ impl Rule for Threshold {
                 index,
                 outcome: Outcome::Imbalance,
                 matched: matched(index),
+                home: None,
             };
         }
         let best = (0..candidates.len()).map(matched).max().unwrap_or_default();
@@ -49,6 +50,7 @@ impl Rule for Threshold {
                 index,
                 outcome: Outcome::PrefixHit,
                 matched: matched(index),
+                home: Some(index),
             };
         }
         let index = self.ties.least_loaded(Turn::of(ask.request), candidates);
@@ -56,6 +58,7 @@ impl Rule for Threshold {
             index,
             outcome: Outcome::PrefixMiss,
             matched: matched(index),
+            home: None,
         }
     }
 }

@@ -16,29 +16,23 @@
 //! - **A continuation stays home**, unless home's live conversations (those expected back,
 //!   see [`Conversations`]) overflow its KV while another backend has room: then it moves
 //!   once, as a new conversation would be placed, instead of thrashing home's cache. A
-//!   request whose flow the router keeps room for ([`Request::kept`]: a light tenant, a
-//!   higher priority) always stays. A turn the engine refused, or that failed, holds no
-//!   KV: the proxy releases it ([`Selector::released`]) and its conversation stops
-//!   counting.
+//!   turn the engine refused, or that failed, holds no KV: the proxy releases it
+//!   ([`Selector::released`]) and its conversation stops counting.
 //! - **A new conversation** goes, among the backends with room for it (all of them when
 //!   none has), to the one where its first token comes soonest: the prefill of what that
 //!   backend does not hold, plus [`QUEUE_WEIGHT`] of the prefill already queued there. A
 //!   hot prefix ([`Matches::hot`](crate::tree::Matches::hot)) counts as held everywhere,
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
-//!   session's own context a lot. A kept flow's new conversation, and its opening turn
-//!   whatever prompt that shares, first goes to a backend whose KV is kept for its
-//!   flow where the engines are bound by KV ([`Candidate::protected`](super::Candidate)),
-//!   and a later turn of a conversation whose home is not kept for it moves there (once:
-//!   it pays one prefill for turns its tenant's flood no longer evicts); then where the
-//!   kept requests of its priority have the fewest in flight
-//!   ([`Candidate::kept`](super::Candidate)), before KV room:
-//!   their conversations stay home, where the reserve kept for them is a slot or two, so
-//!   a light tenant whose conversations piled onto one backend beside a heavy one would
-//!   wait there for each other's slots.
+//!   session's own context a lot.
 //!
 //! Where each sequence has a KV of its own (llama.cpp's slots, read from its `/props`),
 //! room is also counted in live conversations, and a prefix other conversations share
 //! does not count as held: a new conversation reuses it only by taking one of their slots.
+//!
+//! A decision names the conversation's home ([`Decision::home`]); an opening turn without a
+//! session has none, its text being only its start. Flow control steers the requests it
+//! keeps room for around this rule ([`ledger::place`](crate::ledger::place)), and may ask
+//! for a request to be placed as a new conversation ([`Request::new`]).
 //!
 //! Backends with unknown capacity always have room. The constants were chosen in the lab
 //! (`prefix-router lab --all`) for the mechanisms, not for one scenario; see docs/LAB.md.
@@ -203,17 +197,8 @@ impl KvAware {
             let fresh = matches.total().saturating_sub(view.reused(i));
             fresh.0 as f64 + QUEUE_WEIGHT * candidates[i].pending.0 as f64
         };
-        let kept = |i: usize| {
-            if view.ask.request.kept {
-                candidates[i].kept
-            } else {
-                0
-            }
-        };
         self.ties.best(Turn::of(view.ask.request), view.len(), |i| {
             (
-                candidates[i].protected,
-                Reverse(kept(i)),
                 !any_room || view.room(i),
                 Reverse((cost(i) * 16.0) as u64),
                 Reverse((view.fill(i) * 1e6) as u64),
@@ -227,31 +212,24 @@ impl Rule for KvAware {
     fn decide(&self, ask: &Ask) -> Decision {
         let held = (self.conversations).held(ask.candidates.iter().map(|c| c.id));
         let view = View { ask, held };
-        // A kept flow's opening turn starts a conversation, whatever prompt it shares.
         let request = ask.request;
-        let opening = request.kept && request.session.is_none() && request.text.is_opening();
-        let home = if opening { None } else { self.home(&view) };
+        let home = if request.new { None } else { self.home(&view) };
         let (index, outcome) = match home {
             Some(home)
-                if !ask.request.kept
-                    && view.overflowing(home)
-                    && (0..view.len()).any(|j| j != home && view.room(j)) =>
+                if view.overflowing(home) && (0..view.len()).any(|j| j != home && view.room(j)) =>
             {
                 (self.place(&view), Outcome::Imbalance)
-            }
-            // A light flow's conversation moves to the backends kept for it.
-            Some(home)
-                if !ask.candidates[home].kv_kept && ask.candidates.iter().any(|c| c.protected) =>
-            {
-                (self.place(&view), Outcome::Placed)
             }
             Some(home) => (home, Outcome::PrefixHit),
             None => (self.place(&view), Outcome::Placed),
         };
+        // An opening turn's text is only its start, which other conversations may share.
+        let own = request.session.is_some() || !request.text.is_opening();
         Decision {
             index,
             outcome,
             matched: view.matched(index),
+            home: home.filter(|_| own),
         }
     }
 
@@ -313,51 +291,30 @@ mod tests {
     }
 
     #[test]
-    fn a_kept_flows_new_conversation_goes_where_that_flow_has_least_in_flight() {
+    fn a_decision_names_the_conversations_home_but_an_opening_turn_has_none() {
         let s = selector();
-        let mut fleet = fleet(3, 1000 * PROMPT.len());
-        let first = |i| conversation(user(i), &[]);
-        let held = s.select(&request(&first(0), None), &fleet).index;
-        assert_eq!(s.select(&request(&first(1), None), &fleet).index, held);
-        fleet[held].kept = 1;
-        // Another flow's follows the shared prompt to where it is held...
-        assert_eq!(s.select(&request(&first(2), None), &fleet).index, held);
-        // ...a kept flow's goes where that flow has no request in flight.
-        let fourth = first(3);
-        let kept = Request {
-            kept: true,
-            ..request(&fourth, None)
-        };
-        let d = s.select(&kept, &fleet);
-        assert_ne!(d.index, held, "{d:?}");
-        assert_eq!(d.outcome, Outcome::Placed);
-    }
-
-    #[test]
-    fn a_light_tenants_conversation_moves_to_a_backend_kept_for_it_with_room() {
-        let s = selector();
-        let mut fleet = fleet(3, 100 * PROMPT.len());
+        let fleet = fleet(3, 100 * PROMPT.len());
         let first = conversation(user(0), &[]);
-        let home = s.select(&request(&first, None), &fleet).index;
+        let placed = s.select(&request(&first, None), &fleet);
+        assert_eq!((placed.outcome, placed.home), (Outcome::Placed, None));
+        let again = s.select(&request(&first, None), &fleet);
+        assert_eq!(again.outcome, Outcome::PrefixHit, "the same start");
+        assert_eq!(
+            again.home, None,
+            "but only its start: no history of its own"
+        );
         let answer = "assistant: a long answer and a tool result ".repeat(30);
         let turn = conversation(user(0), &[Box::leak(answer.into_boxed_str())]);
-        let next = |fleet: &[Candidate]| s.select(&request(&turn, None), fleet);
-        let other = (home + 1) % 3;
-        fleet[other].kv_kept = true;
+        let next = s.select(&request(&turn, None), &fleet);
         assert_eq!(
-            next(&fleet).index,
-            home,
-            "a kept backend without room: it stays"
+            (next.outcome, next.home),
+            (Outcome::PrefixHit, Some(placed.index))
         );
-        fleet[other].protected = true;
-        let d = next(&fleet);
-        assert_eq!((d.index, d.outcome), (other, Outcome::Placed), "it moves");
-        fleet[home].kv_kept = true;
-        let d = next(&fleet);
+        let session = s.select(&request(&first, Some("s")), &fleet);
         assert_eq!(
-            (d.index, d.outcome),
-            (other, Outcome::PrefixHit),
-            "and stays"
+            session.home,
+            Some(placed.index),
+            "a session names its conversation"
         );
     }
 
@@ -400,7 +357,7 @@ mod tests {
     }
 
     #[test]
-    fn a_full_backend_sheds_new_conversations_and_moves_one_that_overflows_it_unless_kept() {
+    fn a_full_backend_sheds_new_conversations_and_moves_one_that_overflows_it() {
         let s = selector();
         let p = PROMPT.len();
         let fleet = fleet(3, p * 7 / 2);
@@ -416,17 +373,13 @@ mod tests {
         let third = s.select(&request(&first(2), None), &fleet);
         assert_ne!(third.index, home);
         assert_eq!(third.outcome, Outcome::Placed);
-        // A kept flow's turn (a light tenant's, a higher priority's) stays all the same.
         let next = conversation(user(0), &[output, "and the next question"]);
-        let kept = Request {
-            kept: true,
-            ..request(&next, None)
-        };
-        let stayed = s.select(&kept, &fleet);
-        assert_eq!((stayed.index, stayed.outcome), (home, Outcome::PrefixHit));
-        // Any other turn of conversation 0 leaves the overflowing backend for one with room.
+        // The next turn of conversation 0 leaves the overflowing backend for one with room.
         let moved = s.select(&request(&next, None), &fleet);
-        assert_eq!(moved.outcome, Outcome::Imbalance);
+        assert_eq!(
+            (moved.outcome, moved.home),
+            (Outcome::Imbalance, Some(home))
+        );
         assert!(
             moved.index != home && moved.index != third.index,
             "{moved:?}"

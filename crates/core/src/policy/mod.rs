@@ -85,18 +85,6 @@ pub struct Candidate {
     /// the unit of `Request::size`; `None` when it has no whole record (prefix policies then
     /// take what their index predicts).
     pub recorded: Option<TextBytes>,
-    /// Requests of flows the router keeps room for ([`Request::kept`]): asked for such a
-    /// request, those of its own band (priority) in flight now; else those of every band
-    /// at most at once lately (the ledger's window of a few seconds), or now. 0 without
-    /// flow control.
-    pub kept: usize,
-    /// Whether its KV is kept for this request's flow (a light one) where the engines
-    /// are bound by KV, with room for this request: the flow's conversations go there
-    /// first, and move there from backends not kept. Default false.
-    pub protected: bool,
-    /// Whether its KV is kept for this request's flow, with room or not: its
-    /// conversations there stay. Default false.
-    pub kv_kept: bool,
 }
 
 /// The load a backend publishes of itself (vLLM's `/metrics`), as a router last read it.
@@ -143,10 +131,21 @@ pub struct Request<'r, 'a> {
     /// Decide without remembering anything (`POST /route`): the index, the tables and
     /// the rotation stay as they were.
     pub explain: bool,
-    /// The router keeps room for this request's flow (a tenant below its fair share, or
-    /// a priority above others waiting): `kv_aware` keeps its conversation home even when
-    /// home's KV overflows. Default `false`.
-    pub kept: bool,
+    /// Place it as a new conversation, whatever a backend holds of its start (default
+    /// `false`): flow control asks so ([`Asking::New`]).
+    pub new: bool,
+}
+
+/// How a policy is asked for a request ([`ledger::place`](crate::ledger::place)'s
+/// `choose`): flow control looks first where a request it keeps room for would go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asking {
+    /// Where it would go, remembering nothing ([`Request::explain`]).
+    Look,
+    /// Where it goes.
+    Take,
+    /// Where it goes as a new conversation ([`Request::new`]).
+    New,
 }
 
 /// A prompt's tokens as the index keys on them: the chained hashes of its blocks of 16
@@ -168,7 +167,16 @@ impl<'r, 'a> Request<'r, 'a> {
             session,
             tokens: None,
             explain: false,
-            kept: false,
+            new: false,
+        }
+    }
+
+    /// This request as `asking` asks it.
+    pub fn asked(self, asking: Asking) -> Self {
+        Request {
+            explain: self.explain || asking == Asking::Look,
+            new: asking == Asking::New,
+            ..self
         }
     }
 
@@ -266,6 +274,13 @@ pub struct Decision {
     pub outcome: Outcome,
     /// Routing text the chosen backend is believed to hold.
     pub matched: TextBytes,
+    /// The candidate holding the request's conversation, as the policy reckons it: the
+    /// one it followed it to (its history, its session), or the home it moved it from
+    /// (that home's KV overflowing). `None` for a new conversation, and for an opening turn
+    /// without a session, whose text is only its start, which other conversations may
+    /// share. Flow control keeps a kept flow's conversation there
+    /// ([`ledger::place`](crate::ledger::place)).
+    pub home: Option<usize>,
 }
 
 impl Decision {
@@ -275,6 +290,7 @@ impl Decision {
             index,
             outcome,
             matched: TextBytes(0),
+            home: None,
         }
     }
 }

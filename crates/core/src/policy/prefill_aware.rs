@@ -46,6 +46,7 @@ impl Rule for LeastPrefill {
             index,
             outcome,
             matched: matched(index),
+            home: (outcome == Outcome::PrefixHit).then_some(index),
         }
     }
 }

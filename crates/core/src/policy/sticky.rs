@@ -56,6 +56,7 @@ impl<P: Policy> Sticky<P> {
             index,
             outcome: Outcome::Session,
             matched,
+            home: Some(index),
         })
     }
 }

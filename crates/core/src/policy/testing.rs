@@ -23,9 +23,6 @@ pub fn candidates(loads: &[usize]) -> Vec<Candidate> {
             hash: u64::from(i) * 7919,
             published: None,
             recorded: None,
-            kept: 0,
-            protected: false,
-            kv_kept: false,
         })
         .collect()
 }

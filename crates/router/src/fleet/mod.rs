@@ -317,11 +317,11 @@ mod tests {
         let fleet = Fleet::new();
         assert!(fleet.replace(&[member(1), member(2)], CONNECT));
         let first = fleet.snapshot();
-        let seat = match ledger::place(&first.accounts(), 0, TextBytes(30), |_| Decision {
-            index: 0,
-            outcome: Outcome::Balanced,
+        let choose = |_: &[_], _| Decision {
             matched: TextBytes(20),
-        }) {
+            ..Decision::new(0, Outcome::Balanced)
+        };
+        let seat = match ledger::place(&first.accounts(), 0, TextBytes(30), choose) {
             Placing::Placed { seat, .. } => seat,
             other => panic!("{other:?}"),
         };

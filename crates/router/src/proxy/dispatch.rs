@@ -325,8 +325,8 @@ fn place(
         Route::AnyBackend => cap,
     };
     let recorded = Cell::new(false);
-    let choose = |candidates: &[Candidate]| match route {
-        Route::Policy(request) => prepare::choose(state, request, cap, candidates, &recorded),
+    let choose = |candidates: &[Candidate], asking| match route {
+        Route::Policy(request) => prepare::choose(state, request, asking, candidates, &recorded),
         Route::AnyBackend => Decision::new(
             state.ties.least_loaded(Turn::Take, candidates),
             Outcome::Balanced,
@@ -504,10 +504,10 @@ fn unbounded(
         explain: true,
         ..**request
     };
-    let choose = |candidates: &[Candidate]| {
-        prepare::choose(state, &asking, cap, candidates, &Cell::new(false))
+    let choose = |candidates: &[Candidate], how| {
+        prepare::choose(state, &asking, how, candidates, &Cell::new(false))
     };
-    ledger::unbounded(accounts, choose)
+    ledger::unbounded(accounts, cap, choose)
 }
 
 /// Those of `ready` (every ready backend) that serve the request's model: 404

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::HeaderMap;
 use prefix_router_core::ledger::{self, Account, Cap};
-use prefix_router_core::policy::{Candidate, Decision, Request};
+use prefix_router_core::policy::{Asking, Candidate, Decision, Request};
 use prefix_router_core::request::{self, Endpoint, Parsed, SessionKey, SessionSource};
 use prefix_router_core::units::PromptSize;
 
@@ -78,20 +78,17 @@ impl<'b> Prepared<'b> {
     }
 }
 
-/// The policy's choice for `request`, placed under `cap` (which says whether its flow is
-/// [kept](Request::kept)), among `candidates`, with the engines' own records when they
-/// publish them; `recorded` says whether they did.
+/// The policy's choice for `request` among `candidates`, as flow control is `asking`
+/// ([`ledger::place`]), with the engines' own records when they publish them; `recorded`
+/// says whether they did.
 pub fn choose(
     state: &State,
     request: &Request,
-    cap: Cap,
+    asking: Asking,
     candidates: &[Candidate],
     recorded: &Cell<bool>,
 ) -> Decision {
-    let request = &Request {
-        kept: cap.kept(),
-        ..*request
-    };
+    let request = &request.asked(asking);
     match state.records.recorded(request, candidates) {
         Some(candidates) => {
             recorded.set(true);
@@ -110,5 +107,7 @@ pub fn decide(
     request: &Request,
 ) -> Option<(usize, Decision)> {
     let recorded = Cell::new(false);
-    ledger::decide(accounts, cap, |c| choose(state, request, cap, c, &recorded))
+    ledger::decide(accounts, cap, |c, asking| {
+        choose(state, request, asking, c, &recorded)
+    })
 }

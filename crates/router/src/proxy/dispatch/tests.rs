@@ -163,7 +163,7 @@ fn limits(limit: usize, queue_timeout: Duration) -> Limits {
 /// A seat on the first backend, as another request in flight would hold.
 fn occupy(state: &State) -> Seat {
     let snapshot = state.fleet.snapshot();
-    let first = |_: &[Candidate]| Decision::new(0, Outcome::Balanced);
+    let first = |_: &[Candidate], _| Decision::new(0, Outcome::Balanced);
     match ledger::place(&snapshot.accounts(), 0, TextBytes(0), first) {
         Placing::Placed { seat, .. } => seat,
         other => panic!("{other:?}"),
