@@ -3,7 +3,7 @@
 //! The flow-control scenarios run and report every flow: in the noisy neighbour both
 //! tenants are served; under priority, `high` is never shed and `low` is shed first.
 
-use prefix_router_demo::{DemoArgs, Scenario, compare, flows};
+use prefix_router_demo::{DemoArgs, DemoScenario, compare, flows};
 use prefix_router_replay::compare as chart;
 
 fn args(dir: std::path::PathBuf) -> DemoArgs {
@@ -24,7 +24,7 @@ fn args(dir: std::path::PathBuf) -> DemoArgs {
         no_shared_table: false,
         tokenizer: None,
         kv_events: false,
-        scenario: Scenario::Policies,
+        scenario: DemoScenario::Policies,
         max_num_seqs: 4,
         scenario_seconds: 30.0,
     }
@@ -68,7 +68,7 @@ async fn cache_aware_beats_round_robin_on_multi_turn_sessions() {
 }
 
 /// The flow scenarios' arguments: short runs, 8 slots in the fleet.
-fn flow_args(scenario: Scenario) -> DemoArgs {
+fn flow_args(scenario: DemoScenario) -> DemoArgs {
     DemoArgs {
         scenario,
         speedup: 20.0,
@@ -81,7 +81,7 @@ fn flow_args(scenario: Scenario) -> DemoArgs {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_noisy_neighbour_scenario_serves_both_tenants_and_reports_each() {
     let _heavy = crate::support::heavy().await;
-    let results = flows::noisy_neighbour(&flow_args(Scenario::NoisyNeighbour), |_| {})
+    let results = flows::noisy_neighbour(&flow_args(DemoScenario::NoisyNeighbour), |_| {})
         .await
         .unwrap();
     let runs: Vec<(&str, &str)> = (results.iter())
@@ -108,7 +108,7 @@ async fn the_noisy_neighbour_scenario_serves_both_tenants_and_reports_each() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_scenario_sheds_low_first_and_never_high() {
     let _heavy = crate::support::heavy().await;
-    let results = flows::priority(&flow_args(Scenario::Priority), |_| {})
+    let results = flows::priority(&flow_args(DemoScenario::Priority), |_| {})
         .await
         .unwrap();
     let shed = |flow: &str| {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use prefix_router_demo::{DemoArgs, compare as real_time};
-use prefix_router_lab::scenario::{Agent, Scenario, Source};
+use prefix_router_lab::scenario::{Agent, Scenario, WorkloadSource};
 use prefix_router_lab::{Setting, compare as lab};
 use serde_json::Value;
 
@@ -42,7 +42,7 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
     let scenario = Scenario {
         name: "small".into(),
         about: "test",
-        source: Source::Agent(Agent::new(4, 0.5, 4)),
+        source: WorkloadSource::Agent(Agent::new(4, 0.5, 4)),
         backends: 2,
         kv_blocks: 4_000,
         concurrency: 64,

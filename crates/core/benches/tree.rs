@@ -39,9 +39,9 @@ const ROLES: [&[u8]; 2] = [b"<|user|>\n", b"<|assistant|>\n"];
 type Text = Vec<&'static [u8]>;
 
 /// Deterministic xorshift64* generator.
-struct Rng(u64);
+struct XorShiftRng(u64);
 
-impl Rng {
+impl XorShiftRng {
     fn next(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -57,13 +57,13 @@ impl Rng {
 /// Random printable bytes, and slices of them at random offsets.
 struct Corpus {
     bytes: &'static [u8],
-    rng: Rng,
+    rng: XorShiftRng,
     systems: Vec<&'static [u8]>,
 }
 
 impl Corpus {
     fn new() -> Self {
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        let mut rng = XorShiftRng(0x9e37_79b9_7f4a_7c15);
         let bytes: Vec<u8> = (0..CORPUS_BYTES)
             .map(|_| b' ' + (rng.next() % 95) as u8)
             .collect();

@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 use prefix_router::config::{Config, Settings};
 use prefix_router::serve::embedded::Embedded;
-use prefix_router_replay::{ReplayArgs, Report, Synthetic, Workload, replay};
+use prefix_router_replay::{ReplayArgs, ReplayReport, Synthetic, Workload, replay};
 use prefix_router_sim::{SimConfig, SimHandle};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
@@ -26,17 +26,17 @@ use crate::{DemoArgs, free_loopback_addr};
 
 /// One flow of one run: who sent what, and what it got.
 #[derive(Debug, serde::Serialize)]
-pub struct FlowResult {
+pub struct DemoFlowResult {
     /// The run (`B alone`, `B beside A`, ...).
     pub run: String,
     /// The flow (tenant or priority).
     pub flow: String,
     /// Its replay's report.
-    pub report: Report,
+    pub report: ReplayReport,
 }
 
 /// A flow to replay: its name, API key, priority, sessions, requests in flight and seed.
-struct Flow {
+struct DemoFlow {
     name: &'static str,
     key: &'static str,
     priority: Option<&'static str>,
@@ -46,8 +46,8 @@ struct Flow {
 }
 
 /// B (and the high-priority sessions): 8 sessions, 4 requests in flight.
-fn light(name: &'static str, key: &'static str, priority: Option<&'static str>) -> Flow {
-    Flow {
+fn light(name: &'static str, key: &'static str, priority: Option<&'static str>) -> DemoFlow {
+    DemoFlow {
         name,
         key,
         priority,
@@ -61,7 +61,7 @@ fn light(name: &'static str, key: &'static str, priority: Option<&'static str>) 
 pub async fn noisy_neighbour(
     args: &DemoArgs,
     progress: impl Fn(&str),
-) -> anyhow::Result<Vec<FlowResult>> {
+) -> anyhow::Result<Vec<DemoFlowResult>> {
     let dir = scratch("noisy")?;
     let file = dir.path().join("tenants.toml");
     let tenants = format!(
@@ -71,7 +71,7 @@ pub async fn noisy_neighbour(
     );
     std::fs::write(&file, tenants)?;
     let b = || light("B", "sk-demo-b", None);
-    let a = Flow {
+    let a = DemoFlow {
         name: "A",
         key: "sk-demo-a",
         priority: None,
@@ -88,7 +88,10 @@ pub async fn noisy_neighbour(
 }
 
 /// The priority runs: high alone, then high beside normal and low floods.
-pub async fn priority(args: &DemoArgs, progress: impl Fn(&str)) -> anyhow::Result<Vec<FlowResult>> {
+pub async fn priority(
+    args: &DemoArgs,
+    progress: impl Fn(&str),
+) -> anyhow::Result<Vec<DemoFlowResult>> {
     let dir = scratch("priority")?;
     let file = dir.path().join("tenants.toml");
     let tenants = format!(
@@ -98,7 +101,7 @@ pub async fn priority(args: &DemoArgs, progress: impl Fn(&str)) -> anyhow::Resul
     std::fs::write(&file, tenants)?;
     let slots = args.backends * args.max_num_seqs;
     let high = || light("high", "sk-demo-p", Some("high"));
-    let flood = |name, seed| Flow {
+    let flood = |name, seed| DemoFlow {
         name,
         key: "sk-demo-p",
         priority: Some(name),
@@ -128,8 +131,8 @@ async fn run_flows(
     run: &str,
     file: &Path,
     max_queued: Option<usize>,
-    flows: Vec<Flow>,
-) -> anyhow::Result<Vec<FlowResult>> {
+    flows: Vec<DemoFlow>,
+) -> anyhow::Result<Vec<DemoFlowResult>> {
     let sims = start_sims(args).await?;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
     let config = router_config(&urls, file, max_queued, args.speedup)?;
@@ -151,7 +154,7 @@ async fn run_flows(
     }
     let mut results = Vec::new();
     for (flow, handle) in flows.iter().zip(replays) {
-        results.push(FlowResult {
+        results.push(DemoFlowResult {
             run: run.to_string(),
             flow: flow.name.to_string(),
             report: handle.await??,
@@ -164,7 +167,7 @@ async fn run_flows(
     Ok(results)
 }
 
-fn replay_args(args: &DemoArgs, url: &str, flow: &Flow) -> ReplayArgs {
+fn replay_args(args: &DemoArgs, url: &str, flow: &DemoFlow) -> ReplayArgs {
     let mut replay = ReplayArgs {
         url: url.to_string(),
         synthetic: Some(Synthetic::Agent),
@@ -248,7 +251,7 @@ fn sha256(key: &str) -> String {
 
 /// The results as a table: per run and flow, requests answered and shed, TTFT p50 and
 /// p99, hit rate.
-pub fn table(results: &[FlowResult]) -> String {
+pub fn table(results: &[DemoFlowResult]) -> String {
     let mut out = format!(
         "{:<28} {:<7} {:>6} {:>6} {:>10} {:>10} {:>8}\n",
         "run", "flow", "ok", "shed", "TTFT p50", "TTFT p99", "hit rate"

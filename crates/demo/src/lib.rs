@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 use prefix_router::config::{Config, Settings};
 use prefix_router::serve::embedded::Embedded;
 use prefix_router_replay::compare::{self, PolicyResult};
-use prefix_router_replay::{ReplayArgs, Report, Synthetic, Workload, replay};
+use prefix_router_replay::{ReplayArgs, ReplayReport, Synthetic, Workload, replay};
 use prefix_router_sim::{SimConfig, SimHandle, start};
 
 /// Options of the `demo` command.
@@ -80,8 +80,8 @@ pub struct DemoArgs {
     #[arg(long, default_value = "demo-results")]
     pub out_dir: PathBuf,
     /// What to show: the policies side by side, or a flow-control scenario.
-    #[arg(long, value_enum, default_value_t = Scenario::Policies)]
-    pub scenario: Scenario,
+    #[arg(long, value_enum, default_value_t = DemoScenario::Policies)]
+    pub scenario: DemoScenario,
     /// Flow scenarios: requests each simulated backend runs at once (the rest wait in its
     /// queue).
     #[arg(long, default_value_t = 4)]
@@ -93,7 +93,7 @@ pub struct DemoArgs {
 
 /// What the demo shows.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Scenario {
+pub enum DemoScenario {
     /// Each policy on the same workload.
     #[default]
     Policies,
@@ -108,9 +108,9 @@ pub enum Scenario {
 pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let print = |line: &str| println!("{line}");
     let flows = match args.scenario {
-        Scenario::Policies => None,
-        Scenario::NoisyNeighbour => Some(flows::noisy_neighbour(&args, print).await?),
-        Scenario::Priority => Some(flows::priority(&args, print).await?),
+        DemoScenario::Policies => None,
+        DemoScenario::NoisyNeighbour => Some(flows::noisy_neighbour(&args, print).await?),
+        DemoScenario::Priority => Some(flows::priority(&args, print).await?),
     };
     if let Some(results) = flows {
         println!("\n{}", flows::table(&results));
@@ -182,7 +182,7 @@ async fn run_policy(
     policy: &str,
     replay_args: &ReplayArgs,
     workload: &Workload,
-) -> anyhow::Result<Report> {
+) -> anyhow::Result<ReplayReport> {
     let (sims, events_offset) = start_sims(args).await?;
     let urls: Vec<String> = sims.iter().map(|s| format!("http://{}", s.addr)).collect();
     let redis = (args.replicas > 1 && !args.no_shared_table)

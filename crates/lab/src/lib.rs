@@ -23,15 +23,15 @@ use std::path::PathBuf;
 use prefix_router_core::policy::{self, Tunables};
 use prefix_router_core::tree::TreeConfig;
 use prefix_router_core::units::Tokens;
-use prefix_router_replay::{ReplayArgs, ReplayError, Report, Synthetic, Workload};
+use prefix_router_replay::{ReplayArgs, ReplayError, ReplayReport, Synthetic, Workload};
 use prefix_router_sim::SimConfig;
 use prefix_router_sim::engine::Scheduling;
 use serde::Serialize;
 
 pub use output::{svg, table};
-use prepare::Prepared;
+use prepare::RequestShapes;
 use router::RouterSetup;
-use scenario::{Scenario, Source};
+use scenario::{Scenario, WorkloadSource};
 pub use settings::settings;
 use world::{Clients, Situation};
 
@@ -212,7 +212,7 @@ pub struct LabResult {
     /// (the report's own pooled bound follows each run's order).
     pub pooled_bound: f64,
     /// The replay's report, in virtual time.
-    pub report: Report,
+    pub report: ReplayReport,
     /// KV blocks the engines evicted.
     pub kv_evicted_blocks: u64,
     /// Prefix-index text the router evicted, bytes.
@@ -352,7 +352,7 @@ pub(crate) fn scenario_args(scenario: &Scenario, seed: u64) -> ReplayArgs {
         ..ReplayArgs::default()
     };
     match &scenario.source {
-        Source::Agent(agent) => {
+        WorkloadSource::Agent(agent) => {
             args.synthetic = Some(Synthetic::Agent);
             (args.sessions, args.session_rate) = (agent.sessions, agent.session_rate);
             args.system_prompts = agent.system_prompts;
@@ -361,7 +361,7 @@ pub(crate) fn scenario_args(scenario: &Scenario, seed: u64) -> ReplayArgs {
             (args.think_min, args.think_max) = agent.think;
             args.overlap = agent.overlap;
         }
-        Source::Template {
+        WorkloadSource::Template {
             requests,
             rate,
             templates,
@@ -370,7 +370,7 @@ pub(crate) fn scenario_args(scenario: &Scenario, seed: u64) -> ReplayArgs {
             (args.sessions, args.session_rate) = (*requests, *rate);
             args.system_prompts = *templates;
         }
-        Source::Trace(path) => args.trace = Some(path.clone()),
+        WorkloadSource::Trace(path) => args.trace = Some(path.clone()),
     }
     args
 }
@@ -391,7 +391,7 @@ pub fn compare(
     let mut loaded = Vec::with_capacity(all_args.len());
     for args in &all_args {
         let workload = Workload::load(args)?;
-        let prepared = Prepared::new(
+        let prepared = RequestShapes::new(
             workload.plan(),
             &sim,
             &args.model,
@@ -401,7 +401,7 @@ pub fn compare(
         );
         loaded.push((workload, prepared));
     }
-    let workloads: Vec<world::Workload> = (loaded.iter())
+    let workloads: Vec<world::ShapedWorkload> = (loaded.iter())
         .map(|(w, p)| (w.plan().as_ref(), p))
         .collect();
     let workload = &loaded[main].0;
@@ -477,7 +477,7 @@ fn flow_args(args: ReplayArgs, flows: Option<&scenario::Flows>) -> Vec<ReplayArg
 }
 
 /// Turns placed on another backend than their session's previous turn.
-fn moved_turns(outcomes: &[prefix_router_replay::Outcome]) -> u64 {
+fn moved_turns(outcomes: &[prefix_router_replay::RequestOutcome]) -> u64 {
     let mut placed: Vec<(u32, u32, &str)> = (outcomes.iter())
         .filter_map(|o| Some((o.session, o.turn, o.exchange.backend.as_deref()?)))
         .collect();

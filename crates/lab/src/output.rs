@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use prefix_router_replay::Report;
+use prefix_router_replay::ReplayReport;
 use prefix_router_replay::compare::{self, PolicyResult};
 
 use super::LabResult;
@@ -32,7 +32,7 @@ pub fn of_finite(result: &LabResult) -> Option<f64> {
 }
 
 /// A one-line summary of a report, and of each measured flow.
-pub fn summary(report: &Report, pooled_bound: f64, flows: &[FlowResult]) -> String {
+pub fn summary(report: &ReplayReport, pooled_bound: f64, flows: &[FlowResult]) -> String {
     let ttft = report.ttft_ms.as_ref();
     format!(
         "hit {} (pooled bound {}), TTFT p50 {} p99 {}, makespan {:.1}s, {} ok, {} failed",
@@ -65,7 +65,7 @@ fn measured(flows: &[FlowResult]) -> String {
     out
 }
 
-fn shares(report: &Report) -> String {
+fn shares(report: &ReplayReport) -> String {
     let Some(backends) = &report.backends else {
         return "-".into();
     };

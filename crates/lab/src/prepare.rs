@@ -2,18 +2,18 @@
 //! and shared by every run on it: the body the replay would send, rendered, tokenized and
 //! hashed by the simulator's own template ([`prefix_router_sim::prepare`]). The router side
 //! parses the same body with the router's parser, so the two share nothing but the bytes.
-//! With the engines' records on ([`Prepared::new`]'s `exact`), each request also carries
+//! With the engines' records on ([`RequestShapes::new`]'s `exact`), each request also carries
 //! the chain the router's token mode would key it by: the simulator's token ids are its
 //! rendered prompt in 4-byte words, so the chain is the core's over those bytes.
 
 use std::sync::Arc;
 
 use prefix_router_core::request::blocks::Chainer;
-use prefix_router_replay::{Plan, Turn};
+use prefix_router_replay::{Plan, PlannedTurn};
 use prefix_router_sim::SimConfig;
 use prefix_router_sim::cache::BlockHash;
 use prefix_router_sim::engine::EngineRequest;
-use prefix_router_sim::template::Endpoint;
+use prefix_router_sim::template::GenerationEndpoint;
 
 /// A request as an engine sees it, or why the simulator refuses it (its HTTP status).
 #[derive(Clone, Debug)]
@@ -57,11 +57,11 @@ impl Shape {
 }
 
 /// Every request's shape, by session and turn.
-pub struct Prepared {
+pub struct RequestShapes {
     shapes: Vec<Vec<Shape>>,
 }
 
-impl Prepared {
+impl RequestShapes {
     /// Shapes of every turn of `plan` as `sim` renders bodies asking for `model`, on up to
     /// `threads` threads (the result does not depend on them); with each prompt's token
     /// chain when `exact`.
@@ -96,7 +96,7 @@ impl Prepared {
                 .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
                 .collect()
         });
-        Prepared { shapes }
+        RequestShapes { shapes }
     }
 
     /// The shape of `turn` of `session`.
@@ -107,14 +107,14 @@ impl Prepared {
 
 fn shape(
     plan: &Plan,
-    turn: &Turn,
+    turn: &PlannedTurn,
     sim: &SimConfig,
     model: &str,
     stream: bool,
     exact: bool,
 ) -> Shape {
     let body = plan.request_body(turn, model, stream);
-    match prefix_router_sim::prepare(sim, Endpoint::Chat, &body, 0) {
+    match prefix_router_sim::prepare(sim, GenerationEndpoint::Chat, &body, 0) {
         Ok((request, _)) => Shape::Accepted {
             hashes: request.hashes.into(),
             prompt_tokens: request.prompt_tokens,
@@ -129,7 +129,8 @@ fn shape(
 /// built-in tokenizer: ids are the prompt's 4-byte words).
 fn token_chain(body: &[u8], sim: &SimConfig) -> Option<Arc<[[u8; 8]]>> {
     let value = serde_json::from_slice(body).ok()?;
-    let parsed = prefix_router_sim::template::parse(Endpoint::Chat, &value, sim.bytes_per_token);
+    let parsed =
+        prefix_router_sim::template::parse(GenerationEndpoint::Chat, &value, sim.bytes_per_token);
     let mut chain = Vec::new();
     Chainer::default().push(&parsed.ok()?.prompt, &mut chain);
     Some(chain.into())

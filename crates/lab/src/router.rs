@@ -60,7 +60,7 @@ pub struct RouterSetup {
 
 /// What the engines hold of one request by their own records (their KV events, without
 /// delay in virtual time): the request is then routed in token mode.
-pub struct Record<'a> {
+pub struct EngineRecord<'a> {
     /// The prompt's token chain (one hash per 16 tokens).
     pub chain: &'a [[u8; 8]],
     /// The prompt's tokens.
@@ -77,7 +77,7 @@ pub struct Asked<'a> {
     /// Its `x-session-id` header, if sent.
     pub session_id: Option<&'a str>,
     /// The engines' record of its prompt, when they publish one.
-    pub record: Option<&'a Record<'a>>,
+    pub record: Option<&'a EngineRecord<'a>>,
 }
 
 /// The policy's choice among `candidates`, as flow control is `asking`, over the engines'
@@ -87,7 +87,7 @@ fn select(
     request: &Request,
     asking: Asking,
     candidates: &[Candidate],
-    record: Option<&Record>,
+    record: Option<&EngineRecord>,
 ) -> Decision {
     let request = &request.asked(asking);
     let Some(record) = record else {

@@ -7,7 +7,7 @@ use prefix_router_core::flow::Priority;
 
 /// Where the workload comes from.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Source {
+pub enum WorkloadSource {
     /// The built-in coding-agent generator.
     Agent(Agent),
     /// The built-in few-shot generator: single requests sharing a template.
@@ -119,7 +119,7 @@ pub struct Scenario {
     /// What it shows.
     pub about: &'static str,
     /// The workload.
-    pub source: Source,
+    pub source: WorkloadSource,
     /// Backends.
     pub backends: usize,
     /// KV blocks per backend.
@@ -153,7 +153,7 @@ fn with_agent(name: &str, about: &'static str, agent: Agent) -> Scenario {
     Scenario {
         name: name.into(),
         about,
-        source: Source::Agent(agent),
+        source: WorkloadSource::Agent(agent),
         backends: 4,
         kv_blocks: KV_BLOCKS,
         concurrency: 64,
@@ -206,7 +206,7 @@ fn trace(
     Scenario {
         name: name.into(),
         about,
-        source: Source::Trace(traces.join(file)),
+        source: WorkloadSource::Trace(traces.join(file)),
         backends: 4,
         kv_blocks: kv,
         concurrency: 64,
@@ -376,7 +376,7 @@ pub fn all(traces: &std::path::Path) -> Vec<Scenario> {
     list.push(Scenario {
         name: "template".into(),
         about: "12,000 few-shot requests at 200/s sharing one template beyond the first user message",
-        source: Source::Template {
+        source: WorkloadSource::Template {
             requests: 12_000,
             rate: 200.0,
             templates: 1,

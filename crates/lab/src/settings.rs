@@ -4,7 +4,7 @@
 use prefix_router_replay::Workload;
 use prefix_router_sim::SimConfig;
 
-use crate::scenario::{self, Agent, Scenario, Source};
+use crate::scenario::{self, Agent, Scenario, WorkloadSource};
 use crate::{IndexMode, LabArgs, LabError, Setting, scenario_args};
 
 /// The settings `args` asks for: its scenarios, swept over the listed values.
@@ -19,7 +19,7 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
         (None, _, Some(path)) => {
             let mut s =
                 scenario::named("conversation", &args.traces).unwrap_or_else(|| all[0].clone());
-            (s.name, s.source) = ("custom".into(), Source::Trace(path.clone()));
+            (s.name, s.source) = ("custom".into(), WorkloadSource::Trace(path.clone()));
             vec![s]
         }
         (None, false, None) => vec![all[0].clone()],
@@ -113,9 +113,9 @@ pub(crate) fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>
     for backends in or(&args.backends, scenario.backends) {
         for kv_blocks in or(&args.kv_blocks, scenario.kv_blocks) {
             let sessions = match &scenario.source {
-                Source::Agent(agent) => or(&args.sessions, agent.sessions),
-                Source::Template { requests, .. } => or(&args.sessions, *requests),
-                Source::Trace(_) => vec![0],
+                WorkloadSource::Agent(agent) => or(&args.sessions, agent.sessions),
+                WorkloadSource::Template { requests, .. } => or(&args.sessions, *requests),
+                WorkloadSource::Trace(_) => vec![0],
             };
             for n in sessions {
                 let mut s = scenario.clone();
@@ -139,15 +139,15 @@ pub(crate) fn sweep(scenario: &Scenario, args: &LabArgs) -> Result<Vec<Scenario>
                     _ => 1,
                 };
                 let (sessions, rate, prompts) = match &mut s.source {
-                    Source::Agent(a) => {
+                    WorkloadSource::Agent(a) => {
                         (&mut a.sessions, &mut a.session_rate, &mut a.system_prompts)
                     }
-                    Source::Template {
+                    WorkloadSource::Template {
                         requests,
                         rate,
                         templates,
                     } => (requests, rate, templates),
-                    Source::Trace(_) => {
+                    WorkloadSource::Trace(_) => {
                         out.extend(scaled(s, args)?);
                         continue;
                     }
@@ -195,7 +195,7 @@ fn scaled(scenario: Scenario, args: &LabArgs) -> Result<Vec<Scenario>, LabError>
 
 /// The sum of every session's last prompt, tokens (an agent workload's final contexts).
 fn final_contexts(scenario: &Scenario, seed: u64) -> Result<u64, LabError> {
-    if !matches!(scenario.source, Source::Agent(_)) {
+    if !matches!(scenario.source, WorkloadSource::Agent(_)) {
         return Err(LabError::Invalid(format!(
             "--kv-scale needs an agent scenario, not {}",
             scenario.name
@@ -209,14 +209,14 @@ fn final_contexts(scenario: &Scenario, seed: u64) -> Result<u64, LabError> {
         .sum())
 }
 
-fn session_label(source: &Source) -> String {
+fn session_label(source: &WorkloadSource) -> String {
     match source {
-        Source::Agent(Agent { sessions, .. })
-        | Source::Template {
+        WorkloadSource::Agent(Agent { sessions, .. })
+        | WorkloadSource::Template {
             requests: sessions, ..
         } => {
             format!(" s={sessions}")
         }
-        Source::Trace(_) => String::new(),
+        WorkloadSource::Trace(_) => String::new(),
     }
 }

@@ -9,7 +9,7 @@ pub fn small() -> Setting {
     let scenario = Scenario {
         name: "small".into(),
         about: "test",
-        source: Source::Agent(Agent::new(4, 0.5, 2)),
+        source: WorkloadSource::Agent(Agent::new(4, 0.5, 2)),
         backends: 2,
         kv_blocks: 4_000,
         concurrency: 64,
@@ -63,7 +63,7 @@ fn without_a_tenants_file_a_wait_past_the_queue_timeout_is_shed() {
     let base = small();
     let setting = Setting {
         scenario: Scenario {
-            source: Source::Agent(Agent::new(64, 8.0, 2)),
+            source: WorkloadSource::Agent(Agent::new(64, 8.0, 2)),
             ..base.scenario.clone()
         },
         max_inflight_per_backend: 1,
@@ -98,7 +98,7 @@ fn neighbours(a_concurrency: usize, control: bool) -> Setting {
         measured,
     };
     setting.scenario = Scenario {
-        source: Source::Agent(agent),
+        source: WorkloadSource::Agent(agent),
         max_num_seqs: 2,
         flows: Some(scenario::Flows {
             flows: vec![flow("a", 16, a_concurrency, false), flow("b", 2, 1, true)],
@@ -152,20 +152,20 @@ fn flows_split_the_sessions_and_a_tenants_file_keeps_the_light_tenants_ttft() {
 #[test]
 fn a_flow_scale_multiplies_the_engines_and_a_flow_load_the_flows_and_the_queue() {
     #[derive(clap::Parser)]
-    struct Cli {
+    struct LabCli {
         #[command(flatten)]
         lab: LabArgs,
     }
     let all = scenario::all(std::path::Path::new("."));
     let noisy = all.iter().find(|s| s.name == "noisy-neighbour").unwrap();
     let scaled = |args: &[&str]| {
-        let args = <Cli as clap::Parser>::parse_from([&["lab"], args].concat()).lab;
+        let args = <LabCli as clap::Parser>::parse_from([&["lab"], args].concat()).lab;
         let s = sweep(noisy, &args).unwrap().remove(0);
         let flows = s.flows.as_ref().unwrap();
         let sizes: Vec<_> = (flows.flows.iter())
             .map(|f| (f.sessions, f.concurrency))
             .collect();
-        let Source::Agent(agent) = &s.source else {
+        let WorkloadSource::Agent(agent) = &s.source else {
             panic!("an agent workload");
         };
         let sessions = agent.sessions;

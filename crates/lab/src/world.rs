@@ -10,11 +10,11 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
-use prefix_router_replay::{Exchange, Outcome, Plan, RunResult, Served};
+use prefix_router_replay::{ExchangeResult, Plan, RequestOutcome, RunResult, ServedUsage};
 use prefix_router_sim::SimConfig;
 use prefix_router_sim::engine::{EngineCore, Output};
 
-use crate::prepare::{Prepared, Shape};
+use crate::prepare::{RequestShapes, Shape};
 use std::sync::Arc;
 
 use prefix_router_core::clock::Manual;
@@ -87,7 +87,7 @@ pub struct Run {
 }
 
 /// A workload: its plan, with the shapes the engines give its requests.
-pub type Workload<'w> = (&'w Plan, &'w Prepared);
+pub type ShapedWorkload<'w> = (&'w Plan, &'w RequestShapes);
 
 /// Runs `workloads` through a router set up as `router` in front of one engine per name in
 /// `backends`, each configured as `sim`: one workload sent by `clients`, or, with `flows`,
@@ -95,7 +95,7 @@ pub type Workload<'w> = (&'w Plan, &'w Prepared);
 /// measured flow's (the first flow's when none is measured).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
-    workloads: &[Workload],
+    workloads: &[ShapedWorkload],
     backends: &[String],
     sim: &SimConfig,
     router: &RouterSetup,
@@ -178,7 +178,7 @@ pub fn run(
 
 /// Something due at a time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Event {
+enum WorldEvent {
     /// The next session's arrival in a party: its dispatcher starts it.
     Dispatch { party: usize },
     /// A session's next turn is ready to be sent.
@@ -231,7 +231,7 @@ struct InFlight<'w> {
 /// Where a session stands: its turns scheduled or sent and not ended, and the next turn
 /// not yet scheduled.
 #[derive(Clone, Copy, Debug, Default)]
-struct Progress {
+struct SessionProgress {
     /// Its turns scheduled or sent, and not ended.
     in_flight: usize,
     /// The next turn not yet scheduled.
@@ -257,7 +257,7 @@ struct World<'w> {
     /// When each replica next reads the engines' published load.
     scrapes: Vec<f64>,
     scrape_interval: f64,
-    queue: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    queue: BinaryHeap<Reverse<(u64, u64, WorldEvent)>>,
     seq: u64,
     /// The groups of clients, each with its workload, sessions and concurrency.
     parties: Vec<Party<'w>>,
@@ -287,7 +287,7 @@ impl<'w> World<'w> {
         self.first_arrival = firsts.map(|s| s.start_ms() / 1000.0).min_by(f64::total_cmp);
         for party in 0..self.parties.len() {
             if let Some(start) = self.parties[party].upcoming() {
-                self.at(start, Event::Dispatch { party });
+                self.at(start, WorldEvent::Dispatch { party });
             }
         }
         while !parties::measured_done(&self.parties) {
@@ -326,15 +326,15 @@ impl<'w> World<'w> {
         }
     }
 
-    fn at(&mut self, time: f64, event: Event) {
+    fn at(&mut self, time: f64, event: WorldEvent) {
         self.seq += 1;
         self.queue
             .push(Reverse((time.max(0.0).to_bits(), self.seq, event)));
     }
 
-    fn handle(&mut self, now: f64, event: Event) {
+    fn handle(&mut self, now: f64, event: WorldEvent) {
         match event {
-            Event::Dispatch { party } => {
+            WorldEvent::Dispatch { party } => {
                 let Some(session) = self.parties[party].start_next() else {
                     return;
                 };
@@ -349,7 +349,7 @@ impl<'w> World<'w> {
                     },
                 );
             }
-            Event::Turn {
+            WorldEvent::Turn {
                 party,
                 session,
                 turn,
@@ -362,7 +362,7 @@ impl<'w> World<'w> {
                     ready: now,
                 },
             ),
-            Event::Expire { replica, pending } => self.expire(now, replica, pending),
+            WorldEvent::Expire { replica, pending } => self.expire(now, replica, pending),
         }
     }
 
@@ -391,7 +391,7 @@ impl<'w> World<'w> {
             && let Some(start) = self.parties[want.party].upcoming()
         {
             let party = want.party;
-            self.at(start.max(now), Event::Dispatch { party });
+            self.at(start.max(now), WorldEvent::Dispatch { party });
         }
         if self.budget == 0 {
             self.parties[want.party].free_slots += 1;
@@ -520,10 +520,10 @@ impl<'w> World<'w> {
         if let Some(placement) = placement {
             self.routers[replica].refused(placement);
         }
-        let exchange = Exchange {
+        let exchange = ExchangeResult {
             backend,
             error: Some(format!("http_{status}")),
-            ..Exchange::default()
+            ..ExchangeResult::default()
         };
         self.record(want, sent, now, exchange);
         self.ended(now, want);
@@ -571,13 +571,13 @@ impl<'w> World<'w> {
                     self.routed.1 += live.prompt as u64;
                 }
                 let stream = self.clients.stream;
-                let exchange = Exchange {
+                let exchange = ExchangeResult {
                     backend: Some(self.names[backend].clone()),
                     ttft: live
                         .first
                         .filter(|_| stream)
                         .map(|f| seconds(f - live.sent)),
-                    usage: Some(Served {
+                    usage: Some(ServedUsage {
                         prompt_tokens: live.prompt as u64,
                         cached_tokens: Some(live.cached as u64),
                         completion_tokens: output_tokens as u64,
@@ -598,10 +598,10 @@ impl<'w> World<'w> {
                 }
                 let now = self.engines[backend].now();
                 let want = live.want;
-                let exchange = Exchange {
+                let exchange = ExchangeResult {
                     backend: Some(self.names[backend].clone()),
                     error: Some("http_400".into()),
-                    ..Exchange::default()
+                    ..ExchangeResult::default()
                 };
                 self.record(want, now, now, exchange);
                 self.ended(now, want);
@@ -609,10 +609,10 @@ impl<'w> World<'w> {
         }
     }
 
-    fn record(&mut self, want: Want, sent: f64, end: f64, exchange: Exchange) {
+    fn record(&mut self, want: Want, sent: f64, end: f64, exchange: ExchangeResult) {
         self.parties[want.party].ended();
         self.last_end = self.last_end.max(end);
-        self.parties[want.party].outcomes.push(Outcome {
+        self.parties[want.party].outcomes.push(RequestOutcome {
             session: want.session as u32,
             turn: want.turn as u32,
             sent: seconds(sent - self.first_arrival.unwrap_or(0.0)),
@@ -648,13 +648,13 @@ impl<'w> World<'w> {
         };
         if due {
             let turn = progress.next.max(1);
-            self.parties[party].progress[session] = Progress {
+            self.parties[party].progress[session] = SessionProgress {
                 in_flight: progress.in_flight + 1,
                 next: turn + 1,
             };
             self.at(
                 now + next.think_ms() / 1000.0,
-                Event::Turn {
+                WorldEvent::Turn {
                     party,
                     session,
                     turn,

@@ -28,7 +28,7 @@
 
 use std::sync::Arc;
 
-use super::plan::{Plan, Session, Turn};
+use super::plan::{Plan, PlannedTurn, Session};
 use super::text::{Rng, Role, TOOL_NAMES, json_string, mix, render_message, text};
 
 /// Settings of the agent workload.
@@ -239,7 +239,7 @@ impl<'a> SessionGen<'a> {
         }
     }
 
-    fn turn(&mut self, first: bool) -> Turn {
+    fn turn(&mut self, first: bool) -> PlannedTurn {
         let think = if first {
             0.0
         } else {
@@ -250,7 +250,7 @@ impl<'a> SessionGen<'a> {
             (lo + (hi - lo) * self.rng.unit()) * 1000.0
         };
         let overlaps = !first && self.overlaps.unit() < self.cfg.overlap;
-        Turn {
+        PlannedTurn {
             pieces: self.messages.clone(),
             max_tokens: ((self.rng.range(30, 300) as f64 * self.cfg.output_scale) as u32).max(1),
             think_ms: think,

@@ -19,7 +19,7 @@
 
 use serde::Serialize;
 
-use super::plan::{Plan, Turn};
+use super::plan::{Plan, PlannedTurn};
 
 /// Result of the bound computation.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -48,7 +48,7 @@ pub struct Pooled {
 }
 
 /// Computes the bound over `turns`, taken in the order given.
-pub(crate) fn compute<'a>(plan: &Plan, turns: impl Iterator<Item = &'a Turn>) -> Bound {
+pub(crate) fn compute<'a>(plan: &Plan, turns: impl Iterator<Item = &'a PlannedTurn>) -> Bound {
     let mut seen = vec![false; plan.pieces.len()];
     let (mut blocks, mut blocks_seen) = (0u64, 0u64);
     let mut b = Bound::default();
@@ -90,7 +90,7 @@ pub(crate) fn compute_sent(
 }
 
 /// Number of leading blocks already seen, and the tokens they cover.
-fn leading_hits(plan: &Plan, turn: &Turn, seen: &[bool]) -> (u64, u64) {
+fn leading_hits(plan: &Plan, turn: &PlannedTurn, seen: &[bool]) -> (u64, u64) {
     let (mut k, mut tokens) = (0, 0);
     for p in plan.chain(turn) {
         if !seen[plan.piece_key[p as usize] as usize] {
@@ -108,10 +108,10 @@ fn leading_hits(plan: &Plan, turn: &Turn, seen: &[bool]) -> (u64, u64) {
 /// most recently used, the earlier ones older, and the least recently used are evicted.
 pub(crate) fn compute_pooled<'a>(
     plan: &Plan,
-    turns: impl Iterator<Item = &'a Turn>,
+    turns: impl Iterator<Item = &'a PlannedTurn>,
     capacity: u64,
 ) -> f64 {
-    let mut cache = Lru::default();
+    let mut cache = BlockLru::default();
     let (mut hit, mut total) = (0u64, 0u64);
     for turn in turns {
         let mut leading = true;
@@ -134,14 +134,14 @@ pub(crate) fn compute_pooled<'a>(
 
 /// Block keys in least-recently-used order, with their token sizes.
 #[derive(Default)]
-struct Lru {
+struct BlockLru {
     ticks: std::collections::HashMap<u32, (u64, u64)>,
     order: std::collections::BTreeMap<u64, u32>,
     tokens: u64,
     clock: u64,
 }
 
-impl Lru {
+impl BlockLru {
     fn contains(&self, key: u32) -> bool {
         self.ticks.contains_key(&key)
     }
@@ -224,9 +224,9 @@ mod tests {
 
     /// Two sessions of two turns, each turn adding one 4-token block; sent interleaved.
     fn two_sessions() -> super::Plan {
-        use super::super::plan::{Session, Turn};
+        use super::super::plan::{PlannedTurn, Session};
         let mut plan = super::Plan::default();
-        let turn = |pieces: Vec<u32>, think_ms| Turn {
+        let turn = |pieces: Vec<u32>, think_ms| PlannedTurn {
             pieces,
             max_tokens: 1,
             think_ms,

@@ -20,7 +20,7 @@ pub const INSTANCE_HEADER: &str = "x-sim-instance";
 
 /// Token usage reported by a response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Served {
+pub struct ServedUsage {
     /// `usage.prompt_tokens`.
     pub prompt_tokens: u64,
     /// `usage.prompt_tokens_details.cached_tokens`, when reported.
@@ -31,13 +31,13 @@ pub struct Served {
 
 /// What one request produced.
 #[derive(Debug, Clone, Default)]
-pub struct Exchange {
+pub struct ExchangeResult {
     /// Instance that answered, if the response named one.
     pub backend: Option<String>,
     /// Time to first content (streaming only).
     pub ttft: Option<Duration>,
     /// Usage, if the response reported it.
-    pub usage: Option<Served>,
+    pub usage: Option<ServedUsage>,
     /// Error kind (`connect`, `timeout`, `http_503`, ...); `None` when ok.
     pub error: Option<String>,
     /// For a 429, the `Retry-After` it gave.
@@ -48,7 +48,7 @@ pub struct Exchange {
 #[serde(default)]
 struct Answer {
     system_fingerprint: Option<String>,
-    usage: Option<Usage>,
+    usage: Option<UsageJson>,
     choices: Vec<Choice>,
     /// A Messages stream's `content_block_delta`.
     delta: Option<Delta>,
@@ -57,7 +57,7 @@ struct Answer {
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct Usage {
+struct UsageJson {
     prompt_tokens: u64,
     completion_tokens: u64,
     prompt_tokens_details: Option<Details>,
@@ -97,10 +97,10 @@ impl Delta {
     }
 }
 
-impl From<Usage> for Served {
-    fn from(u: Usage) -> Self {
+impl From<UsageJson> for ServedUsage {
+    fn from(u: UsageJson) -> Self {
         let read = u.cache_read_input_tokens.unwrap_or(0);
-        Served {
+        ServedUsage {
             prompt_tokens: u.prompt_tokens + u.input_tokens + read + u.cache_creation_input_tokens,
             cached_tokens: (u.prompt_tokens_details.and_then(|d| d.cached_tokens))
                 .or(u.cache_read_input_tokens),
@@ -121,7 +121,7 @@ pub(crate) async fn exchange(
     req: reqwest::RequestBuilder,
     stream: bool,
     sent: Instant,
-) -> Exchange {
+) -> ExchangeResult {
     let resp = match req.send().await {
         Ok(r) => r,
         Err(e) => return failed(None, error_kind(&e)),
@@ -140,7 +140,7 @@ pub(crate) async fn exchange(
             .map(Duration::from_secs);
         // Drain so the connection can be reused; the body is not needed.
         let _ = resp.bytes().await;
-        return Exchange {
+        return ExchangeResult {
             retry_after,
             ..failed(backend, format!("http_{}", status.as_u16()))
         };
@@ -156,11 +156,11 @@ pub(crate) async fn exchange(
     ex
 }
 
-fn failed(backend: Option<String>, kind: String) -> Exchange {
-    Exchange {
+fn failed(backend: Option<String>, kind: String) -> ExchangeResult {
+    ExchangeResult {
         backend,
         error: Some(kind),
-        ..Exchange::default()
+        ..ExchangeResult::default()
     }
 }
 
@@ -180,23 +180,23 @@ fn error_kind(e: &reqwest::Error) -> String {
     kind.to_owned()
 }
 
-async fn read_json(resp: reqwest::Response) -> Exchange {
+async fn read_json(resp: reqwest::Response) -> ExchangeResult {
     let bytes = match resp.bytes().await {
         Ok(b) => b,
         Err(e) => return failed(None, error_kind(&e)),
     };
     match serde_json::from_slice::<Answer>(&bytes) {
         Ok(a) if a.error.is_some() => failed(a.system_fingerprint, "api_error".into()),
-        Ok(a) => Exchange {
+        Ok(a) => ExchangeResult {
             backend: a.system_fingerprint,
-            usage: a.usage.map(Served::from),
-            ..Exchange::default()
+            usage: a.usage.map(ServedUsage::from),
+            ..ExchangeResult::default()
         },
         Err(_) => failed(None, "decode".into()),
     }
 }
 
-async fn read_stream(mut resp: reqwest::Response, sent: Instant) -> Exchange {
+async fn read_stream(mut resp: reqwest::Response, sent: Instant) -> ExchangeResult {
     let mut st = StreamState::new(sent);
     let mut parser = SseParser::default();
     loop {
@@ -216,7 +216,7 @@ async fn read_stream(mut resp: reqwest::Response, sent: Instant) -> Exchange {
 /// What a stream has shown so far.
 pub(crate) struct StreamState {
     sent: Instant,
-    ex: Exchange,
+    ex: ExchangeResult,
     error: Option<String>,
     done: bool,
 }
@@ -226,7 +226,7 @@ impl StreamState {
     pub(crate) fn new(sent: Instant) -> Self {
         StreamState {
             sent,
-            ex: Exchange::default(),
+            ex: ExchangeResult::default(),
             error: None,
             done: false,
         }
@@ -265,7 +265,7 @@ impl StreamState {
     }
 
     /// The exchange; a stream without `[DONE]` and without usage is incomplete.
-    pub(crate) fn finish(mut self) -> Exchange {
+    pub(crate) fn finish(mut self) -> ExchangeResult {
         if self.error.is_none() && !self.done && self.ex.usage.is_none() {
             self.error = Some("stream_incomplete".into());
         }
@@ -340,7 +340,7 @@ mod tests {
             r#"{"usage":{"prompt_tokens":3,"completion_tokens":1,"prompt_tokens_details":null}}"#,
         )
         .unwrap();
-        let s = Served::from(a.usage.unwrap());
+        let s = ServedUsage::from(a.usage.unwrap());
         assert_eq!(s.cached_tokens, None);
         assert_eq!(s.prompt_tokens, 3);
     }

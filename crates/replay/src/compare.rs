@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::{Percentiles, Report};
+use super::{Percentiles, ReplayReport};
 
 /// One policy's result.
 #[derive(Serialize)]
@@ -14,7 +14,7 @@ pub struct PolicyResult {
     /// The policy.
     pub policy: String,
     /// The run's report.
-    pub report: Report,
+    pub report: ReplayReport,
 }
 
 fn pct(value: Option<f64>) -> String {
@@ -31,12 +31,12 @@ fn ratio(value: Option<f64>) -> String {
     value.map_or("-".into(), |v| format!("{v:.2}"))
 }
 
-fn of_finite(report: &Report) -> Option<f64> {
+fn of_finite(report: &ReplayReport) -> Option<f64> {
     let pooled = report.bound.pooled?.hit_rate;
     report.hit_rate.filter(|_| pooled > 0.0).map(|h| h / pooled)
 }
 
-fn imbalance(report: &Report) -> (Option<f64>, Option<f64>) {
+fn imbalance(report: &ReplayReport) -> (Option<f64>, Option<f64>) {
     let backends = report.backends.as_ref();
     (
         backends.and_then(|b| b.request_imbalance),

@@ -19,7 +19,7 @@ use reqwest::header::CONTENT_TYPE;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::time::{Instant, sleep_until};
 
-use super::client::{self, Exchange};
+use super::client::{self, ExchangeResult};
 use super::plan::Plan;
 use super::text::BodyStyle;
 
@@ -28,7 +28,7 @@ pub const SESSION_HEADER: &str = "x-session-id";
 
 /// How to run a plan.
 #[derive(Debug, Clone)]
-pub(crate) struct Settings {
+pub(crate) struct RunSettings {
     /// Full URLs requests are posted to, in turn (as a round-robin balancer in front of
     /// router replicas would).
     pub(crate) endpoints: Vec<String>,
@@ -52,7 +52,7 @@ pub(crate) struct Settings {
 
 /// One request's result.
 #[derive(Debug, Clone)]
-pub struct Outcome {
+pub struct RequestOutcome {
     /// Session index in the plan.
     pub session: u32,
     /// Turn index in the session.
@@ -64,27 +64,27 @@ pub struct Outcome {
     /// Time from send to the end of the answer.
     pub e2e: Duration,
     /// What came back.
-    pub exchange: Exchange,
+    pub exchange: ExchangeResult,
 }
 
 /// All outcomes of a run and its wall time.
 #[derive(Debug)]
 pub struct RunResult {
     /// In completion order.
-    pub outcomes: Vec<Outcome>,
+    pub outcomes: Vec<RequestOutcome>,
     /// From the first scheduled arrival to the last completion.
     pub elapsed: Duration,
 }
 
-struct Ctx {
+struct RunCtx {
     client: reqwest::Client,
-    settings: Settings,
+    settings: RunSettings,
     plan: Arc<Plan>,
     t0: Instant,
     deadline: Option<Instant>,
     budget: AtomicUsize,
     slots: Arc<Semaphore>,
-    tx: mpsc::UnboundedSender<Outcome>,
+    tx: mpsc::UnboundedSender<RequestOutcome>,
     /// The next endpoint's turn.
     turn: AtomicUsize,
 }
@@ -92,13 +92,13 @@ struct Ctx {
 /// Runs `plan`, calling `on_outcome` as each request completes.
 pub(crate) async fn run(
     client: reqwest::Client,
-    settings: Settings,
+    settings: RunSettings,
     plan: Arc<Plan>,
-    mut on_outcome: impl FnMut(&Outcome),
+    mut on_outcome: impl FnMut(&RequestOutcome),
 ) -> RunResult {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let t0 = Instant::now();
-    let ctx = Arc::new(Ctx {
+    let ctx = Arc::new(RunCtx {
         client,
         deadline: settings.duration.map(|d| t0 + d),
         budget: AtomicUsize::new(settings.max_requests.unwrap_or(usize::MAX)),
@@ -122,7 +122,7 @@ pub(crate) async fn run(
 }
 
 /// Starts each session at its arrival time, in order.
-async fn dispatch(ctx: Arc<Ctx>) {
+async fn dispatch(ctx: Arc<RunCtx>) {
     for si in 0..ctx.plan.sessions.len() {
         let ready = ctx.t0 + ctx.scaled(ctx.plan.sessions[si].start_ms);
         if ctx.expired(ready) || ctx.tx.is_closed() {
@@ -139,7 +139,7 @@ async fn dispatch(ctx: Arc<Ctx>) {
 /// Sends a session's turns in order: each a think time after the previous answer, or,
 /// for a turn that overlaps, after the previous send; a turn that waits waits for every
 /// answer of its session.
-async fn session(ctx: Arc<Ctx>, si: usize, first_ready: Instant, permit: OwnedSemaphorePermit) {
+async fn session(ctx: Arc<RunCtx>, si: usize, first_ready: Instant, permit: OwnedSemaphorePermit) {
     let mut first = Some(permit);
     let (mut ready, mut last_send) = (first_ready, first_ready);
     let mut answers = tokio::task::JoinSet::new();
@@ -186,7 +186,7 @@ async fn all_delivered(answers: &mut tokio::task::JoinSet<bool>) -> bool {
     delivered
 }
 
-impl Ctx {
+impl RunCtx {
     /// A schedule offset in trace ms, divided by the speedup.
     fn scaled(&self, ms: f64) -> Duration {
         Duration::from_secs_f64((ms / 1000.0 / self.settings.speedup).max(0.0))
@@ -209,7 +209,7 @@ impl Ctx {
         Some(permit)
     }
 
-    async fn send(&self, si: usize, ti: usize, ready: Instant) -> Outcome {
+    async fn send(&self, si: usize, ti: usize, ready: Instant) -> RequestOutcome {
         let session = &self.plan.sessions[si];
         let body = self.plan.body(&self.settings.style, &session.turns[ti]);
         // Sent again on a 429: shared, not copied.
@@ -243,7 +243,7 @@ impl Ctx {
             sent = Instant::now();
             exchange = client::exchange(request(), stream, sent).await;
         }
-        Outcome {
+        RequestOutcome {
             session: si as u32,
             turn: ti as u32,
             sent: sent.saturating_duration_since(self.t0),

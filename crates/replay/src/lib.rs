@@ -32,12 +32,12 @@ use anyhow::Context as _;
 
 pub use agent::AgentConfig;
 pub use bound::{Bound, Pooled};
-pub use client::{Exchange, INSTANCE_HEADER, Served};
-pub use driver::{Outcome, RunResult, SESSION_HEADER};
-pub use metrics::Counters;
-pub use plan::{Plan, Session, Turn};
+pub use client::{ExchangeResult, INSTANCE_HEADER, ServedUsage};
+pub use driver::{RequestOutcome, RunResult, SESSION_HEADER};
+pub use metrics::VllmCounters;
+pub use plan::{Plan, PlannedTurn, Session};
 pub use report::{
-    BackendRow, Backends, Percentiles, Report, Requests, Throughput, Tokens, summarize,
+    BackendRow, Backends, Percentiles, ReplayReport, Requests, Throughput, Tokens, summarize,
 };
 pub use workload::Workload;
 
@@ -330,8 +330,8 @@ impl ReplayArgs {
             .collect()
     }
 
-    fn settings(&self) -> driver::Settings {
-        driver::Settings {
+    fn settings(&self) -> driver::RunSettings {
+        driver::RunSettings {
             endpoints: self.endpoints(),
             style: text::BodyStyle::new(&self.model, self.stream),
             speedup: self.speedup,
@@ -353,7 +353,7 @@ impl ReplayArgs {
 /// Replays `workload` against `args.url` and returns the report. Prints
 /// nothing except the progress bar (on stderr, when it is a terminal and
 /// `--quiet` is not set).
-pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<Report, ReplayError> {
+pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<ReplayReport, ReplayError> {
     args.validate()?;
     let client = http_client(args)?;
     let before = metrics::scrape_all(&client, &args.backend_metrics).await?;
@@ -383,7 +383,7 @@ pub async fn replay(args: &ReplayArgs, workload: &Workload) -> Result<Report, Re
 
 /// The report of `run`, a replay of `workload` with `args` made here or elsewhere (the lab
 /// runs the same schedule in virtual time): the same figures either way.
-pub fn report(args: &ReplayArgs, workload: &Workload, run: &RunResult) -> Report {
+pub fn report(args: &ReplayArgs, workload: &Workload, run: &RunResult) -> ReplayReport {
     build_report(args, workload, run, None)
 }
 
@@ -392,10 +392,10 @@ fn build_report(
     workload: &Workload,
     run: &RunResult,
     metrics: Option<Result<Backends, String>>,
-) -> Report {
+) -> ReplayReport {
     let plan = workload.plan();
     let total = args.max_requests.map_or(plan.len(), |n| n.min(plan.len()));
-    let mut order: Vec<&Outcome> = run.outcomes.iter().collect();
+    let mut order: Vec<&RequestOutcome> = run.outcomes.iter().collect();
     order.sort_by_key(|o| (o.sent, o.session, o.turn));
     let sent = order.iter().map(|o| (o.session, o.turn));
     let named = (!args.backend_metrics.is_empty()).then_some(args.backend_metrics.len());
@@ -475,19 +475,22 @@ mod tests {
     use clap::Parser;
 
     #[derive(Parser)]
-    struct Cli {
+    struct ReplayCli {
         #[command(flatten)]
         args: ReplayArgs,
     }
 
     #[test]
     fn default_matches_cli_defaults() {
-        assert_eq!(Cli::parse_from(["replay"]).args, ReplayArgs::default());
+        assert_eq!(
+            ReplayCli::parse_from(["replay"]).args,
+            ReplayArgs::default()
+        );
     }
 
     #[test]
     fn parses_options() {
-        let a = Cli::parse_from([
+        let a = ReplayCli::parse_from([
             "replay",
             "--url",
             "http://h:1/",
@@ -503,7 +506,9 @@ mod tests {
         assert_eq!(a.synthetic, Some(Synthetic::Agent));
         assert_eq!(a.backend_metrics, ["http://a:1", "http://b:2"]);
         assert_eq!(a.endpoints(), ["http://h:1/v1/chat/completions"]);
-        assert!(Cli::try_parse_from(["replay", "--trace", "x", "--synthetic", "agent"]).is_err());
+        assert!(
+            ReplayCli::try_parse_from(["replay", "--trace", "x", "--synthetic", "agent"]).is_err()
+        );
     }
 
     #[test]

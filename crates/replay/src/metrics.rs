@@ -10,7 +10,7 @@ use super::ReplayError;
 
 /// vLLM counters of one backend (or their increase over a run).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Counters {
+pub struct VllmCounters {
     /// `vllm:request_success_total`.
     pub requests: f64,
     /// `vllm:prompt_tokens_total`.
@@ -21,11 +21,11 @@ pub struct Counters {
     pub cache_hits: f64,
 }
 
-impl Counters {
+impl VllmCounters {
     /// `self - before`, clamped at zero (a restarted backend resets counters).
-    pub fn since(&self, before: &Counters) -> Counters {
+    pub fn since(&self, before: &VllmCounters) -> VllmCounters {
         let d = |a: f64, b: f64| (a - b).max(0.0);
-        Counters {
+        VllmCounters {
             requests: d(self.requests, before.requests),
             prompt_tokens: d(self.prompt_tokens, before.prompt_tokens),
             cache_queries: d(self.cache_queries, before.cache_queries),
@@ -36,8 +36,8 @@ impl Counters {
 
 /// Parses Prometheus text exposition, summing the counters of interest;
 /// `None` if the text has none of them (not a vLLM metrics page).
-pub fn parse(text: &str) -> Option<Counters> {
-    let mut c = Counters::default();
+pub fn parse(text: &str) -> Option<VllmCounters> {
+    let mut c = VllmCounters::default();
     let mut found = false;
     for line in text.lines() {
         let Some((name, value)) = sample(line) else {
@@ -116,7 +116,7 @@ pub fn backend_name(backend: &str) -> String {
 pub(crate) async fn scrape(
     client: &reqwest::Client,
     backend: &str,
-) -> Result<Counters, ReplayError> {
+) -> Result<VllmCounters, ReplayError> {
     let url = metrics_url(backend);
     let err = |msg: String| ReplayError::Metrics {
         url: url.clone(),
@@ -138,7 +138,7 @@ pub(crate) async fn scrape(
 pub(crate) async fn scrape_all(
     client: &reqwest::Client,
     backends: &[String],
-) -> Result<Vec<Counters>, ReplayError> {
+) -> Result<Vec<VllmCounters>, ReplayError> {
     let mut out = Vec::with_capacity(backends.len());
     for b in backends {
         out.push(scrape(client, b).await?);
@@ -180,13 +180,13 @@ vllm:num_requests_running{model_name="m"} 4
 
     #[test]
     fn deltas_clamp_at_zero() {
-        let before = Counters {
+        let before = VllmCounters {
             requests: 5.0,
             prompt_tokens: 10.0,
             cache_queries: 1.0,
             cache_hits: 1.0,
         };
-        let after = Counters {
+        let after = VllmCounters {
             requests: 8.0,
             prompt_tokens: 4.0,
             cache_queries: 3.0,

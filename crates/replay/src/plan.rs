@@ -34,12 +34,12 @@ pub struct Session {
     /// Arrival of the first turn, in ms from the start (before `--speedup`).
     pub(crate) start_ms: f64,
     /// The requests, in order.
-    pub(crate) turns: Vec<Turn>,
+    pub(crate) turns: Vec<PlannedTurn>,
 }
 
 /// One request.
 #[derive(Debug, Clone)]
-pub struct Turn {
+pub struct PlannedTurn {
     /// Pieces forming `messages`, in order.
     pub(crate) pieces: Vec<u32>,
     /// `max_tokens` sent.
@@ -64,12 +64,12 @@ impl Session {
     }
 
     /// The requests, in order.
-    pub fn turns(&self) -> &[Turn] {
+    pub fn turns(&self) -> &[PlannedTurn] {
         &self.turns
     }
 }
 
-impl Turn {
+impl PlannedTurn {
     /// Delay after the previous turn's response, ms (before `--speedup`).
     pub fn think_ms(&self) -> f64 {
         self.think_ms
@@ -94,7 +94,7 @@ impl Plan {
     }
 
     /// The body the replay sends for `turn`, asking for `model`, streamed or not.
-    pub fn request_body(&self, turn: &Turn, model: &str, stream: bool) -> Vec<u8> {
+    pub fn request_body(&self, turn: &PlannedTurn, model: &str, stream: bool) -> Vec<u8> {
         self.body(&BodyStyle::new(model, stream), turn)
     }
 
@@ -113,12 +113,12 @@ impl Plan {
     }
 
     /// The pieces a turn's prompt consists of, `tools` first when present.
-    pub(crate) fn chain<'a>(&'a self, turn: &'a Turn) -> impl Iterator<Item = u32> + 'a {
+    pub(crate) fn chain<'a>(&'a self, turn: &'a PlannedTurn) -> impl Iterator<Item = u32> + 'a {
         self.tools.into_iter().chain(turn.pieces.iter().copied())
     }
 
     /// The request body for `turn`.
-    pub(crate) fn body(&self, style: &BodyStyle, turn: &Turn) -> Vec<u8> {
+    pub(crate) fn body(&self, style: &BodyStyle, turn: &PlannedTurn) -> Vec<u8> {
         let tools = self.tools.map(|t| &*self.pieces[t as usize]);
         let pieces = turn.pieces.iter().map(|&p| &*self.pieces[p as usize]);
         style.build(tools, pieces, turn.max_tokens)
@@ -133,14 +133,14 @@ impl Plan {
 
     /// Every turn, sessions by start and turns in order (session after session).
     #[cfg(test)]
-    pub(crate) fn all_turns(&self) -> impl Iterator<Item = &Turn> + Clone {
+    pub(crate) fn all_turns(&self) -> impl Iterator<Item = &PlannedTurn> + Clone {
         self.sessions.iter().flat_map(|s| s.turns.iter())
     }
 
     /// Every turn in the order its schedule sends it if answers took no time: a session's
     /// turn at its start plus the think times before it. Sessions interleave as in a run.
-    pub(crate) fn schedule_order(&self) -> Vec<&Turn> {
-        let mut timed: Vec<(f64, usize, &Turn)> = Vec::with_capacity(self.len());
+    pub(crate) fn schedule_order(&self) -> Vec<&PlannedTurn> {
+        let mut timed: Vec<(f64, usize, &PlannedTurn)> = Vec::with_capacity(self.len());
         for session in &self.sessions {
             let mut at = session.start_ms;
             for (i, turn) in session.turns.iter().enumerate() {

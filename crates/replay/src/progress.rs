@@ -39,7 +39,7 @@ impl Progress {
     }
 
     /// Counts one finished request.
-    pub(crate) fn update(&mut self, o: &driver::Outcome) {
+    pub(crate) fn update(&mut self, o: &driver::RequestOutcome) {
         match (&o.exchange.error, o.exchange.usage) {
             (Some(_), _) => self.failed += 1,
             (None, u) => {

@@ -1,4 +1,4 @@
-//! Aggregating outcomes into a [`Report`]: counts, token-weighted hit rate,
+//! Aggregating outcomes into a [`ReplayReport`]: counts, token-weighted hit rate,
 //! latency percentiles, throughput and per-backend shares.
 
 use std::collections::BTreeMap;
@@ -7,12 +7,12 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::bound::Bound;
-use super::driver::{Outcome, RunResult};
-use super::metrics::{self, Counters};
+use super::driver::{RequestOutcome, RunResult};
+use super::metrics::{self, VllmCounters};
 
 /// Results of one replay run (serialized as the `--out` JSON file).
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct ReplayReport {
     /// Base URL targeted.
     pub target: String,
     /// What was replayed (trace path or synthetic workload).
@@ -187,7 +187,7 @@ pub(crate) struct Context {
 }
 
 /// Builds the report of a run.
-pub(crate) fn build(ctx: Context, run: &RunResult) -> Report {
+pub(crate) fn build(ctx: Context, run: &RunResult) -> ReplayReport {
     let (requests, tokens, cached_prompt) = count(&run.outcomes, ctx.planned);
     let elapsed_s = run.elapsed.as_secs_f64();
     let hit_rate = ratio(tokens.cached as f64, cached_prompt as f64);
@@ -198,7 +198,7 @@ pub(crate) fn build(ctx: Context, run: &RunResult) -> Report {
         Some(Err(e)) => (None, Some(e)),
         None => (None, None),
     };
-    Report {
+    ReplayReport {
         target: ctx.target,
         workload: ctx.workload,
         stream: ctx.stream,
@@ -226,7 +226,7 @@ pub(crate) fn build(ctx: Context, run: &RunResult) -> Report {
 
 /// Counts requests and tokens; also returns the prompt tokens of responses
 /// that reported cached tokens (the hit rate's denominator).
-fn count(outcomes: &[Outcome], planned: u64) -> (Requests, Tokens, u64) {
+fn count(outcomes: &[RequestOutcome], planned: u64) -> (Requests, Tokens, u64) {
     let mut r = Requests {
         planned,
         sent: outcomes.len() as u64,
@@ -260,7 +260,7 @@ fn count(outcomes: &[Outcome], planned: u64) -> (Requests, Tokens, u64) {
 /// Shares by the backend each successful response named; `None` if none did. With the
 /// fleet's size known, backends that answered nothing appear as empty rows (and count in
 /// the imbalance).
-fn from_responses(outcomes: &[Outcome], fleet: Option<usize>) -> Option<Backends> {
+fn from_responses(outcomes: &[RequestOutcome], fleet: Option<usize>) -> Option<Backends> {
     let mut by_name: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
     let mut unattributed = 0;
     for o in outcomes.iter().filter(|o| o.exchange.error.is_none()) {
@@ -287,7 +287,11 @@ fn from_responses(outcomes: &[Outcome], fleet: Option<usize>) -> Option<Backends
 }
 
 /// Shares from `/metrics` deltas (`after - before`, one per backend URL).
-pub(crate) fn from_metrics(urls: &[String], before: &[Counters], after: &[Counters]) -> Backends {
+pub(crate) fn from_metrics(
+    urls: &[String],
+    before: &[VllmCounters],
+    after: &[VllmCounters],
+) -> Backends {
     let rows = urls
         .iter()
         .zip(before.iter().zip(after))
@@ -354,8 +358,8 @@ pub(crate) fn imbalance(v: &[f64]) -> Option<f64> {
 /// Writes `outcomes` to `path` as JSON lines, in the order they were sent: session, turn,
 /// `sent_ms` (from the start of the run), `ttft_ms`, `e2e_ms`, backend, prompt and cached
 /// tokens, error.
-pub fn write_outcomes(path: &std::path::Path, outcomes: &[Outcome]) -> std::io::Result<()> {
-    let mut order: Vec<&Outcome> = outcomes.iter().collect();
+pub fn write_outcomes(path: &std::path::Path, outcomes: &[RequestOutcome]) -> std::io::Result<()> {
+    let mut order: Vec<&RequestOutcome> = outcomes.iter().collect();
     order.sort_by_key(|o| (o.sent, o.session, o.turn));
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut text = String::new();
@@ -408,14 +412,14 @@ mod tests {
 
     #[test]
     fn metrics_shares() {
-        let before = vec![Counters::default(); 2];
-        let a = Counters {
+        let before = vec![VllmCounters::default(); 2];
+        let a = VllmCounters {
             requests: 30.0,
             prompt_tokens: 1000.0,
             cache_queries: 1000.0,
             cache_hits: 600.0,
         };
-        let b = Counters {
+        let b = VllmCounters {
             requests: 10.0,
             prompt_tokens: 500.0,
             cache_queries: 500.0,

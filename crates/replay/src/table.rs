@@ -1,10 +1,10 @@
-//! The human-readable form of a [`Report`].
+//! The human-readable form of a [`ReplayReport`].
 
 use std::fmt::Write as _;
 
-use super::report::{Backends, Percentiles, Report};
+use super::report::{Backends, Percentiles, ReplayReport};
 
-impl Report {
+impl ReplayReport {
     /// The report as a plain-text table (for stdout).
     pub fn table(&self) -> String {
         let mut s = String::new();

@@ -5,7 +5,7 @@
 //! arrive as a Poisson process; everything is a pure function of the config (seed).
 
 use super::agent::{AgentConfig, exponential, tokens};
-use super::plan::{Plan, Session, Turn};
+use super::plan::{Plan, PlannedTurn, Session};
 use super::text::{Rng, Role, mix, render_message, text};
 
 /// Example question-answer pairs in each template.
@@ -37,7 +37,7 @@ pub(crate) fn plan_template(cfg: &AgentConfig) -> Plan {
         plan.sessions.push(Session {
             id: None,
             start_ms: start_s * 1000.0,
-            turns: vec![Turn {
+            turns: vec![PlannedTurn {
                 pieces,
                 max_tokens: rng.range(30, 300) as u32,
                 think_ms: 0.0,

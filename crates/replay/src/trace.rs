@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::ReplayError;
-use super::plan::{Plan, Session, Turn};
+use super::plan::{Plan, PlannedTurn, Session};
 use super::text::{Role, mix, render_message, text, truncate_on_char};
 
 /// Domain separator for block text seeds.
@@ -136,7 +136,7 @@ struct Builder {
 }
 
 impl Builder {
-    fn turn(&mut self, r: &TraceRecord) -> Turn {
+    fn turn(&mut self, r: &TraceRecord) -> PlannedTurn {
         let block_bytes = self.block_tokens * self.bytes_per_token;
         let target = r.input_length * self.bytes_per_token;
         let n = (r.hash_ids.len() as u64).min(target.div_ceil(block_bytes)) as usize;
@@ -154,7 +154,7 @@ impl Builder {
             }
             (parent, parent_id) = (node, id);
         }
-        Turn {
+        PlannedTurn {
             pieces,
             max_tokens: u32::try_from(r.output_length).unwrap_or(u32::MAX).max(1),
             think_ms: 0.0,

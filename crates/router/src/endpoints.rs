@@ -6,7 +6,7 @@ use http::Method;
 
 /// An admin endpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
+pub enum AdminEndpoint {
     /// `GET /metrics`.
     Metrics,
     /// `GET /stats`.
@@ -50,15 +50,15 @@ pub fn probe(method: &Method, path: &str) -> Option<Probe> {
 
 /// Every admin endpoint, declared once: the admin listener serves these and the data plane
 /// answers 404 to their paths (`/health` is both listeners' own and is not listed).
-pub const ENDPOINTS: [(Method, &str, Endpoint); 8] = [
-    (Method::GET, "/metrics", Endpoint::Metrics),
-    (Method::GET, "/stats", Endpoint::Stats),
-    (Method::GET, "/workers", Endpoint::Workers),
-    (Method::GET, "/list_workers", Endpoint::ListWorkers),
-    (Method::POST, "/add_worker", Endpoint::AddWorker),
-    (Method::POST, "/remove_worker", Endpoint::RemoveWorker),
-    (Method::POST, "/reload", Endpoint::Reload),
-    (Method::POST, "/route", Endpoint::Route),
+pub const ENDPOINTS: [(Method, &str, AdminEndpoint); 8] = [
+    (Method::GET, "/metrics", AdminEndpoint::Metrics),
+    (Method::GET, "/stats", AdminEndpoint::Stats),
+    (Method::GET, "/workers", AdminEndpoint::Workers),
+    (Method::GET, "/list_workers", AdminEndpoint::ListWorkers),
+    (Method::POST, "/add_worker", AdminEndpoint::AddWorker),
+    (Method::POST, "/remove_worker", AdminEndpoint::RemoveWorker),
+    (Method::POST, "/reload", AdminEndpoint::Reload),
+    (Method::POST, "/route", AdminEndpoint::Route),
 ];
 
 /// Whether `path` is an admin endpoint's (whatever the method).

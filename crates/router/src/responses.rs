@@ -54,10 +54,10 @@ pub struct ResponseHomes {
     ttl: Duration,
     ids: Mutex<HashMap<u128, (BackendId, Instant)>>,
     /// Told of each id this router learns (the shared table publishes it).
-    sink: OnceLock<Sink>,
+    sink: OnceLock<ResponseIdSink>,
 }
 
-type Sink = Box<dyn Fn(u128, BackendId) + Send + Sync>;
+type ResponseIdSink = Box<dyn Fn(u128, BackendId) + Send + Sync>;
 
 impl ResponseHomes {
     /// An empty table whose ids expire `ttl` after their last use.

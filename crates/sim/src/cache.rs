@@ -111,7 +111,7 @@ impl Allocation {
 }
 
 #[derive(Clone, Debug)]
-struct Slot {
+struct BlockSlot {
     hash: Option<BlockHash>,
     refs: u32,
     /// Allocated to a request whose prefill has not computed it yet.
@@ -143,7 +143,7 @@ type HashIndex = HashMap<BlockHash, BlockId, BuildHasherDefault<IdentityHasher>>
 /// A fixed pool of KV blocks with vLLM's prefix-cache and eviction rules.
 #[derive(Debug)]
 pub struct BlockCache {
-    slots: Vec<Slot>,
+    slots: Vec<BlockSlot>,
     index: HashIndex,
     head: u32,
     tail: u32,
@@ -159,7 +159,7 @@ impl BlockCache {
     pub fn new(capacity: usize) -> Self {
         let capacity = capacity.min(NIL as usize - 1);
         let slots = (0..capacity)
-            .map(|_| Slot {
+            .map(|_| BlockSlot {
                 hash: None,
                 refs: 0,
                 pending: false,
@@ -422,7 +422,7 @@ impl BlockCache {
     }
 
     fn unlink(&mut self, id: BlockId) {
-        let Slot { prev, next, .. } = self.slots[id as usize];
+        let BlockSlot { prev, next, .. } = self.slots[id as usize];
         if prev == NIL {
             self.head = next;
         } else {

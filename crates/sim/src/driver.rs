@@ -50,7 +50,7 @@ impl SimClock {
 
 /// What a handler hears about its request.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Event {
+pub enum EngineEvent {
     /// The first token is out (now, at `first_at`); later tokens follow every `interval`.
     FirstToken {
         cached_tokens: usize,
@@ -63,22 +63,22 @@ pub enum Event {
     Rejected,
 }
 
-enum Command {
-    Submit(EngineRequest, UnboundedSender<Event>),
+enum EngineCommand {
+    Submit(EngineRequest, UnboundedSender<EngineEvent>),
     Abort(u64),
 }
 
 /// Sends requests to the engine task; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct EngineHandle {
-    tx: UnboundedSender<Command>,
+    tx: UnboundedSender<EngineCommand>,
 }
 
-impl std::fmt::Debug for Command {
+impl std::fmt::Debug for EngineCommand {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Command::Submit(request, _) => write!(f, "Submit({})", request.id),
-            Command::Abort(id) => write!(f, "Abort({id})"),
+            EngineCommand::Submit(request, _) => write!(f, "Submit({})", request.id),
+            EngineCommand::Abort(id) => write!(f, "Abort({id})"),
         }
     }
 }
@@ -87,10 +87,13 @@ impl EngineHandle {
     /// Submits a request; its events arrive on the returned receiver. The returned
     /// [`SimTicket`] aborts the request when dropped before [`SimTicket::complete`].
     /// `None` when the engine task has stopped.
-    pub fn submit(&self, request: EngineRequest) -> Option<(SimTicket, UnboundedReceiver<Event>)> {
+    pub fn submit(
+        &self,
+        request: EngineRequest,
+    ) -> Option<(SimTicket, UnboundedReceiver<EngineEvent>)> {
         let (tx, rx) = unbounded_channel();
         let id = request.id;
-        self.tx.send(Command::Submit(request, tx)).ok()?;
+        self.tx.send(EngineCommand::Submit(request, tx)).ok()?;
         Some((
             SimTicket {
                 id,
@@ -106,7 +109,7 @@ impl EngineHandle {
 #[derive(Debug)]
 pub struct SimTicket {
     id: u64,
-    tx: UnboundedSender<Command>,
+    tx: UnboundedSender<EngineCommand>,
     done: bool,
 }
 
@@ -120,7 +123,7 @@ impl SimTicket {
 impl Drop for SimTicket {
     fn drop(&mut self) {
         if !self.done {
-            let _ = self.tx.send(Command::Abort(self.id));
+            let _ = self.tx.send(EngineCommand::Abort(self.id));
         }
     }
 }
@@ -148,8 +151,8 @@ struct Driver {
     core: EngineCore,
     metrics: Arc<Metrics>,
     clock: SimClock,
-    rx: UnboundedReceiver<Command>,
-    waiters: std::collections::HashMap<u64, UnboundedSender<Event>>,
+    rx: UnboundedReceiver<EngineCommand>,
+    waiters: std::collections::HashMap<u64, UnboundedSender<EngineEvent>>,
     /// Where the cache's changes go, one batch per step, when the instance publishes.
     publisher: Option<Publisher>,
 }
@@ -178,13 +181,13 @@ impl Driver {
         }
     }
 
-    fn apply(&mut self, command: Command) {
+    fn apply(&mut self, command: EngineCommand) {
         match command {
-            Command::Submit(request, events) => {
+            EngineCommand::Submit(request, events) => {
                 self.waiters.insert(request.id, events);
                 self.core.submit(request);
             }
-            Command::Abort(id) => {
+            EngineCommand::Abort(id) => {
                 self.waiters.remove(&id);
                 self.core.abort(id);
             }
@@ -223,7 +226,7 @@ impl Driver {
                 let interval = self.clock.real(self.core.timing().decode_s_per_token);
                 self.notify(
                     id,
-                    Event::FirstToken {
+                    EngineEvent::FirstToken {
                         cached_tokens,
                         first_at,
                         interval,
@@ -235,13 +238,13 @@ impl Driver {
                 id, output_tokens, ..
             } => {
                 self.metrics.on_finished(output_tokens);
-                self.notify(id, Event::Finished, true);
+                self.notify(id, EngineEvent::Finished, true);
             }
-            Output::Rejected { id } => self.notify(id, Event::Rejected, true),
+            Output::Rejected { id } => self.notify(id, EngineEvent::Rejected, true),
         }
     }
 
-    fn notify(&mut self, id: u64, event: Event, last: bool) {
+    fn notify(&mut self, id: u64, event: EngineEvent, last: bool) {
         if last {
             if let Some(sender) = self.waiters.remove(&id) {
                 let _ = sender.send(event);

@@ -107,14 +107,14 @@ pub enum Output {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Phase {
+enum EnginePhase {
     Overhead,
     Prefill,
     Decode,
 }
 
 #[derive(Debug)]
-struct Running {
+struct RunningRequest {
     allocation: Allocation,
     uncached_tokens: usize,
     cached_tokens: usize,
@@ -124,7 +124,7 @@ struct Running {
     admitted: f64,
     /// The most requests prefilling at once while it prefilled, itself included.
     beside: usize,
-    phase: Phase,
+    phase: EnginePhase,
 }
 
 /// One instance's queue, running set, prefill sharing and block cache.
@@ -134,7 +134,7 @@ pub struct EngineCore {
     cache: BlockCache,
     clock: f64,
     waiting: VecDeque<(EngineRequest, f64)>,
-    running: HashMap<u64, Running>,
+    running: HashMap<u64, RunningRequest>,
     /// Requests prefilling now, with their remaining tokens as of `clock`.
     prefilling: Vec<(u64, f64)>,
     /// Requests whose prefill ended while a block they hit is still being computed.
@@ -231,9 +231,9 @@ impl EngineCore {
             let left = (self.prefilling.iter().find(|&&(other, _)| other == id))
                 .map_or(0.0, |&(_, left)| left);
             let uncomputed = match running.phase {
-                Phase::Overhead => running.uncached_tokens,
-                Phase::Prefill => left.ceil() as usize,
-                Phase::Decode => 0,
+                EnginePhase::Overhead => running.uncached_tokens,
+                EnginePhase::Prefill => left.ceil() as usize,
+                EnginePhase::Decode => 0,
             };
             let prompt = running.cached_tokens + running.uncached_tokens;
             let computed = prompt.saturating_sub(uncomputed) / self.timing.block_tokens.max(1);
@@ -357,13 +357,13 @@ impl EngineCore {
             return;
         };
         match running.phase {
-            Phase::Overhead => {
-                running.phase = Phase::Prefill;
+            EnginePhase::Overhead => {
+                running.phase = EnginePhase::Prefill;
                 let work = running.uncached_tokens as f64;
                 self.prefill(id, work);
             }
-            Phase::Decode => self.finish(id),
-            Phase::Prefill => {}
+            EnginePhase::Decode => self.finish(id),
+            EnginePhase::Prefill => {}
         }
     }
 
@@ -382,7 +382,7 @@ impl EngineCore {
         let Some(running) = self.running.get_mut(&id) else {
             return;
         };
-        running.phase = Phase::Decode;
+        running.phase = EnginePhase::Decode;
         self.cache.computed(&running.allocation);
         let (at, output_tokens) = (self.clock, running.output_tokens);
         let (ttft, cached_tokens) = (at - running.arrival, running.cached_tokens);
@@ -490,11 +490,11 @@ impl EngineCore {
         });
         let overhead = self.timing.prefill_overhead_s > 0.0;
         let phase = if overhead {
-            Phase::Overhead
+            EnginePhase::Overhead
         } else {
-            Phase::Prefill
+            EnginePhase::Prefill
         };
-        let running = Running {
+        let running = RunningRequest {
             allocation,
             uncached_tokens,
             cached_tokens,

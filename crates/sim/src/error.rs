@@ -115,7 +115,7 @@ impl ApiError {
 
 /// Why a [`super::SimConfig`] cannot run.
 #[derive(Debug, thiserror::Error, PartialEq)]
-pub enum ConfigError {
+pub enum SimConfigError {
     /// A count or size that must be at least 1 is 0.
     #[error("{0} must be at least 1")]
     Zero(&'static str),
@@ -127,8 +127,8 @@ pub enum ConfigError {
     Negative(&'static str),
 }
 
-impl From<ConfigError> for std::io::Error {
-    fn from(err: ConfigError) -> Self {
+impl From<SimConfigError> for std::io::Error {
+    fn from(err: SimConfigError) -> Self {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, err)
     }
 }

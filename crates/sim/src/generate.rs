@@ -27,12 +27,12 @@ use tokio::time::{Duration, Instant, sleep_until};
 
 use super::SimConfig;
 use super::cache::block_hashes;
-use super::driver::{Event, SimTicket};
+use super::driver::{EngineEvent, SimTicket};
 use super::engine::EngineRequest;
 use super::error::ApiError;
-use super::instance::{Body, Shared, json_response};
-use super::openai::{Meta, StreamWriter, Usage, full_response, output_text};
-use super::template::{self, Endpoint};
+use super::instance::{Shared, SimBody, json_response};
+use super::openai::{Meta, ReportedUsage, StreamWriter, full_response, output_text};
+use super::template::{self, GenerationEndpoint};
 
 /// Shortest real time between two streamed text events of one request.
 pub const MIN_EVENT_INTERVAL: Duration = Duration::from_millis(1);
@@ -49,7 +49,7 @@ pub fn unix_now() -> u64 {
 struct Job {
     meta: Meta,
     ticket: SimTicket,
-    events: mpsc::UnboundedReceiver<Event>,
+    events: mpsc::UnboundedReceiver<EngineEvent>,
     prompt_tokens: usize,
     output_tokens: usize,
     bytes_per_token: usize,
@@ -58,9 +58,9 @@ struct Job {
 }
 
 impl Job {
-    fn usage(&self, cached_tokens: usize) -> Usage {
+    fn usage(&self, cached_tokens: usize) -> ReportedUsage {
         let (prompt_tokens, completion_tokens) = (self.prompt_tokens, self.output_tokens);
-        Usage {
+        ReportedUsage {
             prompt_tokens,
             cached_tokens,
             completion_tokens,
@@ -86,10 +86,10 @@ pub fn header_priority(headers: &hyper::HeaderMap) -> Option<i64> {
 /// set one (else its body's `priority`).
 pub async fn generate(
     shared: &Arc<Shared>,
-    endpoint: Endpoint,
+    endpoint: GenerationEndpoint,
     body: Bytes,
     priority: Option<i64>,
-) -> Result<Response<Body>, ApiError> {
+) -> Result<Response<SimBody>, ApiError> {
     let config = &shared.config;
     let number = shared.next_number.fetch_add(1, Relaxed);
     let (mut request, stream) = prepare(config, endpoint, &body, number)?;
@@ -130,7 +130,7 @@ pub async fn generate(
 /// The lab feeds its engines through this too.
 pub fn prepare(
     config: &SimConfig,
-    endpoint: Endpoint,
+    endpoint: GenerationEndpoint,
     raw: &[u8],
     id: u64,
 ) -> Result<(EngineRequest, bool), ApiError> {
@@ -230,19 +230,19 @@ fn too_long(prompt: usize, output: usize, limit: usize) -> ApiError {
 /// Waits for the first token; returns its cached tokens, time and the token interval.
 async fn first_token(job: &mut Job) -> Result<(usize, Instant, Duration), ApiError> {
     match job.events.recv().await {
-        Some(Event::FirstToken {
+        Some(EngineEvent::FirstToken {
             cached_tokens,
             first_at,
             interval,
         }) => Ok((cached_tokens, first_at, interval)),
-        Some(Event::Rejected) => Err(job.rejected()),
-        Some(Event::Finished) | None => Err(ApiError::EngineGone),
+        Some(EngineEvent::Rejected) => Err(job.rejected()),
+        Some(EngineEvent::Finished) | None => Err(ApiError::EngineGone),
     }
 }
 
 async fn finished(job: &mut Job) -> Result<(), ApiError> {
     while let Some(event) = job.events.recv().await {
-        if event == Event::Finished {
+        if event == EngineEvent::Finished {
             job.ticket.complete();
             return Ok(());
         }
@@ -251,7 +251,7 @@ async fn finished(job: &mut Job) -> Result<(), ApiError> {
 }
 
 /// Non-streaming: answers once the engine has generated every token.
-async fn complete(mut job: Job) -> Result<Response<Body>, ApiError> {
+async fn complete(mut job: Job) -> Result<Response<SimBody>, ApiError> {
     let (cached_tokens, _, _) = first_token(&mut job).await?;
     finished(&mut job).await?;
     let text = output_text(0, job.output_tokens, job.bytes_per_token);
@@ -279,7 +279,7 @@ impl hyper::body::Body for ChannelBody {
     }
 }
 
-fn stream_response(job: Job) -> Response<Body> {
+fn stream_response(job: Job) -> Response<SimBody> {
     let (tx, rx) = mpsc::channel(32);
     tokio::spawn(stream_task(job, tx));
     let mut response = Response::new(ChannelBody { rx }.boxed());

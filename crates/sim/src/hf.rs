@@ -18,14 +18,14 @@ use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::error::ApiError;
-use crate::template::Endpoint;
+use crate::template::GenerationEndpoint;
 
 /// A model's tokenizer and chat template.
 pub struct HfModel {
     tokenizer: Tokenizer,
     env: Environment<'static>,
     /// `bos_token`, `eos_token`, ... for the template.
-    special: IndexMap<String, Json>,
+    special: IndexMap<String, OrderedJson>,
 }
 
 impl std::fmt::Debug for HfModel {
@@ -62,7 +62,7 @@ impl HfModel {
             .filter_map(|k| {
                 let v = config.get(*k)?;
                 let text = v.as_str().or_else(|| v.get("content")?.as_str())?;
-                Some((k.to_string(), Json::text(text)))
+                Some((k.to_string(), OrderedJson::text(text)))
             })
             .collect();
         Ok(HfModel {
@@ -73,24 +73,27 @@ impl HfModel {
     }
 
     /// The token ids the engine prefills for the body `raw` of `endpoint`.
-    pub fn ids(&self, endpoint: Endpoint, raw: &[u8]) -> Result<Vec<u32>, ApiError> {
-        let body: Json = serde_json::from_slice(raw)?;
-        if let (Endpoint::Completions, Some(prompt)) = (endpoint, body.get("prompt")) {
+    pub fn ids(&self, endpoint: GenerationEndpoint, raw: &[u8]) -> Result<Vec<u32>, ApiError> {
+        let body: OrderedJson = serde_json::from_slice(raw)?;
+        if let (GenerationEndpoint::Completions, Some(prompt)) = (endpoint, body.get("prompt")) {
             return self.completion(prompt);
         }
         let mut context = self.special.clone();
-        context.insert("messages".into(), Json::Array(messages(endpoint, &body)));
+        context.insert(
+            "messages".into(),
+            OrderedJson::Array(messages(endpoint, &body)),
+        );
         let generation = body.get("add_generation_prompt").cloned();
         context.insert(
             "add_generation_prompt".into(),
-            generation.unwrap_or(Json::Bool(true)),
+            generation.unwrap_or(OrderedJson::Bool(true)),
         );
         for key in ["tools", "documents"] {
-            if let Some(v) = body.get(key).filter(|v| !matches!(v, Json::Null)) {
+            if let Some(v) = body.get(key).filter(|v| !matches!(v, OrderedJson::Null)) {
                 context.insert(key.into(), v.clone());
             }
         }
-        if let Some(Json::Object(extra)) = body.get("chat_template_kwargs") {
+        if let Some(OrderedJson::Object(extra)) = body.get("chat_template_kwargs") {
             context.extend(extra.clone());
         }
         let template = self.env.get_template("chat").map_err(render_error)?;
@@ -100,22 +103,26 @@ impl HfModel {
 
     /// `/tokenize`: a chat's render or a completion's prompt, by which the body has.
     pub fn tokenize(&self, raw: &[u8]) -> Result<Vec<u32>, ApiError> {
-        let body: Json = serde_json::from_slice(raw)?;
+        let body: OrderedJson = serde_json::from_slice(raw)?;
         match body.get("messages") {
-            Some(_) => self.ids(Endpoint::Chat, raw),
-            None => self.ids(Endpoint::Completions, raw),
+            Some(_) => self.ids(GenerationEndpoint::Chat, raw),
+            None => self.ids(GenerationEndpoint::Completions, raw),
         }
     }
 
-    fn completion(&self, prompt: &Json) -> Result<Vec<u32>, ApiError> {
+    fn completion(&self, prompt: &OrderedJson) -> Result<Vec<u32>, ApiError> {
         let first = match prompt {
-            Json::Array(items) if items.iter().all(|i| matches!(i, Json::Number(_))) => prompt,
-            Json::Array(items) => items.first().unwrap_or(prompt),
+            OrderedJson::Array(items)
+                if items.iter().all(|i| matches!(i, OrderedJson::Number(_))) =>
+            {
+                prompt
+            }
+            OrderedJson::Array(items) => items.first().unwrap_or(prompt),
             _ => prompt,
         };
         match first {
-            Json::String(text) => self.encode(text, true),
-            Json::Array(ids) => Ok(ids.iter().filter_map(Json::as_id).collect()),
+            OrderedJson::String(text) => self.encode(text, true),
+            OrderedJson::Array(ids) => Ok(ids.iter().filter_map(OrderedJson::as_id).collect()),
             _ => Err(ApiError::invalid(
                 "prompt",
                 "prompt must be a string or token ids",
@@ -134,39 +141,39 @@ impl HfModel {
 /// `tojson` shows it).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(untagged)]
-enum Json {
+enum OrderedJson {
     Null,
     Bool(bool),
     Number(serde_json::Number),
     String(String),
-    Array(Vec<Json>),
-    Object(IndexMap<String, Json>),
+    Array(Vec<OrderedJson>),
+    Object(IndexMap<String, OrderedJson>),
 }
 
-impl Json {
-    fn get(&self, key: &str) -> Option<&Json> {
+impl OrderedJson {
+    fn get(&self, key: &str) -> Option<&OrderedJson> {
         match self {
-            Json::Object(map) => map.get(key),
+            OrderedJson::Object(map) => map.get(key),
             _ => None,
         }
     }
 
     fn as_str(&self) -> Option<&str> {
         match self {
-            Json::String(s) => Some(s),
+            OrderedJson::String(s) => Some(s),
             _ => None,
         }
     }
 
     fn as_id(&self) -> Option<u32> {
         match self {
-            Json::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+            OrderedJson::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
             _ => None,
         }
     }
 
-    fn text(text: &str) -> Json {
-        Json::String(text.to_string())
+    fn text(text: &str) -> OrderedJson {
+        OrderedJson::String(text.to_string())
     }
 }
 
@@ -189,27 +196,27 @@ fn render_error(e: Error) -> ApiError {
 /// The messages as vLLM hands them to the template: content parts joined (text parts,
 /// `\n`), null content as "", tool-call arguments given as JSON text parsed. A responses
 /// body becomes its `instructions` as a system message, then its `input`.
-fn messages(endpoint: Endpoint, body: &Json) -> Vec<Json> {
+fn messages(endpoint: GenerationEndpoint, body: &OrderedJson) -> Vec<OrderedJson> {
     let message = |role: &str, text: &str| {
-        Json::Object(IndexMap::from([
-            ("role".to_string(), Json::text(role)),
-            ("content".to_string(), Json::text(text)),
+        OrderedJson::Object(IndexMap::from([
+            ("role".to_string(), OrderedJson::text(role)),
+            ("content".to_string(), OrderedJson::text(text)),
         ]))
     };
     let mut out = Vec::new();
     let list = match endpoint {
-        Endpoint::Responses => {
-            if let Some(text) = body.get("instructions").and_then(Json::as_str) {
+        GenerationEndpoint::Responses => {
+            if let Some(text) = body.get("instructions").and_then(OrderedJson::as_str) {
                 out.push(message("system", text));
             }
             match body.get("input") {
-                Some(Json::String(text)) => vec![message("user", text)],
-                Some(Json::Array(items)) => items.clone(),
+                Some(OrderedJson::String(text)) => vec![message("user", text)],
+                Some(OrderedJson::Array(items)) => items.clone(),
                 _ => Vec::new(),
             }
         }
         _ => match body.get("messages") {
-            Some(Json::Array(items)) => items.clone(),
+            Some(OrderedJson::Array(items)) => items.clone(),
             _ => Vec::new(),
         },
     };
@@ -217,29 +224,31 @@ fn messages(endpoint: Endpoint, body: &Json) -> Vec<Json> {
     out
 }
 
-fn normalize(mut message: Json) -> Json {
-    let Json::Object(object) = &mut message else {
+fn normalize(mut message: OrderedJson) -> OrderedJson {
+    let OrderedJson::Object(object) = &mut message else {
         return message;
     };
     let content = match object.get("content") {
-        None | Some(Json::Null) => Json::text(""),
-        Some(Json::Array(parts)) => Json::text(
+        None | Some(OrderedJson::Null) => OrderedJson::text(""),
+        Some(OrderedJson::Array(parts)) => OrderedJson::text(
             &(parts.iter())
-                .filter_map(|p| p.get("text").and_then(Json::as_str))
+                .filter_map(|p| p.get("text").and_then(OrderedJson::as_str))
                 .collect::<Vec<_>>()
                 .join("\n"),
         ),
         Some(other) => other.clone(),
     };
     object.insert("content".into(), content);
-    if let Some(Json::Array(calls)) = object.get_mut("tool_calls") {
+    if let Some(OrderedJson::Array(calls)) = object.get_mut("tool_calls") {
         for call in calls {
-            let Json::Object(call) = call else { continue };
-            let Some(Json::Object(function)) = call.get_mut("function") else {
+            let OrderedJson::Object(call) = call else {
                 continue;
             };
-            let parsed = (function.get("arguments").and_then(Json::as_str))
-                .and_then(|text| serde_json::from_str::<Json>(text).ok());
+            let Some(OrderedJson::Object(function)) = call.get_mut("function") else {
+                continue;
+            };
+            let parsed = (function.get("arguments").and_then(OrderedJson::as_str))
+                .and_then(|text| serde_json::from_str::<OrderedJson>(text).ok());
             if let Some(parsed) = parsed {
                 function.insert("arguments".into(), parsed);
             }

@@ -22,8 +22,8 @@ use tokio::task::JoinSet;
 use super::SimConfig;
 use super::error::ApiError;
 use super::generate;
-use super::instance::{Body, Shared, error_response, full, json_response};
-use super::template::{self, Endpoint};
+use super::instance::{Shared, SimBody, error_response, full, json_response};
+use super::template::{self, GenerationEndpoint};
 
 /// Largest request body accepted, bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -61,7 +61,7 @@ async fn serve_connection(stream: TcpStream, shared: Arc<Shared>) {
     }
 }
 
-async fn route(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Body> {
+async fn route(shared: Arc<Shared>, request: Request<Incoming>) -> Response<SimBody> {
     let result = dispatch(&shared, request).await;
     let mut response = result.unwrap_or_else(|err| error_response(&err));
     if let Some(value) = &shared.instance_header {
@@ -73,26 +73,29 @@ async fn route(shared: Arc<Shared>, request: Request<Incoming>) -> Response<Body
 }
 
 /// The endpoints, by path.
-enum Route {
+enum HttpRoute {
     Health,
     Models,
     Metrics,
     Tokenize,
     CountTokens,
-    Generate(Endpoint),
+    Generate(GenerationEndpoint),
 }
 
-impl Route {
+impl HttpRoute {
     fn of(path: &str) -> Option<(Self, Method)> {
         let route = match path {
             "/health" => (Self::Health, Method::GET),
             "/v1/models" => (Self::Models, Method::GET),
             "/metrics" => (Self::Metrics, Method::GET),
             "/tokenize" => (Self::Tokenize, Method::POST),
-            "/v1/chat/completions" => (Self::Generate(Endpoint::Chat), Method::POST),
-            "/v1/completions" => (Self::Generate(Endpoint::Completions), Method::POST),
-            "/v1/responses" => (Self::Generate(Endpoint::Responses), Method::POST),
-            "/v1/messages" => (Self::Generate(Endpoint::Messages), Method::POST),
+            "/v1/chat/completions" => (Self::Generate(GenerationEndpoint::Chat), Method::POST),
+            "/v1/completions" => (
+                Self::Generate(GenerationEndpoint::Completions),
+                Method::POST,
+            ),
+            "/v1/responses" => (Self::Generate(GenerationEndpoint::Responses), Method::POST),
+            "/v1/messages" => (Self::Generate(GenerationEndpoint::Messages), Method::POST),
             "/v1/messages/count_tokens" => (Self::CountTokens, Method::POST),
             _ => return None,
         };
@@ -103,9 +106,9 @@ impl Route {
 async fn dispatch(
     shared: &Arc<Shared>,
     request: Request<Incoming>,
-) -> Result<Response<Body>, ApiError> {
+) -> Result<Response<SimBody>, ApiError> {
     let path = request.uri().path();
-    let Some((route, allowed)) = Route::of(path) else {
+    let Some((route, allowed)) = HttpRoute::of(path) else {
         return Err(ApiError::NotFound(path.to_owned()));
     };
     if request.method() != allowed {
@@ -113,12 +116,12 @@ async fn dispatch(
         return Err(ApiError::MethodNotAllowed { method, path });
     }
     match route {
-        Route::Health => Ok(full(StatusCode::OK, None, Bytes::new())),
-        Route::Models => Ok(json_response(StatusCode::OK, &models(&shared.config))),
-        Route::Metrics => Ok(metrics(shared)),
-        Route::Tokenize => tokenize(shared, &read_body(request).await?),
-        Route::CountTokens => count_tokens(shared, &read_body(request).await?),
-        Route::Generate(endpoint) => {
+        HttpRoute::Health => Ok(full(StatusCode::OK, None, Bytes::new())),
+        HttpRoute::Models => Ok(json_response(StatusCode::OK, &models(&shared.config))),
+        HttpRoute::Metrics => Ok(metrics(shared)),
+        HttpRoute::Tokenize => tokenize(shared, &read_body(request).await?),
+        HttpRoute::CountTokens => count_tokens(shared, &read_body(request).await?),
+        HttpRoute::Generate(endpoint) => {
             let priority = generate::header_priority(request.headers());
             generate::generate(shared, endpoint, read_body(request).await?, priority).await
         }
@@ -155,7 +158,7 @@ fn models(config: &SimConfig) -> Value {
     }]})
 }
 
-fn metrics(shared: &Shared) -> Response<Body> {
+fn metrics(shared: &Shared) -> Response<SimBody> {
     let config = &shared.config;
     let text = shared
         .metrics
@@ -168,10 +171,10 @@ fn metrics(shared: &Shared) -> Response<Body> {
 }
 
 /// vLLM's `/v1/messages/count_tokens`: `{"input_tokens"}`, the whole rendered prompt.
-fn count_tokens(shared: &Shared, raw: &[u8]) -> Result<Response<Body>, ApiError> {
+fn count_tokens(shared: &Shared, raw: &[u8]) -> Result<Response<SimBody>, ApiError> {
     let body: Value = serde_json::from_slice(raw)?;
     let bpt = shared.config.bytes_per_token;
-    let parsed = template::parse(Endpoint::Messages, &body, bpt)?;
+    let parsed = template::parse(GenerationEndpoint::Messages, &body, bpt)?;
     let count = template::token_count(&parsed.prompt, bpt);
     Ok(json_response(
         StatusCode::OK,
@@ -180,7 +183,7 @@ fn count_tokens(shared: &Shared, raw: &[u8]) -> Result<Response<Body>, ApiError>
 }
 
 /// vLLM's `/tokenize`: `{"count", "max_model_len", "tokens", "token_strs": null}`.
-fn tokenize(shared: &Shared, raw: &[u8]) -> Result<Response<Body>, ApiError> {
+fn tokenize(shared: &Shared, raw: &[u8]) -> Result<Response<SimBody>, ApiError> {
     let body: Value = serde_json::from_slice(raw)?;
     if !body.is_object() {
         return Err(ApiError::invalid(

@@ -18,7 +18,7 @@ use super::error::ApiError;
 use super::metrics::Metrics;
 
 /// Response body type of every endpoint.
-pub type Body = BoxBody<Bytes, Infallible>;
+pub type SimBody = BoxBody<Bytes, Infallible>;
 
 /// State shared by every connection of one instance.
 #[derive(Debug)]
@@ -36,7 +36,11 @@ pub struct Shared {
 }
 
 /// A whole response with an optional content type.
-pub fn full(status: StatusCode, content_type: Option<&'static str>, body: Bytes) -> Response<Body> {
+pub fn full(
+    status: StatusCode,
+    content_type: Option<&'static str>,
+    body: Bytes,
+) -> Response<SimBody> {
     let mut response = Response::new(Full::new(body).boxed());
     *response.status_mut() = status;
     if let Some(kind) = content_type {
@@ -48,7 +52,7 @@ pub fn full(status: StatusCode, content_type: Option<&'static str>, body: Bytes)
 }
 
 /// A JSON response.
-pub fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
+pub fn json_response(status: StatusCode, body: &Value) -> Response<SimBody> {
     full(
         status,
         Some("application/json"),
@@ -57,6 +61,6 @@ pub fn json_response(status: StatusCode, body: &Value) -> Response<Body> {
 }
 
 /// The OpenAI error response for `err`.
-pub fn error_response(err: &ApiError) -> Response<Body> {
+pub fn error_response(err: &ApiError) -> Response<SimBody> {
     json_response(err.status(), &err.body())
 }

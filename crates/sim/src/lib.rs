@@ -48,7 +48,7 @@ use hyper::header::HeaderValue;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-pub use error::{ApiError, ConfigError};
+pub use error::{ApiError, SimConfigError};
 pub use generate::prepare;
 pub use metrics::SimStats;
 
@@ -119,7 +119,7 @@ impl Default for SimConfig {
 
 impl SimConfig {
     /// Checks that every size is at least 1 and every rate or delay is usable.
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    pub fn validate(&self) -> Result<(), SimConfigError> {
         let counts = [
             ("kv_blocks", self.kv_blocks),
             ("block_tokens", self.block_tokens),
@@ -128,21 +128,21 @@ impl SimConfig {
             ("max_model_len", self.max_model_len),
         ];
         if let Some((name, _)) = counts.iter().find(|(_, value)| *value == 0) {
-            return Err(ConfigError::Zero(name));
+            return Err(SimConfigError::Zero(name));
         }
         let positive = [
             ("prefill_tokens_per_s", self.prefill_tokens_per_s),
             ("time_scale", self.time_scale),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| !(v.is_finite() && *v > 0.0)) {
-            return Err(ConfigError::NotPositive(name));
+            return Err(SimConfigError::NotPositive(name));
         }
         let delays = [
             ("prefill_overhead_ms", self.prefill_overhead_ms),
             ("decode_ms_per_token", self.decode_ms_per_token),
         ];
         if let Some((name, _)) = delays.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
-            return Err(ConfigError::Negative(name));
+            return Err(SimConfigError::Negative(name));
         }
         Ok(())
     }

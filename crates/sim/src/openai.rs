@@ -8,7 +8,7 @@
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::template::Endpoint;
+use super::template::GenerationEndpoint;
 
 /// The text every simulated output is cut from, cyclically (ASCII, so any cut is UTF-8).
 const PHRASE: &[u8] = b"The simulated model writes this sentence again and again. ";
@@ -23,7 +23,7 @@ pub fn output_text(start: usize, count: usize, bytes_per_token: usize) -> String
 
 /// Token counts reported in `usage`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Usage {
+pub struct ReportedUsage {
     /// Prompt tokens.
     pub prompt_tokens: usize,
     /// Prompt tokens served from the prefix cache.
@@ -32,7 +32,7 @@ pub struct Usage {
     pub completion_tokens: usize,
 }
 
-impl Usage {
+impl ReportedUsage {
     fn chat_json(&self) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
@@ -66,7 +66,7 @@ impl Usage {
 #[derive(Clone, Debug)]
 pub struct Meta {
     /// Which API shape to use.
-    pub endpoint: Endpoint,
+    pub endpoint: GenerationEndpoint,
     /// Request number, unique within the instance.
     pub number: u64,
     /// Unix seconds.
@@ -83,10 +83,10 @@ impl Meta {
     /// The response id (`chatcmpl-…`, `cmpl-…` or `resp_…`).
     pub fn id(&self) -> String {
         let prefix = match self.endpoint {
-            Endpoint::Chat => "chatcmpl-",
-            Endpoint::Completions => "cmpl-",
-            Endpoint::Responses => "resp_",
-            Endpoint::Messages => "msg_",
+            GenerationEndpoint::Chat => "chatcmpl-",
+            GenerationEndpoint::Completions => "cmpl-",
+            GenerationEndpoint::Responses => "resp_",
+            GenerationEndpoint::Messages => "msg_",
         };
         format!("{prefix}{}-{}", self.instance, self.number)
     }
@@ -122,18 +122,18 @@ impl Meta {
 }
 
 /// The non-streaming response body.
-pub fn full_response(meta: &Meta, text: &str, usage: Usage) -> Value {
+pub fn full_response(meta: &Meta, text: &str, usage: ReportedUsage) -> Value {
     let mut body = match meta.endpoint {
-        Endpoint::Chat => meta.envelope(
+        GenerationEndpoint::Chat => meta.envelope(
             "chat.completion",
             json!([{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": meta.finish()}]),
         ),
-        Endpoint::Completions => meta.envelope(
+        GenerationEndpoint::Completions => meta.envelope(
             "text_completion",
             json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": meta.finish()}]),
         ),
-        Endpoint::Responses => return response_object(meta, "completed", Some(text), Some(usage)),
-        Endpoint::Messages => {
+        GenerationEndpoint::Responses => return response_object(meta, "completed", Some(text), Some(usage)),
+        GenerationEndpoint::Messages => {
             let mut message = message_object(meta, Some(text), Some(meta.stop_reason()));
             message["usage"] = usage.messages_json();
             return message;
@@ -165,7 +165,12 @@ fn message_item(meta: &Meta, text: Option<&str>) -> Value {
     json!({"type": "message", "id": meta.message_id(), "status": status, "role": "assistant", "content": content})
 }
 
-fn response_object(meta: &Meta, status: &str, text: Option<&str>, usage: Option<Usage>) -> Value {
+fn response_object(
+    meta: &Meta,
+    status: &str,
+    text: Option<&str>,
+    usage: Option<ReportedUsage>,
+) -> Value {
     let output = if text.is_some() {
         json!([message_item(meta, text)])
     } else {
@@ -200,11 +205,11 @@ impl StreamWriter {
 
     /// Events sent with the response headers (Responses API: `response.created`, `response.in_progress`).
     pub fn start(&mut self) -> Vec<Bytes> {
-        if self.meta.endpoint == Endpoint::Messages {
+        if self.meta.endpoint == GenerationEndpoint::Messages {
             let message = message_object(&self.meta, None, None);
             return vec![anthropic("message_start", json!({"message": message}))];
         }
-        if self.meta.endpoint != Endpoint::Responses {
+        if self.meta.endpoint != GenerationEndpoint::Responses {
             return Vec::new();
         }
         let response = response_object(&self.meta, "in_progress", None, None);
@@ -217,15 +222,15 @@ impl StreamWriter {
     /// Events sent at the first token, before its text (chat: the role chunk).
     pub fn first(&mut self) -> Vec<Bytes> {
         match self.meta.endpoint {
-            Endpoint::Chat => {
+            GenerationEndpoint::Chat => {
                 vec![self.chat_chunk(json!({"role": "assistant", "content": ""}), None)]
             }
-            Endpoint::Completions => Vec::new(),
-            Endpoint::Messages => {
+            GenerationEndpoint::Completions => Vec::new(),
+            GenerationEndpoint::Messages => {
                 let block = json!({"index": 0, "content_block": {"type": "text", "text": ""}});
                 vec![anthropic("content_block_start", block)]
             }
-            Endpoint::Responses => {
+            GenerationEndpoint::Responses => {
                 let item = message_item(&self.meta, None);
                 let part = json!({"type": "output_text", "text": "", "annotations": []});
                 let item_id = self.meta.message_id();
@@ -243,13 +248,13 @@ impl StreamWriter {
     /// One event carrying new output text.
     pub fn delta(&mut self, text: &str) -> Bytes {
         match self.meta.endpoint {
-            Endpoint::Chat => self.chat_chunk(json!({"content": text}), None),
-            Endpoint::Completions => self.completion_chunk(text, None),
-            Endpoint::Messages => {
+            GenerationEndpoint::Chat => self.chat_chunk(json!({"content": text}), None),
+            GenerationEndpoint::Completions => self.completion_chunk(text, None),
+            GenerationEndpoint::Messages => {
                 let delta = json!({"index": 0, "delta": {"type": "text_delta", "text": text}});
                 anthropic("content_block_delta", delta)
             }
-            Endpoint::Responses => {
+            GenerationEndpoint::Responses => {
                 let item_id = self.meta.message_id();
                 let body = json!({"item_id": item_id, "output_index": 0, "content_index": 0, "delta": text});
                 self.event("response.output_text.delta", body)
@@ -260,18 +265,18 @@ impl StreamWriter {
     /// The closing events: finish reason, then usage (chat and completions: a chunk
     /// with empty `choices` and `usage`, then `data: [DONE]`; Responses API: the
     /// `.done` events and `response.completed` with the usage).
-    pub fn end(&mut self, text: &str, usage: Usage) -> Vec<Bytes> {
+    pub fn end(&mut self, text: &str, usage: ReportedUsage) -> Vec<Bytes> {
         match self.meta.endpoint {
-            Endpoint::Chat => {
+            GenerationEndpoint::Chat => {
                 let finish = self.chat_chunk(json!({}), Some(self.meta.finish()));
                 self.chat_tail(finish, "chat.completion.chunk", usage)
             }
-            Endpoint::Completions => {
+            GenerationEndpoint::Completions => {
                 let finish = self.completion_chunk("", Some(self.meta.finish()));
                 self.chat_tail(finish, "text_completion", usage)
             }
-            Endpoint::Responses => self.responses_end(text, usage),
-            Endpoint::Messages => {
+            GenerationEndpoint::Responses => self.responses_end(text, usage),
+            GenerationEndpoint::Messages => {
                 let delta = json!({"delta": {"stop_reason": self.meta.stop_reason(), "stop_sequence": null},
                     "usage": usage.messages_json()});
                 vec![
@@ -283,13 +288,13 @@ impl StreamWriter {
         }
     }
 
-    fn chat_tail(&self, finish: Bytes, object: &str, usage: Usage) -> Vec<Bytes> {
+    fn chat_tail(&self, finish: Bytes, object: &str, usage: ReportedUsage) -> Vec<Bytes> {
         let mut last = self.meta.envelope(object, json!([]));
         last["usage"] = usage.chat_json();
         vec![finish, data(&last), Bytes::from_static(b"data: [DONE]\n\n")]
     }
 
-    fn responses_end(&mut self, text: &str, usage: Usage) -> Vec<Bytes> {
+    fn responses_end(&mut self, text: &str, usage: ReportedUsage) -> Vec<Bytes> {
         let item_id = self.meta.message_id();
         let part = json!({"type": "output_text", "text": text, "annotations": []});
         let item = message_item(&self.meta, Some(text));
@@ -345,7 +350,7 @@ fn data(body: &Value) -> Bytes {
 mod tests {
     use super::*;
 
-    fn meta(endpoint: Endpoint) -> Meta {
+    fn meta(endpoint: GenerationEndpoint) -> Meta {
         Meta {
             endpoint,
             number: 3,
@@ -362,17 +367,17 @@ mod tests {
             stopped: true,
             ..meta(endpoint)
         };
-        let usage = Usage {
+        let usage = ReportedUsage {
             prompt_tokens: 8,
             cached_tokens: 0,
             completion_tokens: 2,
         };
-        let chat = full_response(&stopped(Endpoint::Chat), "hi", usage);
+        let chat = full_response(&stopped(GenerationEndpoint::Chat), "hi", usage);
         assert_eq!(chat["choices"][0]["finish_reason"], "stop");
-        let messages = full_response(&stopped(Endpoint::Messages), "hi", usage);
+        let messages = full_response(&stopped(GenerationEndpoint::Messages), "hi", usage);
         assert_eq!(messages["stop_reason"], "end_turn");
         assert_eq!(
-            full_response(&meta(Endpoint::Messages), "hi", usage)["stop_reason"],
+            full_response(&meta(GenerationEndpoint::Messages), "hi", usage)["stop_reason"],
             "max_tokens"
         );
     }
@@ -389,28 +394,28 @@ mod tests {
 
     #[test]
     fn usage_shapes() {
-        let usage = Usage {
+        let usage = ReportedUsage {
             prompt_tokens: 10,
             cached_tokens: 4,
             completion_tokens: 2,
         };
-        let chat = full_response(&meta(Endpoint::Chat), "hi", usage);
+        let chat = full_response(&meta(GenerationEndpoint::Chat), "hi", usage);
         assert_eq!(chat["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
         assert_eq!(chat["usage"]["total_tokens"], 12);
         assert_eq!(chat["system_fingerprint"], "sim-a");
-        let resp = full_response(&meta(Endpoint::Responses), "hi", usage);
+        let resp = full_response(&meta(GenerationEndpoint::Responses), "hi", usage);
         assert_eq!(resp["usage"]["input_tokens_details"]["cached_tokens"], 4);
         assert_eq!(resp["output"][0]["content"][0]["text"], "hi");
     }
 
     #[test]
     fn streams_end_with_usage() {
-        let usage = Usage {
+        let usage = ReportedUsage {
             prompt_tokens: 10,
             cached_tokens: 4,
             completion_tokens: 2,
         };
-        let mut chat = StreamWriter::new(meta(Endpoint::Chat));
+        let mut chat = StreamWriter::new(meta(GenerationEndpoint::Chat));
         let end = chat.end("hi", usage);
         assert_eq!(end.last().map(|b| &b[..]), Some(&b"data: [DONE]\n\n"[..]));
         assert!(
@@ -418,7 +423,7 @@ mod tests {
                 .unwrap()
                 .contains("\"cached_tokens\":4")
         );
-        let mut resp = StreamWriter::new(meta(Endpoint::Responses));
+        let mut resp = StreamWriter::new(meta(GenerationEndpoint::Responses));
         assert_eq!(resp.start().len(), 2);
         let end = resp.end("hi", usage);
         let completed = std::str::from_utf8(end.last().unwrap()).unwrap();

@@ -31,7 +31,7 @@ const GENERATION_PROMPT: &str = "<|im_start|>assistant\n";
 
 /// The OpenAI-compatible generation endpoints.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoint {
+pub enum GenerationEndpoint {
     /// `/v1/chat/completions`
     Chat,
     /// `/v1/completions`
@@ -44,7 +44,7 @@ pub enum Endpoint {
 
 /// What the simulator takes from a generation request.
 #[derive(Debug)]
-pub struct Parsed {
+pub struct ParsedGeneration {
     /// The rendered prompt.
     pub prompt: Vec<u8>,
     /// Output tokens to generate (exactly; stop conditions are ignored).
@@ -55,7 +55,11 @@ pub struct Parsed {
 
 /// Parses a generation request body of `endpoint`.
 /// `bytes_per_token` sizes token-id prompts (`/v1/completions` with integer arrays).
-pub fn parse(endpoint: Endpoint, body: &Value, bytes_per_token: usize) -> Result<Parsed, ApiError> {
+pub fn parse(
+    endpoint: GenerationEndpoint,
+    body: &Value,
+    bytes_per_token: usize,
+) -> Result<ParsedGeneration, ApiError> {
     if !body.is_object() {
         return Err(ApiError::invalid(
             "body",
@@ -63,17 +67,19 @@ pub fn parse(endpoint: Endpoint, body: &Value, bytes_per_token: usize) -> Result
         ));
     }
     let prompt = match endpoint {
-        Endpoint::Chat => render_chat(body, true)?,
-        Endpoint::Completions => render_completion(required(body, "prompt")?, bytes_per_token)?,
-        Endpoint::Responses => render_responses(body)?,
-        Endpoint::Messages => render_messages(body)?,
+        GenerationEndpoint::Chat => render_chat(body, true)?,
+        GenerationEndpoint::Completions => {
+            render_completion(required(body, "prompt")?, bytes_per_token)?
+        }
+        GenerationEndpoint::Responses => render_responses(body)?,
+        GenerationEndpoint::Messages => render_messages(body)?,
     };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::invalid("stream", "`stream` must be a boolean")),
     };
-    Ok(Parsed {
+    Ok(ParsedGeneration {
         prompt,
         output_tokens: output_tokens(body)?,
         stream,

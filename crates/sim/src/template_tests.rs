@@ -114,7 +114,7 @@ fn media_markers_depend_on_data() {
 #[test]
 fn output_tokens_and_stream() {
     let parsed = parse(
-        Endpoint::Chat,
+        GenerationEndpoint::Chat,
         &json!({"messages": [{"role": "user", "content": "x"}]}),
         4,
     )
@@ -122,7 +122,7 @@ fn output_tokens_and_stream() {
     assert_eq!(parsed.output_tokens, DEFAULT_OUTPUT_TOKENS);
     assert!(!parsed.stream);
     let body = json!({"prompt": "x", "max_tokens": 5, "max_completion_tokens": 7, "stream": true});
-    let parsed = parse(Endpoint::Completions, &body, 4).unwrap();
+    let parsed = parse(GenerationEndpoint::Completions, &body, 4).unwrap();
     assert_eq!(parsed.output_tokens, 7);
     assert!(parsed.stream);
     assert_eq!(output_tokens(&json!({"max_output_tokens": 3})).unwrap(), 3);
@@ -133,26 +133,26 @@ fn output_tokens_and_stream() {
 #[test]
 fn bad_requests_are_rejected() {
     for (endpoint, body) in [
-        (Endpoint::Chat, json!({})),
-        (Endpoint::Chat, json!({"messages": []})),
+        (GenerationEndpoint::Chat, json!({})),
+        (GenerationEndpoint::Chat, json!({"messages": []})),
         (
-            Endpoint::Chat,
+            GenerationEndpoint::Chat,
             json!({"messages": [{"content": "no role"}]}),
         ),
         (
-            Endpoint::Chat,
+            GenerationEndpoint::Chat,
             json!({"messages": [{"role": "user", "content": 5}]}),
         ),
         (
-            Endpoint::Chat,
+            GenerationEndpoint::Chat,
             json!({"messages": [{"role": "user", "content": [{"text": "no type"}]}]}),
         ),
-        (Endpoint::Completions, json!({"prompt": {"a": 1}})),
-        (Endpoint::Completions, json!({"prompt": [-1]})),
-        (Endpoint::Responses, json!({"input": 3})),
-        (Endpoint::Chat, json!([1, 2])),
+        (GenerationEndpoint::Completions, json!({"prompt": {"a": 1}})),
+        (GenerationEndpoint::Completions, json!({"prompt": [-1]})),
+        (GenerationEndpoint::Responses, json!({"input": 3})),
+        (GenerationEndpoint::Chat, json!([1, 2])),
         (
-            Endpoint::Chat,
+            GenerationEndpoint::Chat,
             json!({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}),
         ),
     ] {
@@ -205,7 +205,9 @@ fn a_messages_body_renders_as_the_chat_vllm_makes_of_it() {
         {"role": "assistant", "content": "A1"},
         {"role": "tool", "tool_call_id": "t1", "content": "R"},
         {"role": "user", "content": "U2"}]});
-    let rendered = parse(Endpoint::Messages, &messages, 4).unwrap().prompt;
+    let rendered = parse(GenerationEndpoint::Messages, &messages, 4)
+        .unwrap()
+        .prompt;
     assert_eq!(
         String::from_utf8(rendered).unwrap(),
         String::from_utf8(render_chat(&chat, true).unwrap()).unwrap()

@@ -113,13 +113,13 @@ pub fn batch(payload: &[u8]) -> Result<Batch, DecodeError> {
 }
 
 /// The fields of an event by name, from either encoding.
-struct Fields<'v> {
+struct EventFields<'v> {
     kind: &'v str,
     map: Option<&'v Value>,
     positional: &'v [Value],
 }
 
-impl<'v> Fields<'v> {
+impl<'v> EventFields<'v> {
     /// Field `name`, declared at `position` (after the type) in the older encoding.
     fn get(&self, name: &str, position: usize) -> Option<&'v Value> {
         match self.map {
@@ -132,7 +132,7 @@ impl<'v> Fields<'v> {
 
 fn event(value: &Value) -> Result<Event, DecodeError> {
     let fields = match value {
-        Value::Map(_) => Fields {
+        Value::Map(_) => EventFields {
             kind: value
                 .get("type")
                 .and_then(Value::as_str)
@@ -140,7 +140,7 @@ fn event(value: &Value) -> Result<Event, DecodeError> {
             map: Some(value),
             positional: &[],
         },
-        Value::Array(items) => Fields {
+        Value::Array(items) => EventFields {
             kind: items
                 .first()
                 .and_then(Value::as_str)
@@ -164,7 +164,7 @@ fn event(value: &Value) -> Result<Event, DecodeError> {
 
 /// `BlockStored` fields, in declared order: block_hashes, parent_block_hash, token_ids,
 /// block_size, lora_id, medium, lora_name, extra_keys, group_idx.
-fn stored(fields: &Fields) -> Result<Stored, DecodeError> {
+fn stored(fields: &EventFields) -> Result<Stored, DecodeError> {
     let hashes = hashes(fields.get("block_hashes", 0))?;
     let parent = fields.get("parent_block_hash", 1).map(hash).transpose()?;
     let Some(Value::Array(tokens)) = fields.get("token_ids", 2) else {

@@ -32,16 +32,16 @@ use crate::ledger::{Cap, Claim, Kept};
 pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
-struct Flow {
+struct HeldFlow {
     weight: u32,
     held: usize,
     /// When its last request ended (or its first arrived), by the shares' clock.
     last: Duration,
 }
 
-impl Flow {
+impl HeldFlow {
     fn new(weight: u32, now: Duration) -> Self {
-        Flow {
+        HeldFlow {
             weight,
             held: 0,
             last: now,
@@ -59,10 +59,10 @@ impl Flow {
 }
 
 #[derive(Debug, Default)]
-struct Flows {
-    tenants: HashMap<TenantId, Flow>,
+struct HeldFlows {
+    tenants: HashMap<TenantId, HeldFlow>,
     /// By priority, lowest first; never idle until first used.
-    bands: [Option<Flow>; 3],
+    bands: [Option<HeldFlow>; 3],
 }
 
 /// Where a request stands against the other active flows.
@@ -112,7 +112,7 @@ impl Standing {
 
 /// The tenants' and priorities' requests held by the router.
 pub struct Shares {
-    flows: Mutex<Flows>,
+    flows: Mutex<HeldFlows>,
     preemptions: Preemptions,
     clock: Arc<dyn Clock>,
 }
@@ -150,10 +150,10 @@ impl Shares {
         (flows.tenants).retain(|name, f| name == tenant || f.active(now));
         let flow = (flows.tenants)
             .entry(tenant.clone())
-            .or_insert(Flow::new(weight, now));
+            .or_insert(HeldFlow::new(weight, now));
         flow.weight = weight.max(1);
         flow.held += 1;
-        let band = flows.bands[priority as usize].get_or_insert(Flow::new(1, now));
+        let band = flows.bands[priority as usize].get_or_insert(HeldFlow::new(1, now));
         band.held += 1;
         Share {
             shares: self,

@@ -28,15 +28,15 @@ const GROW: f64 = 1.1;
 const FLOOR: f64 = 1.0 / 16.0;
 
 #[derive(Clone, Copy)]
-struct State {
+struct CalibrationState {
     ratio: f64,
     scale: f64,
     seen: u32,
 }
 
-impl Default for State {
+impl Default for CalibrationState {
     fn default() -> Self {
-        State {
+        CalibrationState {
             ratio: 1.0,
             scale: 1.0,
             seen: 0,
@@ -47,7 +47,7 @@ impl Default for State {
 /// Per-backend budget scales learned from reported cache hits.
 #[derive(Default)]
 pub struct Calibration {
-    states: Mutex<HashMap<BackendId, State>>,
+    states: Mutex<HashMap<BackendId, CalibrationState>>,
 }
 
 impl Calibration {

@@ -59,7 +59,7 @@ pub struct Note {
 }
 
 #[derive(Clone, Copy)]
-struct Entry {
+struct ConversationEntry {
     backend: BackendId,
     origin: u64,
     bytes: TextBytes,
@@ -73,7 +73,7 @@ struct Entry {
 
 #[derive(Default)]
 struct Inner {
-    entries: HashMap<u128, Entry>,
+    entries: HashMap<u128, ConversationEntry>,
     /// When each note stops counting in the sums, earliest first; stale when the entry
     /// was seen again since.
     live: BinaryHeap<Reverse<(Duration, u128)>>,
@@ -171,7 +171,7 @@ impl Conversations {
         let horizon = gap.map_or(self.horizon, |g| {
             (g * LIVE_GAPS).clamp(MIN_LIVE, self.horizon)
         });
-        let entry = Entry {
+        let entry = ConversationEntry {
             backend: note.backend,
             origin: note.origin,
             bytes: note.bytes,
@@ -220,7 +220,7 @@ impl Conversations {
     /// Forgets the conversations of backends for which `live` is false.
     fn retain(&self, live: &dyn Fn(BackendId) -> bool) {
         let mut inner = self.inner.lock();
-        let gone: Vec<(u128, Entry)> = (inner.entries.iter())
+        let gone: Vec<(u128, ConversationEntry)> = (inner.entries.iter())
             .filter(|(_, e)| !live(e.backend))
             .map(|(k, e)| (*k, *e))
             .collect();
@@ -247,7 +247,7 @@ impl super::Table for Conversations {
 }
 
 impl Inner {
-    fn add(&mut self, e: Entry) {
+    fn add(&mut self, e: ConversationEntry) {
         if e.live_until.is_none() {
             return;
         }
@@ -260,7 +260,7 @@ impl Inner {
         live.bytes += e.bytes;
     }
 
-    fn sub(&mut self, e: Entry) {
+    fn sub(&mut self, e: ConversationEntry) {
         if e.live_until.is_none() {
             return;
         }
@@ -280,9 +280,9 @@ impl Inner {
         }
     }
 
-    fn stop_counting(&mut self, key: u128, entry: Entry) {
+    fn stop_counting(&mut self, key: u128, entry: ConversationEntry) {
         self.sub(entry);
-        let entry = Entry {
+        let entry = ConversationEntry {
             live_until: None,
             ..entry
         };

@@ -22,7 +22,7 @@ pub const MAX_SESSIONS: usize = 1 << 20;
 pub const SESSION_TTL: Duration = Duration::from_secs(1800);
 
 #[derive(Clone, Copy)]
-struct Entry {
+struct SessionEntry {
     backend: BackendId,
     /// When it was last used, on `clock`.
     seen: Duration,
@@ -30,7 +30,7 @@ struct Entry {
 
 /// Session key -> backend, with expiry.
 pub struct Sessions {
-    shards: Vec<Mutex<HashMap<SessionKey, Entry>>>,
+    shards: Vec<Mutex<HashMap<SessionKey, SessionEntry>>>,
     ttl: Duration,
     per_shard: usize,
     clock: Arc<dyn Clock>,
@@ -47,11 +47,11 @@ impl Sessions {
         }
     }
 
-    fn fresh(&self, entry: &Entry) -> bool {
+    fn fresh(&self, entry: &SessionEntry) -> bool {
         self.clock.now().saturating_sub(entry.seen) < self.ttl
     }
 
-    fn shard(&self, key: SessionKey) -> &Mutex<HashMap<SessionKey, Entry>> {
+    fn shard(&self, key: SessionKey) -> &Mutex<HashMap<SessionKey, SessionEntry>> {
         &self.shards[(key.0 as usize) % SHARDS]
     }
 
@@ -69,7 +69,7 @@ impl Sessions {
         }
         shard.insert(
             key,
-            Entry {
+            SessionEntry {
                 backend,
                 seen: self.clock.now(),
             },

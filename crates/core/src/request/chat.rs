@@ -32,7 +32,7 @@ fn push_message<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), 
             expected: "an object",
         });
     }
-    let mut role = Role::new(text);
+    let mut role = RoleMarker::new(text);
     j.object(|j, key| match key {
         b"role" => role.set(text, string(j, "messages[].role")?),
         b"content" => push_content(j, text, "messages[].content"),
@@ -52,15 +52,15 @@ fn push_message<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), 
 /// A message's role marker goes before its content. It is written as soon as the role is
 /// read, which is first in nearly every body; a role that comes after the content is
 /// inserted in front of it at the end.
-struct Role<'a> {
+struct RoleMarker<'a> {
     start: Mark,
     role: Option<&'a [u8]>,
     written: bool,
 }
 
-impl<'a> Role<'a> {
+impl<'a> RoleMarker<'a> {
     fn new(text: &RoutingText<'a>) -> Self {
-        Role {
+        RoleMarker {
             start: text.mark(),
             role: None,
             written: false,

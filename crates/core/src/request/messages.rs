@@ -131,7 +131,7 @@ fn push_text<'a>(
         Kind::String => keep(j.string()?),
         Kind::Null => j.null()?,
         Kind::Array => j.array(|j| {
-            let block = Block::read(j)?;
+            let block = ContentBlock::read(j)?;
             if let (Some(b"text"), Some(body)) = (block.kind, block.text) {
                 keep(body);
             }
@@ -149,7 +149,7 @@ fn push_text<'a>(
 
 /// The fields of a content block that routing reads.
 #[derive(Default)]
-struct Block<'a> {
+struct ContentBlock<'a> {
     kind: Option<&'a [u8]>,
     text: Option<&'a [u8]>,
     source: Option<&'a [u8]>,
@@ -158,15 +158,15 @@ struct Block<'a> {
     content: Option<&'a [u8]>,
 }
 
-impl<'a> Block<'a> {
-    fn read(j: &mut Json<'a>) -> Result<Block<'a>, ParseError> {
+impl<'a> ContentBlock<'a> {
+    fn read(j: &mut Json<'a>) -> Result<ContentBlock<'a>, ParseError> {
         if j.kind() != Kind::Object {
             return Err(ParseError::WrongType {
                 field: "content[]",
                 expected: "an object",
             });
         }
-        let mut block = Block::default();
+        let mut block = ContentBlock::default();
         j.object(|j, key| {
             match key {
                 b"type" => block.kind = Some(string(j, "content[].type")?),
@@ -262,14 +262,14 @@ fn push_message<'a>(m: &Message<'a>, text: &mut RoutingText<'a>) -> Result<(), P
 /// Calls `visit` with each block of a content array (nothing for null).
 fn each_block<'a>(
     content: &'a [u8],
-    mut visit: impl FnMut(&Block<'a>, &mut RoutingText<'a>) -> Result<(), ParseError>,
+    mut visit: impl FnMut(&ContentBlock<'a>, &mut RoutingText<'a>) -> Result<(), ParseError>,
     text: &mut RoutingText<'a>,
 ) -> Result<(), ParseError> {
     let mut j = Json::new(content);
     if j.kind() == Kind::Null {
         return Ok(());
     }
-    j.array(|j| visit(&Block::read(j)?, text))
+    j.array(|j| visit(&ContentBlock::read(j)?, text))
 }
 
 /// Puts the role marker in front of what a message added from `start`. A user message
@@ -292,7 +292,7 @@ fn push_tool_result<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<
     match j.kind() {
         Kind::String => text.push(j.string()?),
         Kind::Array => j.array(|j| {
-            Block::read(j)?.push_content(text);
+            ContentBlock::read(j)?.push_content(text);
             Ok(())
         })?,
         _ => j.skip()?,

@@ -32,14 +32,14 @@ pub struct EvictReport {
 }
 
 /// Per over-budget backend (sorted by id): the bytes to free, then the cutoff tick.
-type Plan = Vec<(BackendId, usize, u64)>;
+type EvictionPlan = Vec<(BackendId, usize, u64)>;
 
 impl PrefixTrees {
     /// Evict least-recently-used entries of every backend over its byte budget, down to the budget;
     /// drop nodes no backend is on any more; drop empty model trees. Returns what it did.
     pub fn evict(&self) -> EvictReport {
         self.grown.store(0, std::sync::atomic::Ordering::Relaxed);
-        let mut plan: Plan = (self.usage_totals().into_iter())
+        let mut plan: EvictionPlan = (self.usage_totals().into_iter())
             .filter_map(|(b, used)| Some((b, used.checked_sub(self.budget_bytes(b))?, 0)))
             .filter(|&(_, excess, _)| excess > 0)
             .collect();
@@ -71,7 +71,7 @@ impl PrefixTrees {
 
     /// Fill in each planned backend's cutoff tick from the (tick, bytes) of
     /// every node it is on.
-    fn set_cutoffs(&self, plan: &mut Plan) {
+    fn set_cutoffs(&self, plan: &mut EvictionPlan) {
         let mut ticks: Vec<Vec<(u64, usize)>> = vec![Vec::new(); plan.len()];
         for tree in self.trees() {
             for shard in tree.shards.iter() {
@@ -133,7 +133,7 @@ fn cutoff(mut ticks: Vec<(u64, usize)>, excess: usize) -> u64 {
 
 impl Radix {
     /// Append (tick, edge length) of each node to the list of each planned backend on it.
-    fn collect_ticks(&self, plan: &Plan, out: &mut [Vec<(u64, usize)>]) {
+    fn collect_ticks(&self, plan: &EvictionPlan, out: &mut [Vec<(u64, usize)>]) {
         for node in self.nodes.iter().skip(1).filter(|n| n.parent != FREE) {
             for e in &node.backends {
                 if let Ok(i) = plan.binary_search_by_key(&e.backend, |&(b, _, _)| b)

@@ -179,7 +179,7 @@ impl<'w> World<'w> {
         match joined {
             Ok((key, shed)) => {
                 self.control[replica].waiting.insert(number, key);
-                let expire = super::Event::Expire {
+                let expire = super::WorldEvent::Expire {
                     replica,
                     pending: number,
                 };

@@ -8,22 +8,22 @@
 use std::collections::VecDeque;
 
 use prefix_router_core::flow::{Priority, TenantId};
-use prefix_router_replay::{Outcome, Percentiles, Plan, summarize};
+use prefix_router_replay::{Percentiles, Plan, RequestOutcome, summarize};
 use serde::Serialize;
 
-use super::{Progress, Want, Workload};
-use crate::prepare::Prepared;
+use super::{SessionProgress, ShapedWorkload, Want};
+use crate::prepare::RequestShapes;
 use crate::scenario::Flows;
 
 /// One party of clients.
 pub(super) struct Party<'w> {
     /// Its workload.
     pub(super) plan: &'w Plan,
-    pub(super) prepared: &'w Prepared,
+    pub(super) prepared: &'w RequestShapes,
     /// Where each of its sessions stands.
-    pub(super) progress: Vec<Progress>,
+    pub(super) progress: Vec<SessionProgress>,
     /// Its requests' outcomes.
-    pub(super) outcomes: Vec<Outcome>,
+    pub(super) outcomes: Vec<RequestOutcome>,
     /// Its next session to start.
     next: usize,
     /// Its free concurrency slots.
@@ -48,7 +48,7 @@ impl<'w> Party<'w> {
     /// The parties sending `workloads`: the first, with `concurrency` slots, without
     /// `flows`; else one per flow, each sending its own workload.
     pub(super) fn split(
-        workloads: &[Workload<'w>],
+        workloads: &[ShapedWorkload<'w>],
         concurrency: usize,
         flows: Option<&Flows>,
     ) -> Vec<Party<'w>> {
@@ -70,11 +70,11 @@ impl<'w> Party<'w> {
             .collect()
     }
 
-    fn new((plan, prepared): Workload<'w>, concurrency: usize) -> Self {
+    fn new((plan, prepared): ShapedWorkload<'w>, concurrency: usize) -> Self {
         Party {
             plan,
             prepared,
-            progress: vec![Progress::default(); plan.sessions().len()],
+            progress: vec![SessionProgress::default(); plan.sessions().len()],
             outcomes: Vec::new(),
             next: 0,
             free_slots: concurrency,
@@ -159,13 +159,13 @@ pub(super) fn results(parties: &[Party], flows: Option<&Flows>) -> Vec<FlowResul
 }
 
 /// The outcomes a run reports: the first measured party's, else the first party's.
-pub(super) fn main_outcomes(parties: Vec<Party>) -> Vec<Outcome> {
+pub(super) fn main_outcomes(parties: Vec<Party>) -> Vec<RequestOutcome> {
     let main = parties.iter().position(|p| p.measured).unwrap_or(0);
     (parties.into_iter().nth(main)).map_or_else(Vec::new, |p| p.outcomes)
 }
 
 /// A party's result from its outcomes.
-fn summed<'o>(party: &Party, outcomes: impl Iterator<Item = &'o Outcome>) -> FlowResult {
+fn summed<'o>(party: &Party, outcomes: impl Iterator<Item = &'o RequestOutcome>) -> FlowResult {
     let (tenant, priority) = party.identity();
     let mut result = FlowResult {
         tenant: tenant.to_string(),

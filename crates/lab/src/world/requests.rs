@@ -5,7 +5,7 @@ use prefix_router_core::units::Tokens;
 
 use super::{Want, World};
 use crate::prepare::Shape;
-use crate::router::{Asked, Record};
+use crate::router::{Asked, EngineRecord};
 
 impl<'w> World<'w> {
     /// The body `want` sends, and its `x-session-id` when the clients send one.
@@ -37,14 +37,14 @@ impl<'w> World<'w> {
     }
 
     /// The engines' records of a request of `shape`, in exact mode.
-    pub(super) fn records(&self, shape: Option<&'w Shape>) -> Option<Record<'w>> {
+    pub(super) fn records(&self, shape: Option<&'w Shape>) -> Option<EngineRecord<'w>> {
         match shape {
             Some(Shape::Accepted {
                 hashes,
                 prompt_tokens,
                 chain: Some(chain),
                 ..
-            }) if self.situation.exact => Some(Record {
+            }) if self.situation.exact => Some(EngineRecord {
                 chain,
                 tokens: Tokens(*prompt_tokens),
                 held: (self.engines.iter())

@@ -17,12 +17,12 @@ use serde_json::{Value, json};
 use crate::control::Control;
 use bytes::Bytes;
 
-use crate::endpoints::{ENDPOINTS, Endpoint};
+use crate::endpoints::{AdminEndpoint, ENDPOINTS};
 use crate::error::{RouterError, error_body};
 use crate::fleet::FleetGauges;
 use crate::state::State;
 
-fn endpoint(method: &Method, path: &str) -> Option<Endpoint> {
+fn endpoint(method: &Method, path: &str) -> Option<AdminEndpoint> {
     let found = ENDPOINTS.iter().find(|(m, p, _)| m == method && *p == path);
     found.map(|&(_, _, endpoint)| endpoint)
 }
@@ -71,14 +71,16 @@ impl Admin {
         };
         let url = query.and_then(|q| param(q, "url"));
         match endpoint {
-            Endpoint::Metrics => self.metrics(),
-            Endpoint::Stats => json_ok(&view::stats(&self.state)),
-            Endpoint::Workers => json_ok(&view::workers(&self.state)),
-            Endpoint::ListWorkers => json_ok(&json!({"urls": self.control.worker_urls().await})),
-            Endpoint::AddWorker => self.change(url, Change::Add).await,
-            Endpoint::RemoveWorker => self.change(url, Change::Remove).await,
-            Endpoint::Route => failure(StatusCode::BAD_REQUEST, "no body", "invalid_request"),
-            Endpoint::Reload => match self.control.reload().await {
+            AdminEndpoint::Metrics => self.metrics(),
+            AdminEndpoint::Stats => json_ok(&view::stats(&self.state)),
+            AdminEndpoint::Workers => json_ok(&view::workers(&self.state)),
+            AdminEndpoint::ListWorkers => {
+                json_ok(&json!({"urls": self.control.worker_urls().await}))
+            }
+            AdminEndpoint::AddWorker => self.change(url, WorkerChange::Add).await,
+            AdminEndpoint::RemoveWorker => self.change(url, WorkerChange::Remove).await,
+            AdminEndpoint::Route => failure(StatusCode::BAD_REQUEST, "no body", "invalid_request"),
+            AdminEndpoint::Reload => match self.control.reload().await {
                 Ok(()) => {
                     json_ok(&json!({"reloaded": true, "generation": self.state.stats.generation()}))
                 }
@@ -114,7 +116,7 @@ impl Admin {
         text(StatusCode::OK, "text/plain; version=0.0.4", body)
     }
 
-    async fn change(&self, url: Option<String>, change: Change) -> Response<Vec<u8>> {
+    async fn change(&self, url: Option<String>, change: WorkerChange) -> Response<Vec<u8>> {
         let Some(url) = url else {
             return failure(
                 StatusCode::BAD_REQUEST,
@@ -123,8 +125,8 @@ impl Admin {
             );
         };
         let result = match change {
-            Change::Add => self.control.add_worker(&url).await,
-            Change::Remove => self.control.remove_worker(&url).await,
+            WorkerChange::Add => self.control.add_worker(&url).await,
+            WorkerChange::Remove => self.control.remove_worker(&url).await,
         };
         match result {
             Ok(()) => json_ok(&json!({"ok": true, "urls": self.control.worker_urls().await})),
@@ -134,7 +136,7 @@ impl Admin {
 }
 
 /// A change of the worker list.
-enum Change {
+enum WorkerChange {
     Add,
     Remove,
 }
@@ -152,7 +154,7 @@ impl ServeHttp for Admin {
         let head = session.req_header();
         let (method, path) = (head.method.clone(), head.uri.path().to_string());
         let query = head.uri.query().map(str::to_string);
-        if endpoint(&method, &path) == Some(Endpoint::Route) {
+        if endpoint(&method, &path) == Some(AdminEndpoint::Route) {
             return self.explain(session, query.as_deref()).await;
         }
         self.route(&method, &path, query.as_deref()).await

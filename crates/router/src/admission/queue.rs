@@ -23,7 +23,7 @@ pub use prefix_router_core::flow::Bounds;
 use crate::fleet::Fleet;
 
 #[derive(Default)]
-struct Waiter {
+struct QueueWaiter {
     wake: Notify,
     shed: AtomicBool,
 }
@@ -32,7 +32,7 @@ struct Waiter {
 #[derive(Default)]
 pub struct Queue {
     waiting: AtomicUsize,
-    order: Mutex<Order<Arc<Waiter>>>,
+    order: Mutex<Order<Arc<QueueWaiter>>>,
     clock: Monotonic,
 }
 
@@ -79,7 +79,7 @@ impl Queue {
         gate: Gate,
         promote_after: Duration,
     ) -> Option<Place<'_>> {
-        let waiter = Arc::new(Waiter::default());
+        let waiter = Arc::new(QueueWaiter::default());
         let promoted = self.clock.now() + promote_after;
         let payload = Arc::clone(&waiter);
         let joined = (self.order.lock()).join(bounds, &gate.flow, promoted, payload);
@@ -102,7 +102,7 @@ impl Queue {
 pub struct Place<'q> {
     queue: &'q Queue,
     key: Key,
-    waiter: Arc<Waiter>,
+    waiter: Arc<QueueWaiter>,
 }
 
 impl Place<'_> {

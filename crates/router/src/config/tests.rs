@@ -219,11 +219,11 @@ fn unknown_file_keys_are_errors() {
 fn help_names_every_policy_and_the_default_the_config_uses() {
     use clap::{CommandFactory, Parser};
     #[derive(Parser)]
-    struct Flags {
+    struct HelpFlags {
         #[command(flatten)]
         settings: Settings,
     }
-    let help = Flags::command().render_long_help().to_string();
+    let help = HelpFlags::command().render_long_help().to_string();
     for name in policy::names() {
         assert!(help.contains(name), "--help does not name {name}");
     }

@@ -36,7 +36,7 @@ use crate::proxy::body::{self, Body, Reading};
 use crate::proxy::dispatch::{self, Answered, Route};
 use crate::proxy::exchange::{Exchange, Failure};
 use crate::proxy::relay::Trace;
-use crate::proxy::steps::{self, Finished, Held};
+use crate::proxy::steps::{self, Finished, PlacedRequest};
 use crate::state::State;
 use crate::stats::{Label, UsageScanner};
 use crate::traces::RequestTrace;
@@ -52,7 +52,7 @@ pub async fn serve(state: Arc<State>, inbound: Streaming<ProcessingRequest>, out
         out,
         duplex: Duplex::default(),
     };
-    let mut record = Record::default();
+    let mut record = StatsRecord::default();
     if let Err(e) = pick(&state, &mut stream, &mut record).await {
         if let RouterError::Overloaded { shed, .. } = &e {
             state.admission.shed(*shed);
@@ -69,7 +69,7 @@ pub async fn serve(state: Arc<State>, inbound: Streaming<ProcessingRequest>, out
 
 /// What the request stats get of one request.
 #[derive(Default)]
-struct Record {
+struct StatsRecord {
     endpoint: Option<Endpoint>,
     backend: Option<Arc<Backend>>,
     status: u16,
@@ -124,7 +124,11 @@ struct Incoming {
 }
 
 /// Places the stream's request and answers its endpoint, then follows its response.
-async fn pick(state: &State, stream: &mut Stream, record: &mut Record) -> Result<(), RouterError> {
+async fn pick(
+    state: &State,
+    stream: &mut Stream,
+    record: &mut StatsRecord,
+) -> Result<(), RouterError> {
     let live = state.live();
     let limits = &live.limits;
     let incoming = read(state, limits, stream).await?;
@@ -185,7 +189,7 @@ async fn pick(state: &State, stream: &mut Stream, record: &mut Record) -> Result
     let sent = Instant::now();
     let seen = follow(stream, &seat, sent, || route.released(state, backend.id)).await;
     record.status = seen.trace.status;
-    let held = Held {
+    let held = PlacedRequest {
         backend: &backend,
         seat: &seat,
         charge: charge.as_ref(),

@@ -31,7 +31,7 @@ pub use backend::Backend;
 pub use discovery::{Discovery, DiscoverySettings, Resolving};
 pub use gauges::FleetGauges;
 pub use health::{HealthChecks, HealthSettings};
-pub use models::{Model, Models, Served};
+pub use models::{Models, Served, ServedModel};
 pub use outlier::{Ejection, Ended, OutlierSettings, Reason};
 pub use reader::{AfterRead, MetricsReader, ReaderSettings};
 pub use worker::{Worker, WorkerError, add_pool};
@@ -114,13 +114,13 @@ impl Ready {
     }
 
     /// The models they list, by name, with the adapters' parents; sorted.
-    pub fn models(&self) -> Vec<Model> {
+    pub fn models(&self) -> Vec<ServedModel> {
         let backends = &self.snapshot.backends;
         let lists = self
             .members
             .iter()
             .filter_map(|&m| backends[m].models.served());
-        let mut all: Vec<Model> = lists.flat_map(|s| s.models.clone()).collect();
+        let mut all: Vec<ServedModel> = lists.flat_map(|s| s.models.clone()).collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all.dedup_by(|a, b| a.id == b.id);
         all

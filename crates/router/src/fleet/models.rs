@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 /// One model a backend serves.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
-pub struct Model {
+pub struct ServedModel {
     /// Its name (`id`), as requests give it in `model`.
     pub id: String,
     /// The base model of an adapter.
@@ -26,7 +26,7 @@ pub struct Model {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Served {
     /// Its models, sorted by name.
-    pub models: Vec<Model>,
+    pub models: Vec<ServedModel>,
 }
 
 /// Names longer than this are not a model (bytes).
@@ -39,7 +39,7 @@ impl Served {
     pub fn parse(body: &str) -> Option<Served> {
         #[derive(Deserialize)]
         struct List {
-            data: Vec<Model>,
+            data: Vec<ServedModel>,
         }
         let list: List = serde_json::from_str(body).ok()?;
         let models = (list.data.into_iter())
@@ -49,7 +49,7 @@ impl Served {
     }
 
     /// The list of `models`, sorted and without repeated names.
-    pub fn new(mut models: Vec<Model>) -> Served {
+    pub fn new(mut models: Vec<ServedModel>) -> Served {
         models.sort_by(|a, b| a.id.cmp(&b.id));
         models.dedup_by(|a, b| a.id == b.id);
         Served { models }

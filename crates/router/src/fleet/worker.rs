@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{Model, Served};
+use super::{Served, ServedModel};
 
 /// One configured backend base URL.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -93,7 +93,7 @@ pub fn add_pool(
     names: &[String],
     urls: &[String],
 ) -> Result<(), WorkerError> {
-    let models = names.iter().map(|id| Model {
+    let models = names.iter().map(|id| ServedModel {
         id: id.clone(),
         parent: None,
     });

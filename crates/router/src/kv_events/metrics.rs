@@ -21,7 +21,7 @@ label_set! {
     }
 }
 
-/// The event types counted, in the order of `Counts::events`.
+/// The event types counted, in the order of `SubscriberCounts::events`.
 const EVENTS: [&str; 4] = ["stored", "removed", "cleared", "unknown"];
 
 /// The KV event metrics.

@@ -60,12 +60,12 @@ pub struct Record {
     /// Whether the backend failed a health check since the last batch ([`Record::lost`]).
     suspect: AtomicBool,
     /// Counters: batches applied, decode failures, gaps, replays.
-    pub counts: Counts,
+    pub counts: SubscriberCounts,
 }
 
 /// What a subscriber saw.
 #[derive(Debug, Default)]
-pub struct Counts {
+pub struct SubscriberCounts {
     /// Batches applied.
     pub batches: AtomicU64,
     /// Events applied, by type: stored, removed, cleared, unknown.
@@ -87,7 +87,7 @@ impl Record {
             next: AtomicU64::new(NOT_STARTED),
             degraded: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
-            counts: Counts::default(),
+            counts: SubscriberCounts::default(),
         })
     }
 

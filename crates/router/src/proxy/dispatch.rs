@@ -116,7 +116,7 @@ pub async fn run<E: Exchange>(
     let mut tried: SmallVec<[BackendId; 4]> = SmallVec::new();
     let mut placed = None;
     let mut preempted = false;
-    let mut refused = Refused::default();
+    let mut refused = Refusals::default();
     let mut last_error = RouterError::NoBackend;
     let mut retry = Retry {
         state,
@@ -139,7 +139,7 @@ pub async fn run<E: Exchange>(
                 Err(e) => break Err(e),
             }
         };
-        refused = Refused::default();
+        refused = Refusals::default();
         let decision = seat.decision();
         placed = Some(Placed {
             backend: Arc::clone(&backend),
@@ -202,12 +202,12 @@ const REFUSED_PAUSE: Duration = Duration::from_millis(1);
 /// when: the loop must neither spin nor last, should the ledger's view and its placement
 /// disagree.
 #[derive(Default)]
-struct Refused {
+struct Refusals {
     count: u32,
     since: Option<Instant>,
 }
 
-impl Refused {
+impl Refusals {
     /// After one more refusal: lets the other tasks run, and past [`REFUSED_IN_A_ROW`]
     /// pauses; pausing for longer than `timeout` (`queue_timeout`) ends the request as a
     /// wait in the queue would, with 503 `overloaded`.

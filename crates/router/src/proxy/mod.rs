@@ -38,7 +38,7 @@ use crate::traces::{Ending, RequestTrace};
 use dispatch::{Answered, Placed, Route};
 use prepare::Prepared;
 use relay::{Answering, Reply, Upstream};
-use steps::{Finished, Held};
+use steps::{Finished, PlacedRequest};
 
 /// The proxy service.
 pub struct Router {
@@ -283,7 +283,7 @@ async fn relay(
         _ => answered,
     };
     let status = exchanged.trace.as_ref().map_or(0, |t| t.status);
-    let held = Held {
+    let held = PlacedRequest {
         backend: &backend,
         seat: &seat,
         charge,

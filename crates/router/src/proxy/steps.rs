@@ -77,7 +77,7 @@ pub fn gate<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Gate<'t
 }
 
 /// A placed request: where it went, and what it owes.
-pub struct Held<'a> {
+pub struct PlacedRequest<'a> {
     /// Its backend.
     pub backend: &'a Backend,
     /// Its seat there.
@@ -100,8 +100,14 @@ pub struct Finished<'t> {
 }
 
 /// Notes what the end of `held`'s exchange, placed by `route`, taught the router.
-pub fn note_end(state: &State, limits: &Limits, held: Held, route: &Route, finished: Finished) {
-    let Held {
+pub fn note_end(
+    state: &State,
+    limits: &Limits,
+    held: PlacedRequest,
+    route: &Route,
+    finished: Finished,
+) {
+    let PlacedRequest {
         backend,
         seat,
         charge,

@@ -96,12 +96,12 @@ struct File {
     #[serde(default = "yes")]
     engine_priority: bool,
     #[serde(default)]
-    tenants: BTreeMap<String, Entry>,
+    tenants: BTreeMap<String, TenantEntry>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Entry {
+struct TenantEntry {
     #[serde(default)]
     keys: Vec<String>,
     weight: Option<u32>,

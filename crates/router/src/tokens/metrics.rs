@@ -8,7 +8,7 @@ use crate::stats::{Counters, Registry, label_set};
 
 label_set! {
     /// Where a prompt's tokens came from.
-    enum Source {
+    enum TokenSource {
         Reused => "reused",
         Tokenized => "tokenized",
     }
@@ -17,7 +17,7 @@ label_set! {
 /// Token mode's metrics.
 pub struct TokenMetrics {
     prompts: IntCounterVec,
-    tokens: Counters<Source>,
+    tokens: Counters<TokenSource>,
     cache_bytes: IntGauge,
     cache_entries: IntGauge,
 }
@@ -56,9 +56,11 @@ impl TokenMetrics {
             Tokenizing::Untokenized => return,
             Tokenizing::Tokenized(t) => {
                 let reused = t.reused as u64;
-                self.tokens.inc_by(Source::Reused, reused);
-                self.tokens
-                    .inc_by(Source::Tokenized, (t.tokens as u64).saturating_sub(reused));
+                self.tokens.inc_by(TokenSource::Reused, reused);
+                self.tokens.inc_by(
+                    TokenSource::Tokenized,
+                    (t.tokens as u64).saturating_sub(reused),
+                );
                 ["tokens", "rendered"]
             }
             Tokenizing::Unrendered(why) => ["text", why.label()],

@@ -24,7 +24,7 @@ pub fn extract(headers: &http::HeaderMap) -> Context {
 
 /// Writes `cx`'s span into `head` as its `traceparent` (and `tracestate`).
 pub fn inject(cx: &Context, head: &mut RequestHeader) {
-    TraceContextPropagator::new().inject_context(cx, &mut Upstream(head));
+    TraceContextPropagator::new().inject_context(cx, &mut UpstreamInjector(head));
 }
 
 const TRACESTATE: &str = "tracestate";
@@ -48,9 +48,9 @@ impl Extractor for Headers<'_> {
     }
 }
 
-struct Upstream<'h>(&'h mut RequestHeader);
+struct UpstreamInjector<'h>(&'h mut RequestHeader);
 
-impl Injector for Upstream<'_> {
+impl Injector for UpstreamInjector<'_> {
     fn set(&mut self, key: &str, value: String) {
         // An empty tracestate is not sent (W3C): a new trace replaces the client's.
         if value.is_empty() {

@@ -35,7 +35,7 @@ pub struct Counts {
 
 label_set! {
     /// What became of a finished span.
-    enum Outcome {
+    enum SpanOutcome {
         Exported => "exported",
         QueueFull => "queue_full",
         ExportFailed => "export_failed",
@@ -45,16 +45,16 @@ label_set! {
 impl Counts {
     /// Registers the counts in `registry`.
     pub fn new(registry: &Registry) -> Self {
-        let spans = registry.counters::<Outcome>(
+        let spans = registry.counters::<SpanOutcome>(
             "trace_spans_total",
             "Finished sampled spans: exported, dropped from a full queue, or failed to \
              export (collector error or timeout)",
             "outcome",
         );
         Counts {
-            exported: spans.of(Outcome::Exported),
-            queue_full: spans.of(Outcome::QueueFull),
-            export_failed: spans.of(Outcome::ExportFailed),
+            exported: spans.of(SpanOutcome::Exported),
+            queue_full: spans.of(SpanOutcome::QueueFull),
+            export_failed: spans.of(SpanOutcome::ExportFailed),
         }
     }
 }
@@ -79,7 +79,7 @@ impl Batcher {
         let (queue, spans) = std::sync::mpsc::sync_channel(settings.queue.max(1));
         let (finished, done) = std::sync::mpsc::sync_channel(1);
         let stop = Arc::new(AtomicBool::new(false));
-        let worker = Worker {
+        let worker = ExportWorker {
             exporter,
             spans,
             stop: Arc::clone(&stop),
@@ -135,7 +135,7 @@ impl SpanProcessor for Batcher {
 }
 
 /// The exporting thread's state.
-struct Worker<E> {
+struct ExportWorker<E> {
     exporter: E,
     spans: Receiver<Option<SpanData>>,
     stop: Arc<AtomicBool>,
@@ -145,7 +145,7 @@ struct Worker<E> {
     timeout: Duration,
 }
 
-impl<E: SpanExporter> Worker<E> {
+impl<E: SpanExporter> ExportWorker<E> {
     /// Takes what is queued every [`TICK`] and exports a batch once it is full or its first
     /// span is as old as the interval, until stopped; then exports what is left.
     fn run(self) {

@@ -551,7 +551,7 @@ async fn a_waiting_higher_priority_stops_an_unanswered_lower_one_and_takes_its_s
 
 #[tokio::test]
 async fn placements_refused_in_a_row_pause_and_end_after_the_queue_timeout() {
-    let mut refused = Refused::default();
+    let mut refused = Refusals::default();
     for _ in 0..REFUSED_IN_A_ROW {
         assert!(
             refused.back_off(Duration::ZERO).await.is_ok(),
@@ -566,7 +566,7 @@ async fn placements_refused_in_a_row_pause_and_end_after_the_queue_timeout() {
             ..
         })
     ));
-    let mut refused = Refused::default();
+    let mut refused = Refusals::default();
     let started = Instant::now();
     for _ in 0..REFUSED_IN_A_ROW + 5 {
         assert!(refused.back_off(Duration::from_secs(60)).await.is_ok());
