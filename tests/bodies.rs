@@ -21,14 +21,17 @@ fn odd_body(len: usize) -> Bytes {
     Bytes::from(text)
 }
 
-fn single_received(ups: &[Upstream]) -> Bytes {
+fn single_received(ups: &[TestUpstream]) -> Bytes {
     let all: Vec<_> = ups.iter().flat_map(|u| u.received()).collect();
     assert_eq!(all.len(), 1, "exactly one backend request expected");
     all[0].body.clone()
 }
 
 async fn routed_bytes_arrive_identical(body: Bytes, chunked: bool) {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
     let request = client().post(format!("{}/v1/chat/completions", router.url));
     let request = if chunked {
@@ -78,7 +81,7 @@ async fn five_megabyte_body_is_byte_identical() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expect_continue_is_answered_then_body_relayed() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     let body = odd_body(100_000);
     let addr = router.url.trim_start_matches("http://").to_string();

@@ -510,7 +510,7 @@ async fn send(url: &str, case: &Case) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_request_gets_its_4xx_and_reaches_no_backend() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let mut s = settings(&[&up]);
     s.client_read_timeout = Some(1.0);
     s.client_body_timeout = Some(3.0);

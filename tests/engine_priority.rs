@@ -40,7 +40,7 @@ async fn post(url: &str, priority: &str, engine: Option<&str>, max_tokens: u32) 
 }
 
 /// The `X-Vllm-Priority` each request `up` received carried, in order ("" for none).
-fn engine_priorities(up: &Upstream) -> Vec<String> {
+fn engine_priorities(up: &TestUpstream) -> Vec<String> {
     (up.received().iter())
         .map(|r| {
             let value = r.headers.get("x-vllm-priority");
@@ -63,7 +63,7 @@ async fn each_request_carries_its_priority_to_the_engine_with_a_tenants_file() {
         ("engine-priority-off", "engine_priority = false"),
         ("no-tenants-file", ""),
     ] {
-        let up = Upstream::start("a").await;
+        let up = TestUpstream::start("a").await;
         let tenants = (name != "no-tenants-file").then(|| priority_file(name, extra));
         let settings = Settings {
             tenants_file: tenants,

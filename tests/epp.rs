@@ -121,13 +121,13 @@ impl Drop for Envoy {
 }
 
 /// The picker in front of `ups`, its gRPC server on a free port.
-fn picker(ups: &[Upstream]) -> TestRouter {
+fn picker(ups: &[TestUpstream]) -> TestRouter {
     picker_with(ups, Settings::default())
 }
 
 /// Like [`picker`], with `extra` laid over its settings.
-fn picker_with(ups: &[Upstream], extra: Settings) -> TestRouter {
-    let ups: Vec<&Upstream> = ups.iter().collect();
+fn picker_with(ups: &[TestUpstream], extra: Settings) -> TestRouter {
+    let ups: Vec<&TestUpstream> = ups.iter().collect();
     let grpc = free_loopback_addr().unwrap();
     let grpc_port = grpc.rsplit_once(':').unwrap().1.parse().unwrap();
     let settings = Settings {
@@ -152,7 +152,7 @@ async fn send(envoy: &Envoy, path: &str, body: &Bytes) -> (u16, reqwest::header:
 
 /// The one backend of `ups` that received a request since `before` (their counts then),
 /// and what it received.
-fn the_one(ups: &[Upstream], before: &[usize]) -> (usize, Received) {
+fn the_one(ups: &[TestUpstream], before: &[usize]) -> (usize, ReceivedRequest) {
     let grew: Vec<usize> = (0..ups.len())
         .filter(|&i| ups[i].count() > before[i])
         .collect();
@@ -163,22 +163,22 @@ fn the_one(ups: &[Upstream], before: &[usize]) -> (usize, Received) {
 }
 
 /// Has every backend of `ups` answer as `reply` says.
-fn reply_all(ups: &[Upstream], reply: Reply) {
+fn reply_all(ups: &[TestUpstream], reply: UpstreamReply) {
     for up in ups {
         up.set_reply(reply.clone());
     }
 }
 
-fn counts(ups: &[Upstream]) -> Vec<usize> {
-    ups.iter().map(Upstream::count).collect()
+fn counts(ups: &[TestUpstream]) -> Vec<usize> {
+    ups.iter().map(TestUpstream::count).collect()
 }
 
-async fn four() -> [Upstream; 4] {
+async fn four() -> [TestUpstream; 4] {
     [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
-        Upstream::start("d").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
+        TestUpstream::start("d").await,
     ]
 }
 
@@ -190,7 +190,7 @@ async fn envoy_forwards_each_request_byte_for_byte_to_the_backend_the_picker_nam
     let envoy = Envoy::start(&epp.url);
     reply_all(
         &ups,
-        Reply::Usage {
+        UpstreamReply::Usage {
             prompt: 1000,
             cached: 800,
         },
@@ -254,7 +254,7 @@ async fn envoy_forwards_each_request_byte_for_byte_to_the_backend_the_picker_nam
     // A streamed answer comes through whole, event by event.
     reply_all(
         &ups,
-        Reply::Trickle {
+        UpstreamReply::Trickle {
             chunks: 5,
             every: Duration::from_millis(20),
         },
@@ -358,7 +358,7 @@ async fn the_buffered_body_mode_and_the_gateways_subset_hint_are_followed() {
     let envoy = Envoy::start_with(&epp.url, &edits);
     reply_all(
         &ups,
-        Reply::Usage {
+        UpstreamReply::Usage {
             prompt: 100,
             cached: 50,
         },

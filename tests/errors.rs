@@ -3,7 +3,7 @@
 
 use crate::support::*;
 
-fn small_limit(up: &Upstream) -> TestRouter {
+fn small_limit(up: &TestUpstream) -> TestRouter {
     let mut s = settings(&[up]);
     s.max_body_bytes = Some(1000);
     TestRouter::start(s, 1)
@@ -20,7 +20,7 @@ async fn raw_status_and_body(url: &str, request: &str) -> (u16, serde_json::Valu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_bodies_get_400() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     let cases = [
         ("/v1/chat/completions", "{not json"),
@@ -46,7 +46,7 @@ async fn bad_bodies_get_400() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_large_gets_413_before_or_while_reading() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = small_limit(&up);
     let declared =
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n";
@@ -65,7 +65,7 @@ async fn too_large_gets_413_before_or_while_reading() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ambiguous_framing_gets_400() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     let both = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
     let (status, _) = raw_status_and_body(&router.url, both).await;
@@ -88,8 +88,8 @@ async fn no_backend_gets_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_failure_gets_502_and_releases_load() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Hangup);
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Hangup);
     let router = TestRouter::start(settings(&[&up]), 1);
     let (status, body) = post(
         &router.url,
@@ -106,8 +106,8 @@ async fn upstream_failure_gets_502_and_releases_load() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_statuses_pass_through() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Status(429));
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Status(429));
     let router = TestRouter::start(settings(&[&up]), 1);
     let (status, _) = post(
         &router.url,

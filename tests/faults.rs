@@ -10,7 +10,7 @@ use prefix_router::config::Settings;
 
 use crate::support::*;
 
-fn fast_timeouts(upstreams: &[&Upstream]) -> Settings {
+fn fast_timeouts(upstreams: &[&TestUpstream]) -> Settings {
     Settings {
         upstream_first_byte_timeout: Some(1.0),
         upstream_idle_timeout: Some(0.5),
@@ -20,8 +20,8 @@ fn fast_timeouts(upstreams: &[&Upstream]) -> Settings {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_never_answers_gets_504_in_time() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Silent);
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Silent);
     let router = TestRouter::start(fast_timeouts(&[&up]), 1);
     let started = Instant::now();
     let (status, body) = post(
@@ -52,8 +52,8 @@ async fn read_stream(url: &str) -> Result<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_cut_by_the_backend_is_cut_for_the_client() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Cut);
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Cut);
     let router = TestRouter::start(fast_timeouts(&[&up]), 1);
     let outcome = read_stream(&router.url).await;
     assert!(
@@ -67,8 +67,8 @@ async fn a_response_cut_by_the_backend_is_cut_for_the_client() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_streams_pass_and_stalled_ones_are_cut() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Trickle {
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Trickle {
         chunks: 5,
         every: Duration::from_millis(200),
     });
@@ -77,7 +77,7 @@ async fn slow_streams_pass_and_stalled_ones_are_cut() {
         .await
         .expect("a slow stream within the idle timeout");
     assert!(text.contains("\"chunk\":4") && text.ends_with("data: [DONE]\n\n"));
-    up.set_reply(Reply::Trickle {
+    up.set_reply(UpstreamReply::Trickle {
         chunks: 3,
         every: Duration::from_secs(2),
     });
@@ -92,10 +92,10 @@ async fn slow_streams_pass_and_stalled_ones_are_cut() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn error_statuses_pass_through() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     for status in [500, 503, 429] {
-        up.set_reply(Reply::Status(status));
+        up.set_reply(UpstreamReply::Status(status));
         let (got, _) = post(
             &router.url,
             "/v1/chat/completions",
@@ -108,8 +108,11 @@ async fn error_statuses_pass_through() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_exchanges_eject_a_backend_until_its_check_passes_and_clients_see_none() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    a.set_reply(Reply::Hangup);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
+    a.set_reply(UpstreamReply::Hangup);
     let mut s = settings(&[&a, &b]);
     s.health_check_interval = Some(3.0);
     s.policy = Some("round_robin".into());
@@ -127,7 +130,7 @@ async fn failing_exchanges_eject_a_backend_until_its_check_passes_and_clients_se
     assert_eq!(failures, 0, "each hang-up was retried on the other backend");
     assert_eq!(a.count(), 3, "ejected after passive_failures (3) in a row");
     assert_eq!(router.ready_backends(), 1);
-    a.set_reply(Reply::Json);
+    a.set_reply(UpstreamReply::Json);
     router
         .wait_until("a is back after its active check", |r| {
             r.ready_backends() == 2
@@ -148,9 +151,9 @@ async fn failing_exchanges_eject_a_backend_until_its_check_passes_and_clients_se
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_one_of_three_backends_under_load_loses_only_its_requests_in_flight() {
     let ups = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
     ];
     let mut s = settings(&[&ups[0], &ups[1], &ups[2]]);
     s.health_check_interval = Some(0.5);
@@ -196,7 +199,7 @@ async fn killing_one_of_three_backends_under_load_loses_only_its_requests_in_fli
         routed_then,
         "the dead backend got requests"
     );
-    let c = Upstream::start_on("c", victim_addr).await;
+    let c = TestUpstream::start_on("c", victim_addr).await;
     router
         .wait_until("c passes its check again", |r| r.ready_backends() == 3)
         .await;

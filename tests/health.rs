@@ -15,7 +15,10 @@ fn chat_n(i: usize) -> serde_json::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unhealthy_backend_gets_nothing_until_it_recovers() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
     b.set_healthy(false);
     let router = TestRouter::start(settings(&[&a, &b]), 1);
     for i in 0..10 {
@@ -58,7 +61,10 @@ async fn unhealthy_backend_gets_nothing_until_it_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_connection_is_retried_on_another_backend() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
     let mut s = settings(&[&a, &b]);
     s.health_check_interval = Some(3600.0);
     s.policy = Some("round_robin".into());

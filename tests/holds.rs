@@ -21,7 +21,7 @@ fn load_page(running: u32, waiting: u32) -> String {
 
 /// A router in front of `up` reading its load every 0.1 s, with the tenants file `text`
 /// (named `name`) and a queue timeout of 10 s.
-fn reading_load(up: &Upstream, name: &str, text: &str) -> TestRouter {
+fn reading_load(up: &TestUpstream, name: &str, text: &str) -> TestRouter {
     let settings = Settings {
         metrics_interval: Some(0.1),
         queue_timeout: Some(10.0),
@@ -36,8 +36,8 @@ fn reading_load(up: &Upstream, name: &str, text: &str) -> TestRouter {
 /// `standing` slots: what the backend received, in order, and when; and how many were
 /// stopped.
 async fn three_on_an_engine_of_one(standing: usize) -> (Vec<String>, Vec<Instant>, f64) {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Slow(ANSWER));
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Slow(ANSWER));
     up.set_pages(&load_page(0, 0), "");
     let file = format!(
         "standing_slots = {standing}\n[tenants.p]\nkeys = [\"{}\"]\n",
@@ -92,9 +92,9 @@ async fn with_standing_slots_what_an_engine_queues_past_its_hold_waits_in_the_ro
 /// 1,024 tokens of KV and a hold of 8: how many reached the backend before any ended, and
 /// whether all were answered. With `kv`, the backend publishes its KV capacity.
 async fn heavy_beside_light(kv: bool) -> (usize, bool) {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let gate = Arc::new(Notify::new());
-    up.set_reply(Reply::Sse {
+    up.set_reply(UpstreamReply::Sse {
         chunks: 2,
         gate: Arc::clone(&gate),
     });

@@ -127,14 +127,14 @@ fn vllm_batches_applied_leave_what_the_engine_holds() {
 }
 
 /// vLLM's publisher in a child process, driven line by line.
-struct Publisher {
+struct ZmqPublisher {
     child: std::process::Child,
     input: std::process::ChildStdin,
     output: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
 }
 
-impl Publisher {
-    fn start(pub_port: u16, replay_port: Option<u16>) -> Publisher {
+impl ZmqPublisher {
+    fn start(pub_port: u16, replay_port: Option<u16>) -> ZmqPublisher {
         use std::io::BufRead;
         let mut command = vllm_python("publisher.py");
         command.arg(pub_port.to_string());
@@ -149,7 +149,7 @@ impl Publisher {
         let input = child.stdin.take().unwrap();
         let mut output = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
         assert_eq!(output.next().unwrap().unwrap(), "ready");
-        Publisher {
+        ZmqPublisher {
             child,
             input,
             output,
@@ -163,7 +163,7 @@ impl Publisher {
     }
 }
 
-impl Drop for Publisher {
+impl Drop for ZmqPublisher {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -206,7 +206,7 @@ async fn the_record_follows_vllms_publisher_and_fills_gaps_from_its_replay_socke
     use std::sync::Arc;
     use std::sync::atomic::Ordering::Relaxed;
     let (pub_port, replay_port) = (port(), port());
-    let mut publisher = Publisher::start(pub_port, Some(replay_port));
+    let mut publisher = ZmqPublisher::start(pub_port, Some(replay_port));
     let record = Arc::new(Record::new(16, 100_000).unwrap());
     let subscription = Subscription {
         endpoint: format!("tcp://127.0.0.1:{pub_port}"),
@@ -246,7 +246,7 @@ async fn without_a_replay_socket_a_gap_degrades_the_record_until_the_engine_clea
     use serde_json::json;
     use std::sync::Arc;
     let pub_port = port();
-    let mut publisher = Publisher::start(pub_port, None);
+    let mut publisher = ZmqPublisher::start(pub_port, None);
     let record = Arc::new(Record::new(16, 100_000).unwrap());
     let subscription = Subscription {
         endpoint: format!("tcp://127.0.0.1:{pub_port}"),
@@ -277,9 +277,12 @@ async fn a_prompt_the_engine_holds_by_its_events_routes_there_and_explain_shows_
     use serde_json::json;
     let tokenizer = fixtures::tokenizer("qwen3");
     let model = prefix_router_tokens::Model::load(&tokenizer).expect("Qwen3's tokenizer loads");
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let (pub_port, replay_port) = (port(), port());
-    let mut publisher = Publisher::start(pub_port, Some(replay_port));
+    let mut publisher = ZmqPublisher::start(pub_port, Some(replay_port));
     let offset = i32::from(pub_port) - i32::from(ups[0].addr.port());
     let template = format!("tcp://127.0.0.1:{{port{offset:+}}}");
     let router = TestRouter::start(

@@ -120,7 +120,7 @@ async fn the_index_sizes_itself_from_a_backends_cache_config_info() {
         ..prefix_router_sim::SimConfig::default()
     };
     let sim = prefix_router_sim::start(config, listener).await.unwrap();
-    let plain = Upstream::start("plain").await;
+    let plain = TestUpstream::start("plain").await;
     let mut s = settings(&[&plain]);
     s.worker_urls = Some(vec![format!("http://{}", sim.addr), plain.url()]);
     s.max_tree_size = Some(100_000);

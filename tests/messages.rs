@@ -154,7 +154,7 @@ async fn a_claude_code_session_stays_on_its_backend_and_hits_its_cache() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_messages_request_gets_anthropics_error_shape() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     for body in [
         json!({"model": "m", "messages": 5}),

@@ -122,9 +122,9 @@ async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adapter_goes_to_the_backends_that_loaded_it() {
     let ups = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
     ];
     ups[0].set_models(&[("base", None), ("sql-lora", Some("base"))]);
     ups[1].set_models(&[("base", None), ("sql-lora", Some("base"))]);
@@ -150,7 +150,10 @@ async fn an_adapter_goes_to_the_backends_that_loaded_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_model_fleet_takes_any_name_and_an_empty_list_limits_nothing() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     ups.iter().for_each(|u| u.set_models(&[("mock", None)]));
     let router = router_listing(ups.iter().map(|u| u.url()).collect(), &["mock"]).await;
     for (conversation, name) in ["test-model", "gpt-4o", "mock", ""].iter().enumerate() {
@@ -164,8 +167,8 @@ async fn a_one_model_fleet_takes_any_name_and_an_empty_list_limits_nothing() {
     assert_eq!(models.len(), 4, "each reached a backend, its name as sent");
     assert!(models.contains(&json!("test-model")) && models.contains(&json!("gpt-4o")));
     // A retry after a 5xx goes on to the other backend under any name too.
-    ups[0].set_reply(Reply::Status(500));
-    let chats = |u: &Upstream| {
+    ups[0].set_reply(UpstreamReply::Status(500));
+    let chats = |u: &TestUpstream| {
         let all = u.received().into_iter();
         all.filter(|r| r.path == "/v1/chat/completions").count()
     };
@@ -175,7 +178,7 @@ async fn a_one_model_fleet_takes_any_name_and_an_empty_list_limits_nothing() {
         assert_eq!(status, 200, "{body}");
     }
     assert!(chats(&ups[0]) > failing, "some were retried");
-    let empty = Upstream::start("empty").await;
+    let empty = TestUpstream::start("empty").await;
     empty.set_models(&[]);
     let router = TestRouter::start(
         Settings {
@@ -226,8 +229,11 @@ async fn the_same_text_on_two_models_shares_no_prefix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn static_pools_route_backends_that_list_nothing() {
     use prefix_router::config::ModelPool;
-    let ups = [Upstream::start("big").await, Upstream::start("small").await];
-    let pool = |name: &str, up: &Upstream, aliases: &[&str]| ModelPool {
+    let ups = [
+        TestUpstream::start("big").await,
+        TestUpstream::start("small").await,
+    ];
+    let pool = |name: &str, up: &TestUpstream, aliases: &[&str]| ModelPool {
         name: name.into(),
         worker_urls: vec![up.url()],
         aliases: aliases.iter().map(|a| a.to_string()).collect(),

@@ -22,7 +22,7 @@ fn file_driven() -> Settings {
     }
 }
 
-fn write_config(path: &PathBuf, workers: &[&Upstream]) {
+fn write_config(path: &PathBuf, workers: &[&TestUpstream]) {
     let urls: Vec<String> = workers.iter().map(|u| format!("\"{}\"", u.url())).collect();
     std::fs::write(path, format!("worker_urls = [{}]\n", urls.join(", "))).unwrap();
 }
@@ -160,7 +160,7 @@ async fn metrics_count_requests_and_what_backends_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_plane_answers_404_to_admin_paths() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     for path in ["/metrics", "/stats", "/workers", "/list_workers", "/reload"] {
         let resp = client()
@@ -191,7 +191,10 @@ async fn reload(router: &TestRouter) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_config_on_reload_keeps_serving_the_old_one() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
     let path = scratch_dir("reload").join("router.toml");
     write_config(&path, &[&a]);
     let router = TestRouter::start_from(file_driven(), Some(path.clone()), 1);
@@ -241,7 +244,10 @@ async fn malformed_config_on_reload_keeps_serving_the_old_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_adds_and_removes_workers() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
     let router = TestRouter::start(settings(&[&a]), 1);
     let admin = |path: String| client().post(format!("{}{path}", router.admin_url)).send();
     assert_eq!(
@@ -359,7 +365,7 @@ pub async fn load(url: String, total: u64, concurrency: usize, seq: Arc<AtomicU6
 async fn twenty_reloads_under_load_lose_nothing_and_removed_backends_get_nothing_new() {
     let mut pool = Vec::new();
     for i in 0..5 {
-        pool.push(Upstream::start(&format!("u{i}")).await);
+        pool.push(TestUpstream::start(&format!("u{i}")).await);
     }
     let path = scratch_dir("reload-load").join("router.toml");
     write_config(&path, &[&pool[0], &pool[1]]);
@@ -398,7 +404,7 @@ async fn twenty_reloads_under_load_lose_nothing_and_removed_backends_get_nothing
             );
         }
     }
-    let total: usize = pool.iter().map(Upstream::count).sum();
+    let total: usize = pool.iter().map(TestUpstream::count).sum();
     assert_eq!(total, 20_000);
     assert_eq!(
         sum(
@@ -412,7 +418,7 @@ async fn twenty_reloads_under_load_lose_nothing_and_removed_backends_get_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_host_names_are_resolved() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let url = format!("http://localhost:{}", up.addr.port());
     let router = TestRouter::start(
         Settings {

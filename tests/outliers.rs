@@ -36,11 +36,11 @@ fn all_ok(statuses: &[u16]) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_answering_500_to_everything_gets_almost_nothing_and_clients_get_200() {
     let (a, b, sick) = (
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("sick").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("sick").await,
     );
-    sick.set_reply(Reply::Status(500));
+    sick.set_reply(UpstreamReply::Status(500));
     let router = TestRouter::start(settings(&[&a, &b, &sick]), 3);
     let statuses = send(&router, 300, 4).await;
     assert!(all_ok(&statuses), "{statuses:?}");
@@ -70,8 +70,11 @@ async fn a_backend_answering_500_to_everything_gets_almost_nothing_and_clients_g
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_that_hangs_up_after_reading_the_request_costs_the_clients_nothing() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    b.set_reply(Reply::Hangup);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
+    b.set_reply(UpstreamReply::Hangup);
     let router = TestRouter::start(settings(&[&a, &b]), 2);
     let statuses = send(&router, 40, 2).await;
     assert!(all_ok(&statuses), "{statuses:?}");
@@ -87,8 +90,11 @@ async fn a_backend_that_hangs_up_after_reading_the_request_costs_the_clients_not
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_silent_before_its_first_byte_is_ejected_and_later_requests_do_not_wait() {
-    let (a, silent) = (Upstream::start("a").await, Upstream::start("silent").await);
-    silent.set_reply(Reply::Silent);
+    let (a, silent) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("silent").await,
+    );
+    silent.set_reply(UpstreamReply::Silent);
     let settings = Settings {
         upstream_first_byte_timeout: Some(0.5),
         ..settings(&[&a, &silent])
@@ -114,9 +120,12 @@ async fn a_backend_silent_before_its_first_byte_is_ejected_and_later_requests_do
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_after_its_first_byte_is_not_retried() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    a.set_reply(Reply::Cut);
-    b.set_reply(Reply::Cut);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
+    a.set_reply(UpstreamReply::Cut);
+    b.set_reply(UpstreamReply::Cut);
     let router = TestRouter::start(settings(&[&a, &b]), 2);
     let response = post_stream(&router.url).await.unwrap();
     assert_eq!(response.status(), 200);
@@ -132,12 +141,12 @@ async fn a_stream_cut_after_its_first_byte_is_not_retried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_backend_failing_retries_stay_within_the_budget() {
     let ups = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
     ];
     for up in &ups {
-        up.set_reply(Reply::Silent);
+        up.set_reply(UpstreamReply::Silent);
     }
     let settings = Settings {
         upstream_first_byte_timeout: Some(1.0),
@@ -148,7 +157,7 @@ async fn with_every_backend_failing_retries_stay_within_the_budget() {
     let router = TestRouter::start(settings, 3);
     let statuses = send(&router, 30, 30).await;
     assert!(statuses.iter().all(|s| *s == 504), "{statuses:?}");
-    let attempts: usize = ups.iter().map(Upstream::count).sum();
+    let attempts: usize = ups.iter().map(TestUpstream::count).sum();
     let metrics = router.metrics().await;
     let retried = sum(&metrics, "prefix_router_retries_total", &[]) as usize;
     let refused = sum(&metrics, "prefix_router_retry_budget_exhausted_total", &[]) as usize;
@@ -160,8 +169,11 @@ async fn with_every_backend_failing_retries_stay_within_the_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ejected_backend_that_heals_gets_its_traffic_back() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    b.set_reply(Reply::Status(500));
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
+    b.set_reply(UpstreamReply::Status(500));
     let settings = Settings {
         base_ejection_time: Some(1.0),
         ..settings(&[&a, &b])
@@ -170,7 +182,7 @@ async fn an_ejected_backend_that_heals_gets_its_traffic_back() {
     assert!(all_ok(&send(&router, 20, 1).await));
     let sick = b.count();
     assert!(sick >= 5);
-    b.set_reply(Reply::Json);
+    b.set_reply(UpstreamReply::Json);
     router
         .wait_until("b is back half-open", |r| r.ready_backends() == 2)
         .await;
@@ -185,7 +197,7 @@ async fn an_ejected_backend_that_heals_gets_its_traffic_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_data_port_answers_its_own_health_and_forwards_none_of_it() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     for path in ["/health", "/readiness", "/liveness", "/healthz"] {
         let response = client()

@@ -17,7 +17,7 @@ const BUDGET: usize = 256 << 20;
 
 /// What a client holding a 32 MiB body got in the end.
 #[derive(Debug, PartialEq)]
-enum Held {
+enum HeldStream {
     Answered,
     Shed,
     Other(String),
@@ -25,7 +25,11 @@ enum Held {
 
 /// Sends a chat request announcing a 32 MiB body, all of it but the last bytes (as far as
 /// the router reads it), then the rest once `release` is set; reads the answer meanwhile.
-async fn hold(addr: String, release: Arc<AtomicUsize>, sent_all_but_end: Arc<AtomicUsize>) -> Held {
+async fn hold(
+    addr: String,
+    release: Arc<AtomicUsize>,
+    sent_all_but_end: Arc<AtomicUsize>,
+) -> HeldStream {
     let stream = TcpStream::connect(&addr).await.unwrap();
     let (mut reader, mut writer) = stream.into_split();
     let prefix = br#"{"model":"m","messages":[{"role":"user","content":""#;
@@ -56,21 +60,21 @@ async fn hold(addr: String, release: Arc<AtomicUsize>, sent_all_but_end: Arc<Ato
     writing.abort();
     let text = String::from_utf8_lossy(&answer).into_owned();
     match (read, status_of(&text)) {
-        (Ok(_), 200) => Held::Answered,
+        (Ok(_), 200) => HeldStream::Answered,
         (Ok(_), 503)
             if text.to_ascii_lowercase().contains("retry-after:")
                 && text.contains("\"overloaded\"") =>
         {
-            Held::Shed
+            HeldStream::Shed
         }
-        (_, _) => Held::Other(text.chars().take(300).collect()),
+        (_, _) => HeldStream::Other(text.chars().take(300).collect()),
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn held_bodies_stay_within_the_budget_and_small_requests_still_pass() {
     let _heavy = heavy().await;
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let (mut command, url, admin) = router_binary();
     let mut child = command
         .args([
@@ -158,8 +162,11 @@ async fn held_bodies_stay_within_the_budget_and_small_requests_still_pass() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    let answered = outcomes.iter().filter(|o| **o == Held::Answered).count();
-    let shed = outcomes.iter().filter(|o| **o == Held::Shed).count();
+    let answered = outcomes
+        .iter()
+        .filter(|o| **o == HeldStream::Answered)
+        .count();
+    let shed = outcomes.iter().filter(|o| **o == HeldStream::Shed).count();
     let growth_mib = (peak.saturating_sub(before)) / 1024;
     eprintln!(
         "96 held 32 MiB bodies: {answered} answered, {shed} shed; router RSS {} MiB -> peak {} MiB (+{growth_mib} MiB, budget {} MiB)",
@@ -169,7 +176,7 @@ async fn held_bodies_stay_within_the_budget_and_small_requests_still_pass() {
     );
     let others: Vec<_> = outcomes
         .iter()
-        .filter(|o| matches!(o, Held::Other(_)))
+        .filter(|o| matches!(o, HeldStream::Other(_)))
         .collect();
     assert!(
         others.is_empty(),
@@ -228,9 +235,12 @@ async fn post_all(url: &str, n: usize) -> Vec<(u16, Option<String>, Duration)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_per_backend_holds_requests_in_the_router_and_sheds_past_the_queue() {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
-    a.set_reply(Reply::Slow(Duration::from_millis(400)));
-    b.set_reply(Reply::Slow(Duration::from_millis(400)));
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
+    a.set_reply(UpstreamReply::Slow(Duration::from_millis(400)));
+    b.set_reply(UpstreamReply::Slow(Duration::from_millis(400)));
     let mut s = settings(&[&a, &b]);
     s.max_inflight_per_backend = Some(2);
     s.max_queued = Some(32);
@@ -277,8 +287,8 @@ async fn a_limit_per_backend_holds_requests_in_the_router_and_sheds_past_the_que
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_leave_the_queue_free_their_place() {
-    let a = Upstream::start("a").await;
-    a.set_reply(Reply::Slow(Duration::from_millis(1_500)));
+    let a = TestUpstream::start("a").await;
+    a.set_reply(UpstreamReply::Slow(Duration::from_millis(1_500)));
     let mut s = settings(&[&a]);
     s.max_inflight_per_backend = Some(1);
     let router = TestRouter::start(s, 1);

@@ -27,7 +27,7 @@ impl Tally {
 }
 
 #[derive(Clone)]
-struct Fake {
+struct FakeEngine {
     tally: Arc<Mutex<Tally>>,
     /// Answer 503 to every n-th request.
     fail_every: Option<u64>,
@@ -36,7 +36,7 @@ struct Fake {
 }
 
 async fn start(fail_every: Option<u64>) -> (String, Arc<Mutex<Tally>>) {
-    start_fake(Fake {
+    start_fake(FakeEngine {
         tally: Arc::default(),
         fail_every,
         limit_every: None,
@@ -44,7 +44,7 @@ async fn start(fail_every: Option<u64>) -> (String, Arc<Mutex<Tally>>) {
     .await
 }
 
-async fn start_fake(fake: Fake) -> (String, Arc<Mutex<Tally>>) {
+async fn start_fake(fake: FakeEngine) -> (String, Arc<Mutex<Tally>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let tally = fake.tally.clone();
@@ -57,7 +57,7 @@ async fn start_fake(fake: Fake) -> (String, Arc<Mutex<Tally>>) {
 }
 
 /// Serves HTTP/1.1 keep-alive requests on one connection.
-async fn connection(sock: TcpStream, fake: Fake) {
+async fn connection(sock: TcpStream, fake: FakeEngine) {
     let (r, mut w) = sock.into_split();
     let mut r = BufReader::new(r);
     loop {
@@ -95,7 +95,7 @@ async fn connection(sock: TcpStream, fake: Fake) {
 }
 
 /// Prometheus text with vLLM-style counters from the tally.
-fn metrics(fake: &Fake) -> Vec<Vec<u8>> {
+fn metrics(fake: &FakeEngine) -> Vec<Vec<u8>> {
     let (req, prompt, cached) = fake.tally.lock().unwrap().total();
     let text = format!(
         "# TYPE vllm:request_success_total counter\nvllm:request_success_total{{finished_reason=\"length\"}} {req}.0\n\
@@ -116,7 +116,7 @@ fn response(status: &str, ctype: &str, extra: &str, body: &[u8]) -> Vec<u8> {
 }
 
 /// A chat completion: prompt = body bytes / 4, cached = prompt / 2, backends alternate.
-fn complete(fake: &Fake, body: &[u8], session: bool) -> Vec<Vec<u8>> {
+fn complete(fake: &FakeEngine, body: &[u8], session: bool) -> Vec<Vec<u8>> {
     let req: serde_json::Value = serde_json::from_slice(body).expect("valid JSON body");
     assert!(!req["messages"].as_array().unwrap().is_empty());
     let mut t = fake.tally.lock().unwrap();
@@ -354,7 +354,7 @@ async fn agent_sessions_with_session_header() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limited_requests_are_sent_again_after_retry_after() {
     for retry in [false, true] {
-        let (url, tally) = start_fake(Fake {
+        let (url, tally) = start_fake(FakeEngine {
             tally: Arc::default(),
             fail_every: None,
             limit_every: Some(4),

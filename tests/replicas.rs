@@ -9,18 +9,18 @@ use std::time::{Duration, Instant};
 use crate::support::*;
 
 /// A `redis-server` on a free loopback port, killed on drop.
-struct Redis {
+struct RedisServer {
     child: Child,
     url: String,
 }
 
-impl Redis {
-    fn start() -> Redis {
-        Redis::start_on(free_loopback_addr().unwrap())
+impl RedisServer {
+    fn start() -> RedisServer {
+        RedisServer::start_on(free_loopback_addr().unwrap())
     }
 
     /// A server on `addr` (`host:port`).
-    fn start_on(addr: String) -> Redis {
+    fn start_on(addr: String) -> RedisServer {
         let port = addr.rsplit_once(':').unwrap().1.to_string();
         let child = Command::new("redis-server")
             .args([
@@ -41,14 +41,14 @@ impl Redis {
             assert!(Instant::now() < deadline, "redis-server did not listen");
             std::thread::sleep(Duration::from_millis(20));
         }
-        Redis {
+        RedisServer {
             child,
             url: format!("redis://{addr}"),
         }
     }
 }
 
-impl Drop for Redis {
+impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -61,12 +61,12 @@ async fn metric(router: &TestRouter, name: &str, labels: &[(&str, &str)]) -> f64
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_sharing_a_table_keep_each_conversation_on_one_backend() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let ups = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
-        Upstream::start("d").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
+        TestUpstream::start("d").await,
     ];
     let mut s = settings(&ups.iter().collect::<Vec<_>>());
     s.shared_table = Some(redis.url.clone());
@@ -173,9 +173,12 @@ async fn wait_connected(router: &TestRouter, connected: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_keep_serving_while_redis_is_down_and_share_again_once_it_is_back() {
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let addr = redis.url.trim_start_matches("redis://").to_string();
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let mut s = settings(&ups.iter().collect::<Vec<_>>());
     s.shared_table = Some(redis.url.clone());
     let replicas = [TestRouter::start(s.clone(), 2), TestRouter::start(s, 2)];
@@ -196,7 +199,7 @@ async fn replicas_keep_serving_while_redis_is_down_and_share_again_once_it_is_ba
             "a replica stopped serving without its shared table"
         );
     }
-    let _redis = Redis::start_on(addr);
+    let _redis = RedisServer::start_on(addr);
     for r in &replicas {
         wait_connected(r, true).await;
     }
@@ -207,7 +210,10 @@ async fn replicas_keep_serving_while_redis_is_down_and_share_again_once_it_is_ba
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_start_and_serve_without_redis_and_share_once_it_comes() {
     let addr = free_loopback_addr().unwrap();
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let mut s = settings(&ups.iter().collect::<Vec<_>>());
     s.shared_table = Some(format!("redis://{addr}"));
     let replicas = [TestRouter::start(s.clone(), 2), TestRouter::start(s, 2)];
@@ -218,17 +224,20 @@ async fn replicas_start_and_serve_without_redis_and_share_once_it_comes() {
             &chat(&[("user", "hi".into())]),
         )
         .await;
-        assert_eq!(status, 200, "a replica did not serve without its Redis");
+        assert_eq!(
+            status, 200,
+            "a replica did not serve without its RedisServer"
+        );
         assert_eq!(
             metric(r, "prefix_router_shared_table_connected", &[]).await,
             0.0
         );
     }
-    let _redis = Redis::start_on(addr);
+    let _redis = RedisServer::start_on(addr);
     for r in &replicas {
         wait_connected(r, true).await;
     }
-    let text = format!("once Redis came: {}", "a question ".repeat(100));
+    let text = format!("once RedisServer came: {}", "a question ".repeat(100));
     a_note_reaches(&replicas[0], &replicas[1], text).await;
 }
 
@@ -252,7 +261,7 @@ async fn a_note_reaches(from: &TestRouter, to: &TestRouter, text: String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_sharing_a_table_send_each_follow_up_where_its_response_lives() {
     use crate::responses::{requests, respond, sim};
-    let redis = Redis::start();
+    let redis = RedisServer::start();
     let sims = [sim().await, sim().await, sim().await, sim().await];
     let s = prefix_router::config::Settings {
         worker_urls: Some(sims.iter().map(|s| format!("http://{}", s.addr)).collect()),

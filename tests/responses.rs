@@ -120,12 +120,12 @@ async fn follow_ups_reach_the_backend_that_made_their_response() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_still_streaming_is_found_on_its_backend() {
     let upstreams = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
-        Upstream::start("d").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
+        TestUpstream::start("d").await,
     ];
-    let all: Vec<&Upstream> = upstreams.iter().collect();
+    let all: Vec<&TestUpstream> = upstreams.iter().collect();
     let settings = Settings {
         policy: Some("round_robin".into()),
         ..settings(&all)
@@ -134,7 +134,7 @@ async fn a_response_still_streaming_is_found_on_its_backend() {
     let gate = Arc::new(tokio::sync::Notify::new());
     for turn in 0..2 {
         for upstream in &upstreams {
-            upstream.set_reply(Reply::Created { gate: gate.clone() });
+            upstream.set_reply(UpstreamReply::Created { gate: gate.clone() });
         }
         let body = json!({"model": "m", "stream": true, "input": format!("plan {turn}")});
         let mut stream = (client().post(format!("{}/v1/responses", router.url)))
@@ -150,7 +150,7 @@ async fn a_response_still_streaming_is_found_on_its_backend() {
         let (_, rest) = created.split_once("\"id\":\"resp_").expect("an id");
         let name = &rest[..rest.find('"').unwrap()];
         for upstream in &upstreams {
-            upstream.set_reply(Reply::Json);
+            upstream.set_reply(UpstreamReply::Json);
         }
         let cancel = format!("/v1/responses/resp_{name}/cancel");
         assert_eq!(post(&router.url, &cancel, &json!({})).await.0, 200);

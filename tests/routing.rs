@@ -34,9 +34,9 @@ async fn backend_of(router: &TestRouter, body: &Value) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interleaved_conversations_follow_their_first_backend() {
     let ups = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
     ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
     let mut first: HashMap<usize, String> = HashMap::new();
@@ -52,15 +52,15 @@ async fn interleaved_conversations_follow_their_first_backend() {
         spread.len() >= 2,
         "all conversations on one backend: {first:?}"
     );
-    assert_eq!(ups.iter().map(Upstream::count).sum::<usize>(), 30);
+    assert_eq!(ups.iter().map(TestUpstream::count).sum::<usize>(), 30);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_header_keeps_a_conversation_together_whatever_follows_its_start() {
     let ups = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
     ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
     for session in ["s1", "s2", "s3", "s4"] {
@@ -88,9 +88,9 @@ async fn session_header_keeps_a_conversation_together_whatever_follows_its_start
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_session_id_keeps_a_session_without_displacing_the_text() {
     let ups = [
-        Upstream::start("a").await,
-        Upstream::start("b").await,
-        Upstream::start("c").await,
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+        TestUpstream::start("c").await,
     ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1], &ups[2]]), 3);
     let mut seen = HashSet::new();
@@ -120,7 +120,10 @@ async fn body_session_id_keeps_a_session_without_displacing_the_text() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_paths_go_to_a_healthy_backend() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
     for _ in 0..4 {
         let resp = client()
@@ -144,7 +147,7 @@ async fn other_paths_go_to_a_healthy_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_connections_are_pooled_and_reused() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     for i in 0..20 {
         let body = chat(&[("user", text(&format!("pooled-{i}"), 300))]);
@@ -169,7 +172,10 @@ const LLAMA_CPP_PROPS: &str = r#"{"default_generation_settings":{"n_ctx":8192},
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llama_cpp_slots_are_read_and_new_conversations_fill_them_evenly() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     ups.iter()
         .for_each(|u| u.set_pages(LLAMA_CPP_METRICS, LLAMA_CPP_PROPS));
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
@@ -201,7 +207,7 @@ async fn llama_cpp_slots_are_read_and_new_conversations_fill_them_evenly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_or_failed_turn_no_longer_counts_as_a_live_conversation() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     let url = up.url();
     let live = || async {
@@ -216,7 +222,7 @@ async fn a_refused_or_failed_turn_no_longer_counts_as_a_live_conversation() {
     backend_of(&router, &chat(&conversation(1, 0))).await;
     assert_eq!(live().await, 2.0);
     // The engine refuses the next turn of conversation 0 (a prompt over its limit).
-    up.set_reply(Reply::Status(400));
+    up.set_reply(UpstreamReply::Status(400));
     let (status, _) = post(
         &router.url,
         "/v1/chat/completions",
@@ -232,7 +238,7 @@ async fn a_refused_or_failed_turn_no_longer_counts_as_a_live_conversation() {
         &chat(&conversation(2, 0)),
     )
     .await;
-    up.set_reply(Reply::Hangup);
+    up.set_reply(UpstreamReply::Hangup);
     post(
         &router.url,
         "/v1/chat/completions",
@@ -241,7 +247,7 @@ async fn a_refused_or_failed_turn_no_longer_counts_as_a_live_conversation() {
     .await;
     assert_eq!(live().await, 0.0);
     // POST /route shows the working set and the conversation's home.
-    up.set_reply(Reply::Json);
+    up.set_reply(UpstreamReply::Json);
     backend_of(&router, &chat(&conversation(1, 2))).await;
     let explained = post(&router.admin_url, "/route", &chat(&conversation(1, 3)))
         .await

@@ -7,7 +7,7 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_endpoints_need_the_token() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let dir = scratch_dir("token");
     let token_file = dir.join("token");
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
@@ -38,7 +38,7 @@ async fn admin_endpoints_need_the_token() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_cannot_choose_the_upstream_or_pass_hop_by_hop_headers() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     let resp = client()
         .post(format!("{}/v1/chat/completions", router.url))
@@ -69,7 +69,7 @@ async fn clients_cannot_choose_the_upstream_or_pass_hop_by_hop_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_ids_are_made_when_absent_and_kept_when_given() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     let body = chat(&[("user", "hi".into())]);
     let made = client()
@@ -94,7 +94,7 @@ async fn request_ids_are_made_when_absent_and_kept_when_given() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_never_reach_the_logs_nor_the_metrics() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     // A tenant whose key is the first secret, so that the tenant paths run too; the file
     // holds its hash only.
     let dir = scratch_dir("secrets");

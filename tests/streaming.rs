@@ -10,9 +10,9 @@ use crate::support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_events_arrive_before_the_upstream_finishes() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let gate = Arc::new(Notify::new());
-    up.set_reply(Reply::Sse {
+    up.set_reply(UpstreamReply::Sse {
         chunks: 5,
         gate: Arc::clone(&gate),
     });
@@ -41,9 +41,9 @@ async fn sse_events_arrive_before_the_upstream_finishes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_stream_releases_its_load() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let gate = Arc::new(Notify::new());
-    up.set_reply(Reply::Sse { chunks: 5, gate });
+    up.set_reply(UpstreamReply::Sse { chunks: 5, gate });
     let router = TestRouter::start(settings(&[&up]), 1);
     let resp = post_stream(&router.url).await.unwrap();
     let mut stream = resp.bytes_stream();

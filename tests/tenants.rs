@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 use crate::support::*;
 
 /// A router in front of `up` with the tenants file `text` (named after the test `name`).
-fn with_tenants(up: &Upstream, name: &str, text: &str) -> TestRouter {
+fn with_tenants(up: &TestUpstream, name: &str, text: &str) -> TestRouter {
     let settings = Settings {
         tenants_file: Some(tenants_file(name, text)),
         ..settings(&[up])
@@ -52,7 +52,7 @@ async fn send(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_name_tenants_and_unknown_keys_get_401_before_any_backend() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let file = format!(
         "[tenants.acme]\nkeys = [\"{}\"]\n",
         sha256_entry("sk-acme-secret")
@@ -94,7 +94,7 @@ async fn keys_name_tenants_and_unknown_keys_get_401_before_any_backend() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_request_rate_gets_429_with_openai_headers() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let file = format!(
         "[tenants.acme]\nkeys = [\"{}\"]\nrequests_per_minute = 3\n\n[tenants.default]\n",
         sha256_entry("sk-acme")
@@ -120,8 +120,8 @@ async fn a_tenant_over_its_request_rate_gets_429_with_openai_headers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_counted_from_what_the_answers_report() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Usage {
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Usage {
         prompt: 400,
         cached: 0,
     });
@@ -188,7 +188,7 @@ async fn answer(url: &str, body: Value, priority: &str) -> reqwest::Response {
 
 /// A router in front of `up` with one slot and a queue of one, for [`priority_tenants`]
 /// `name`.
-fn one_slot_router(up: &Upstream, name: &str) -> TestRouter {
+fn one_slot_router(up: &TestUpstream, name: &str) -> TestRouter {
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         max_queued: Some(1),
@@ -219,7 +219,7 @@ async fn low_stopped(router: &TestRouter) -> f64 {
 }
 
 /// The last message each request the backend received carried, in order.
-pub fn arrivals(up: &Upstream) -> Vec<String> {
+pub fn arrivals(up: &TestUpstream) -> Vec<String> {
     (up.received().iter())
         .map(|r| {
             let body: Value = serde_json::from_slice(&r.body).unwrap();
@@ -231,8 +231,8 @@ pub fn arrivals(up: &Upstream) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Slow(Duration::from_millis(300)));
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Slow(Duration::from_millis(300)));
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         max_queued: Some(3),
@@ -277,8 +277,8 @@ async fn the_queue_serves_high_priority_first_and_sheds_low_first() {
 /// was sent to its client); the next `high` waits for the slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_high_stops_a_low_request_in_flight_rather_than_wait_for_it() {
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Slow(Duration::from_millis(500)));
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Slow(Duration::from_millis(500)));
     let router = one_slot_router(&up, "displace");
     let url = router.url.clone();
     let low = tokio::spawn(post_named(url.clone(), "low", "low"));
@@ -306,9 +306,9 @@ async fn a_waiting_high_stops_a_low_request_in_flight_rather_than_wait_for_it() 
 /// requests as `low` has in flight: the next `high` gets 503.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_high_request_waits_past_a_full_queue_for_a_low_one_that_already_answered() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let gate = Arc::new(Notify::new());
-    up.set_reply(Reply::Sse {
+    up.set_reply(UpstreamReply::Sse {
         chunks: 2,
         gate: Arc::clone(&gate),
     });
@@ -316,7 +316,7 @@ async fn a_high_request_waits_past_a_full_queue_for_a_low_one_that_already_answe
     let url = router.url.clone();
     let low = answer(&url, chat(&[("user", "low".into())]), "low").await;
     assert_eq!(low.status(), 200, "low answered, its stream held open");
-    up.set_reply(Reply::Json);
+    up.set_reply(UpstreamReply::Json);
     let mut highs = Vec::new();
     for (queued, name) in [(1, "first high"), (2, "second high")] {
         highs.push(tokio::spawn(post_named(url.clone(), name, "high")));
@@ -342,7 +342,10 @@ async fn a_high_request_waits_past_a_full_queue_for_a_low_one_that_already_answe
 /// rather than move; the stopped request is placed again on the other backend.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_move() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         queue_timeout: Some(10.0),
@@ -363,7 +366,7 @@ async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_mo
     assert_eq!(post_chat(url.clone(), turn("first"), "high").await, 200);
     let home = ups.iter().position(|u| u.count() == 1).unwrap();
     let (home, other) = (&ups[home], &ups[1 - home]);
-    home.set_reply(Reply::Slow(Duration::from_millis(500)));
+    home.set_reply(UpstreamReply::Slow(Duration::from_millis(500)));
     // The first turn's slot is free once the router has closed its exchange, which on a
     // loaded machine can come a moment after the client had its status.
     router
@@ -396,7 +399,7 @@ async fn a_high_turn_whose_home_is_full_stops_a_low_request_there_rather_than_mo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let file = format!(
         "standing_slots = 2\n[tenants.acme]\nkeys = [\"{}\"]\nmax_priority = \"high\"\n",
         sha256_entry("sk-acme")

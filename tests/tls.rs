@@ -142,7 +142,7 @@ async fn a_client_over_tls_reaches_an_https_backend_verified_with_a_ca_file() {
     let dir = temp_dir("both");
     certificates(&dir, "server");
     let ca = dir.join("server-ca.pem");
-    let upstream = Upstream::start("last").await;
+    let upstream = TestUpstream::start("last").await;
     certificates(&dir, "admin");
     let backend = TestRouter::start(
         Settings {
@@ -210,7 +210,7 @@ async fn a_client_over_tls_reaches_an_https_backend_verified_with_a_ca_file() {
 async fn a_backend_whose_certificate_cannot_be_verified_gets_nothing_unless_insecure() {
     let dir = temp_dir("verify");
     certificates(&dir, "server");
-    let upstream = Upstream::start("last").await;
+    let upstream = TestUpstream::start("last").await;
     let backend = TestRouter::start(
         settings(&[&upstream]).overlay(tls_settings(&dir, "server")),
         1,
@@ -246,7 +246,7 @@ async fn a_backend_whose_certificate_cannot_be_verified_gets_nothing_unless_inse
 }
 
 /// The completions `upstream` received.
-fn completions(upstream: &Upstream) -> Vec<Received> {
+fn completions(upstream: &TestUpstream) -> Vec<ReceivedRequest> {
     let received = upstream.received().into_iter();
     received.filter(|r| r.path == "/v1/completions").collect()
 }
@@ -255,7 +255,7 @@ fn completions(upstream: &Upstream) -> Vec<Received> {
 async fn a_backends_self_signed_ca_certificate_pinned_in_the_ca_file_is_trusted() {
     let dir = temp_dir("pinned");
     self_signed(&dir, "backend");
-    let upstream = Upstream::start("last").await;
+    let upstream = TestUpstream::start("last").await;
     let backend = TestRouter::start(
         settings(&[&upstream]).overlay(tls_settings(&dir, "backend")),
         1,
@@ -283,7 +283,7 @@ async fn a_self_signed_certificate_other_than_the_pinned_one_gets_nothing() {
     let dir = temp_dir("pinned-other");
     self_signed(&dir, "backend");
     self_signed(&dir, "other");
-    let upstream = Upstream::start("last").await;
+    let upstream = TestUpstream::start("last").await;
     let backend = TestRouter::start(
         settings(&[&upstream]).overlay(tls_settings(&dir, "backend")),
         1,
@@ -319,8 +319,8 @@ async fn a_certificate_swapped_on_sighup_serves_new_handshakes_while_a_stream_go
         )
         .unwrap();
     }
-    let upstream = Upstream::start("trickle").await;
-    upstream.set_reply(Reply::Trickle {
+    let upstream = TestUpstream::start("trickle").await;
+    upstream.set_reply(UpstreamReply::Trickle {
         chunks: 30,
         every: Duration::from_millis(100),
     });
@@ -334,7 +334,7 @@ async fn a_certificate_swapped_on_sighup_serves_new_handshakes_while_a_stream_go
     command.arg("--tls-cert-file").arg(dir.join("served.pem"));
     command.arg("--tls-key-file").arg(dir.join("served.key"));
     let log = std::fs::File::create(dir.join("router.log")).unwrap();
-    let router = Child(command.stderr(log).spawn().unwrap());
+    let router = TlsRouterProcess(command.stderr(log).spawn().unwrap());
     let health = format!("{}/health", https(&url));
     wait_for("the router to serve the old certificate", || {
         curl(&old_ca, &[&health]).0
@@ -394,9 +394,9 @@ fn wait_for(what: &str, check: impl Fn() -> bool) {
 }
 
 /// A child process killed when dropped.
-struct Child(std::process::Child);
+struct TlsRouterProcess(std::process::Child);
 
-impl Drop for Child {
+impl Drop for TlsRouterProcess {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();

@@ -61,7 +61,7 @@ async fn explain(router: &TestRouter, path: &str, body: &[u8]) -> (u16, Value) {
     (status, resp.json().await.unwrap_or(Value::Null))
 }
 
-fn token_settings(ups: &[&Upstream]) -> Settings {
+fn token_settings(ups: &[&TestUpstream]) -> Settings {
     Settings {
         tokenizer: Some(qwen3()),
         ..settings(ups)
@@ -71,7 +71,10 @@ fn token_settings(ups: &[&Upstream]) -> Settings {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prompts_are_routed_on_the_models_tokens_and_explained_exactly() {
     let model = Model::load(&qwen3()).unwrap();
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let router = TestRouter::start(token_settings(&[&ups[0], &ups[1]]), 2);
     let first = turn(1);
     let (status, reply) = post(&router.url, "/v1/chat/completions", &first).await;
@@ -100,7 +103,7 @@ async fn prompts_are_routed_on_the_models_tokens_and_explained_exactly() {
 
     // Explaining sent nothing and remembered nothing: the same answer again, and the
     // data plane then does what it said.
-    assert_eq!(ups.iter().map(Upstream::count).sum::<usize>(), 1);
+    assert_eq!(ups.iter().map(TestUpstream::count).sum::<usize>(), 1);
     assert_eq!(
         explain(&router, "/v1/chat/completions", &second).await.1,
         why
@@ -110,7 +113,7 @@ async fn prompts_are_routed_on_the_models_tokens_and_explained_exactly() {
         ups.iter().find(|u| u.url() == chosen).unwrap().name(),
         reply["backend"]
     );
-    let received = ups.iter().flat_map(Upstream::received).last().unwrap();
+    let received = ups.iter().flat_map(TestUpstream::received).last().unwrap();
     assert_eq!(received.body, second, "forwarded byte for byte");
 
     let scrape = router.metrics().await;
@@ -127,7 +130,7 @@ async fn prompts_are_routed_on_the_models_tokens_and_explained_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_the_template_refuses_is_routed_on_its_text_and_counted() {
-    let ups = [Upstream::start("a").await];
+    let ups = [TestUpstream::start("a").await];
     let settings = Settings {
         tokenizers: Some([("strict".to_string(), raising_template())].into()),
         ..settings(&[&ups[0]])
@@ -154,7 +157,10 @@ async fn a_body_the_template_refuses_is_routed_on_its_text_and_counted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_estimates_in_text_mode_and_refuses_bad_bodies_like_the_data_plane() {
-    let ups = [Upstream::start("a").await, Upstream::start("b").await];
+    let ups = [
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    ];
     let router = TestRouter::start(settings(&[&ups[0], &ups[1]]), 2);
     let body = serde_json::to_vec(&turn(1)).unwrap();
     let (status, why) = explain(&router, "/v1/chat/completions", &body).await;
@@ -184,7 +190,7 @@ async fn explain_estimates_in_text_mode_and_refuses_bad_bodies_like_the_data_pla
             .contains("/v1/models")
     );
     assert_eq!(
-        ups.iter().map(Upstream::count).sum::<usize>(),
+        ups.iter().map(TestUpstream::count).sum::<usize>(),
         0,
         "nothing was sent"
     );

@@ -67,7 +67,7 @@ impl Drop for Receiver {
     }
 }
 
-fn traced(ups: &[&Upstream], endpoint: &str) -> Settings {
+fn traced(ups: &[&TestUpstream], endpoint: &str) -> Settings {
     Settings {
         otlp_endpoint: Some(endpoint.to_string()),
         trace_sample_ratio: Some(1.0),
@@ -102,8 +102,8 @@ fn named<'s>(spans: &'s [Value], name: &str) -> &'s Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spans_reach_a_real_otlp_receiver_linked_under_the_clients_trace() {
     let receiver = Receiver::start(0.0);
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Usage {
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Usage {
         prompt: 120,
         cached: 96,
     });
@@ -177,7 +177,7 @@ async fn spans_reach_a_real_otlp_receiver_linked_under_the_clients_trace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsampled_parent_is_followed_and_still_passed_on() {
     let receiver = Receiver::start(0.0);
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(traced(&[&up], &receiver.url), 1);
     let (status, _) = post(
         &router.url,
@@ -222,8 +222,8 @@ async fn an_unsampled_parent_is_followed_and_still_passed_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backends_error_marks_the_exchange_and_the_request() {
     let receiver = Receiver::start(0.0);
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Status(500));
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Status(500));
     let router = TestRouter::start(traced(&[&up], &receiver.url), 1);
     assert_eq!(traced_chat(&router).await, 500);
     let spans = receiver.spans(4).await;
@@ -237,7 +237,7 @@ async fn a_backends_error_marks_the_exchange_and_the_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_traces_the_clients_context_reaches_the_backend_unchanged() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(settings(&[&up]), 1);
     assert_eq!(traced_chat(&router).await, 200);
     let parent = format!("00-{TRACE_ID}-{CLIENT_SPAN}-01");
@@ -247,8 +247,8 @@ async fn without_traces_the_clients_context_reaches_the_backend_unchanged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_for_a_backend_is_a_span_under_the_route() {
     let receiver = Receiver::start(0.0);
-    let up = Upstream::start("a").await;
-    up.set_reply(Reply::Slow(Duration::from_millis(400)));
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::Slow(Duration::from_millis(400)));
     let settings = Settings {
         max_inflight_per_backend: Some(1),
         ..traced(&[&up], &receiver.url)
@@ -295,7 +295,7 @@ async fn a_dead_collector_costs_requests_nothing_and_its_spans_are_counted() {
     let held = tokio::net::TcpSocket::new_v4().unwrap();
     held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let dead = held.local_addr().unwrap();
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let router = TestRouter::start(traced(&[&up], &format!("http://{dead}")), 1);
     for _ in 0..20 {
         assert_eq!(traced_chat(&router).await, 200);
@@ -318,7 +318,7 @@ async fn a_slow_collector_holds_no_request_and_a_full_queue_drops_spans() {
     // The receiver answers after the router's export timeout (10 s): the first export
     // hangs until then.
     let receiver = Receiver::start(30.0);
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let settings = Settings {
         trace_queue_size: Some(8),
         ..traced(&[&up], &receiver.url)

@@ -47,9 +47,9 @@ fn systemd_accepts_the_unit() {
     );
 }
 
-struct Child(std::process::Child);
+struct RouterProcess(std::process::Child);
 
-impl Drop for Child {
+impl Drop for RouterProcess {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -64,7 +64,7 @@ fn signal(pid: u32, name: &str) {
     assert!(status.success());
 }
 
-fn router_config(dir: &std::path::Path, workers: &[&Upstream]) -> (PathBuf, String, String) {
+fn router_config(dir: &std::path::Path, workers: &[&TestUpstream]) -> (PathBuf, String, String) {
     let (data, admin) = (
         crate::support::free_loopback_addr().unwrap(),
         crate::support::free_loopback_addr().unwrap(),
@@ -88,7 +88,7 @@ fn router_config(dir: &std::path::Path, workers: &[&Upstream]) -> (PathBuf, Stri
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_run_as_the_unit_runs_it_notifies_ready() {
-    let up = Upstream::start("a").await;
+    let up = TestUpstream::start("a").await;
     let scratch = socket_dir("notify");
     let dir = scratch.path();
     let (config, url, upgrade) = router_config(dir, &[&up]);
@@ -103,7 +103,7 @@ async fn binary_run_as_the_unit_runs_it_notifies_ready() {
         .env("NOTIFY_SOCKET", &socket_path)
         .spawn()
         .unwrap();
-    let child = Child(child);
+    let child = RouterProcess(child);
     let mut buf = [0u8; 256];
     let n = socket.recv(&mut buf).expect("no READY=1 within 30 s");
     let message = String::from_utf8_lossy(&buf[..n]);
@@ -182,7 +182,10 @@ fn next_ready_pid(socket: &std::os::unix::net::UnixDatagram) -> u32 {
 }
 
 async fn upgrade_under_load(trigger: Trigger) {
-    let (a, b) = (Upstream::start("a").await, Upstream::start("b").await);
+    let (a, b) = (
+        TestUpstream::start("a").await,
+        TestUpstream::start("b").await,
+    );
     let scratch = socket_dir(if trigger == Trigger::Quit {
         "upgrade-quit"
     } else {
@@ -203,7 +206,7 @@ async fn upgrade_under_load(trigger: Trigger) {
             .args(args)
             .args(extra)
             .env("NOTIFY_SOCKET", &notify_path);
-        Child(command.spawn().unwrap())
+        RouterProcess(command.spawn().unwrap())
     };
     let mut old = spawn(&[]);
     assert_eq!(next_ready_pid(&notify), old.0.id());

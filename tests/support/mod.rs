@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 
 pub use logs::Log;
 pub use router::{TestRouter, metrics_text, router_binary, scrape, settings};
-pub use upstream::{Received, Reply, Upstream};
+pub use upstream::{ReceivedRequest, TestUpstream, UpstreamReply};
 
 /// A directory for a test's files, `name` and the process id under Cargo's directory for
 /// integration tests' scratch files (`target/tmp`, which `cargo clean` removes), rather

@@ -12,7 +12,7 @@ use prefix_router::serve::embedded::Embedded;
 use prefix_router::state::State;
 
 use super::free_loopback_addr;
-use super::upstream::Upstream;
+use super::upstream::TestUpstream;
 
 /// A running router.
 pub struct TestRouter {
@@ -22,7 +22,7 @@ pub struct TestRouter {
 }
 
 /// Settings a test starts from: fast health checks, the given backends.
-pub fn settings(upstreams: &[&Upstream]) -> Settings {
+pub fn settings(upstreams: &[&TestUpstream]) -> Settings {
     Settings {
         worker_urls: Some(upstreams.iter().map(|u| u.url()).collect()),
         health_check_interval: Some(0.2),

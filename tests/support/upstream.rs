@@ -22,7 +22,7 @@ use tokio::sync::{Notify, mpsc, watch};
 
 /// A request as the backend received it.
 #[derive(Clone, Debug)]
-pub struct Received {
+pub struct ReceivedRequest {
     pub method: String,
     pub path: String,
     pub headers: HeaderMap,
@@ -33,7 +33,7 @@ pub struct Received {
 
 /// How the backend answers non-health requests.
 #[derive(Clone)]
-pub enum Reply {
+pub enum UpstreamReply {
     /// `{"backend": name, "bytes": body length}` with status 200.
     Json,
     /// An SSE stream of `chunks` events; after the first, waits for the gate.
@@ -57,16 +57,16 @@ pub enum Reply {
     Created { gate: Arc<Notify> },
 }
 
-struct Shared {
+struct UpstreamState {
     name: String,
     connections: std::sync::atomic::AtomicUsize,
     /// Connections being served now.
     open: std::sync::atomic::AtomicUsize,
-    received: Mutex<Vec<Received>>,
+    received: Mutex<Vec<ReceivedRequest>>,
     inflight: std::sync::atomic::AtomicUsize,
     max_inflight: std::sync::atomic::AtomicUsize,
     healthy: AtomicBool,
-    reply: Mutex<Reply>,
+    reply: Mutex<UpstreamReply>,
     /// Bodies of `GET /metrics` and `GET /props`, when set.
     pages: Mutex<Option<(String, String)>>,
     /// The `/v1/models` answer; 404 when none.
@@ -74,23 +74,23 @@ struct Shared {
 }
 
 /// A running test backend; stops when dropped.
-pub struct Upstream {
+pub struct TestUpstream {
     pub addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<UpstreamState>,
     stop: watch::Sender<bool>,
 }
 
-impl Upstream {
+impl TestUpstream {
     /// Starts a backend called `name`.
-    pub async fn start(name: &str) -> Upstream {
+    pub async fn start(name: &str) -> TestUpstream {
         Self::start_on(name, "127.0.0.1:0".parse().unwrap()).await
     }
 
     /// Starts a backend called `name` on `addr` (to bring a killed one back on its port).
-    pub async fn start_on(name: &str, addr: SocketAddr) -> Upstream {
+    pub async fn start_on(name: &str, addr: SocketAddr) -> TestUpstream {
         let listener = TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(UpstreamState {
             name: name.to_string(),
             connections: Default::default(),
             open: Default::default(),
@@ -98,13 +98,13 @@ impl Upstream {
             inflight: Default::default(),
             max_inflight: Default::default(),
             healthy: AtomicBool::new(true),
-            reply: Mutex::new(Reply::Json),
+            reply: Mutex::new(UpstreamReply::Json),
             pages: Mutex::new(None),
             models: Mutex::new(None),
         });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(serve(listener, Arc::clone(&shared), stopped));
-        Upstream { addr, shared, stop }
+        TestUpstream { addr, shared, stop }
     }
 
     /// Stops listening and drops every open connection (a crashed backend); returns once
@@ -132,7 +132,7 @@ impl Upstream {
     }
 
     /// Requests received so far, health checks excluded.
-    pub fn received(&self) -> Vec<Received> {
+    pub fn received(&self) -> Vec<ReceivedRequest> {
         self.shared.received.lock().clone()
     }
 
@@ -157,7 +157,7 @@ impl Upstream {
     }
 
     /// Changes how it answers.
-    pub fn set_reply(&self, reply: Reply) {
+    pub fn set_reply(&self, reply: UpstreamReply) {
         *self.shared.reply.lock() = reply;
     }
 
@@ -176,13 +176,17 @@ impl Upstream {
     }
 }
 
-impl Drop for Upstream {
+impl Drop for TestUpstream {
     fn drop(&mut self) {
         let _ = self.stop.send(true);
     }
 }
 
-async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::Receiver<bool>) {
+async fn serve(
+    listener: TcpListener,
+    shared: Arc<UpstreamState>,
+    mut stopped: watch::Receiver<bool>,
+) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -207,18 +211,18 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>, mut stopped: watch::R
     }
 }
 
-type Body = BoxBody<Bytes, std::io::Error>;
+type TestBody = BoxBody<Bytes, std::io::Error>;
 
-fn full(bytes: Bytes) -> Body {
+fn full(bytes: Bytes) -> TestBody {
     Full::new(bytes)
         .map_err(|never: Infallible| match never {})
         .boxed()
 }
 
 async fn handle(
-    shared: Arc<Shared>,
+    shared: Arc<UpstreamState>,
     req: Request<Incoming>,
-) -> Result<Response<Body>, std::io::Error> {
+) -> Result<Response<TestBody>, std::io::Error> {
     if req.uri().path() == "/health" {
         let status = if shared.healthy.load(SeqCst) {
             200
@@ -255,7 +259,7 @@ async fn handle(
         .map(|b| b.to_bytes())
         .unwrap_or_default();
     let len = body.len();
-    shared.received.lock().push(Received {
+    shared.received.lock().push(ReceivedRequest {
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
         headers: parts.headers,
@@ -264,32 +268,32 @@ async fn handle(
     });
     let reply = shared.reply.lock().clone();
     Ok(match reply {
-        Reply::Json => json(&shared.name, len),
-        Reply::Usage { prompt, cached } => {
+        UpstreamReply::Json => json(&shared.name, len),
+        UpstreamReply::Usage { prompt, cached } => {
             let usage = format!(
                 r#"{{"backend":"{}","usage":{{"prompt_tokens":{prompt},"completion_tokens":1,"prompt_tokens_details":{{"cached_tokens":{cached}}}}}}}"#,
                 shared.name
             );
             Response::new(full(Bytes::from(usage)))
         }
-        Reply::Slow(wait) => {
+        UpstreamReply::Slow(wait) => {
             let now = shared.inflight.fetch_add(1, SeqCst) + 1;
             shared.max_inflight.fetch_max(now, SeqCst);
             tokio::time::sleep(wait).await;
             shared.inflight.fetch_sub(1, SeqCst);
             json(&shared.name, len)
         }
-        Reply::Status(status) => status_only(status),
-        Reply::Sse { chunks, gate } => sse(chunks, gate),
-        Reply::Hangup => return Err(std::io::Error::other("hang up")),
-        Reply::Silent => std::future::pending().await,
-        Reply::Cut => cut(),
-        Reply::Trickle { chunks, every } => trickle(chunks, every),
-        Reply::Created { gate } => created(&shared.name, gate),
+        UpstreamReply::Status(status) => status_only(status),
+        UpstreamReply::Sse { chunks, gate } => sse(chunks, gate),
+        UpstreamReply::Hangup => return Err(std::io::Error::other("hang up")),
+        UpstreamReply::Silent => std::future::pending().await,
+        UpstreamReply::Cut => cut(),
+        UpstreamReply::Trickle { chunks, every } => trickle(chunks, every),
+        UpstreamReply::Created { gate } => created(&shared.name, gate),
     })
 }
 
-fn json(name: &str, len: usize) -> Response<Body> {
+fn json(name: &str, len: usize) -> Response<TestBody> {
     let text = format!(r#"{{"backend":"{name}","bytes":{len}}}"#);
     Response::builder()
         .header("content-type", "application/json")
@@ -298,7 +302,7 @@ fn json(name: &str, len: usize) -> Response<Body> {
         .unwrap()
 }
 
-fn status_only(status: u16) -> Response<Body> {
+fn status_only(status: u16) -> Response<TestBody> {
     let mut resp = Response::new(full(Bytes::new()));
     *resp.status_mut() = StatusCode::from_u16(status).unwrap();
     resp
@@ -307,7 +311,7 @@ fn status_only(status: u16) -> Response<Body> {
 type Frames = mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>;
 
 /// A streamed response whose frames `produce` sends.
-fn stream<F>(content_type: &str, produce: impl FnOnce(Frames) -> F) -> Response<Body>
+fn stream<F>(content_type: &str, produce: impl FnOnce(Frames) -> F) -> Response<TestBody>
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -331,7 +335,7 @@ fn done() -> Result<Frame<Bytes>, std::io::Error> {
     Ok(Frame::data(Bytes::from_static(b"data: [DONE]\n\n")))
 }
 
-fn sse(chunks: usize, gate: Arc<Notify>) -> Response<Body> {
+fn sse(chunks: usize, gate: Arc<Notify>) -> Response<TestBody> {
     stream("text/event-stream", move |tx| async move {
         for i in 0..chunks {
             if tx.send(event(i)).await.is_err() {
@@ -345,7 +349,7 @@ fn sse(chunks: usize, gate: Arc<Notify>) -> Response<Body> {
     })
 }
 
-fn created(name: &str, gate: Arc<Notify>) -> Response<Body> {
+fn created(name: &str, gate: Arc<Notify>) -> Response<TestBody> {
     let id = format!("resp_{name}");
     stream("text/event-stream", move |tx| async move {
         let event = |kind: &str| {
@@ -362,7 +366,7 @@ fn created(name: &str, gate: Arc<Notify>) -> Response<Body> {
     })
 }
 
-fn trickle(chunks: usize, every: Duration) -> Response<Body> {
+fn trickle(chunks: usize, every: Duration) -> Response<TestBody> {
     stream("text/event-stream", move |tx| async move {
         for i in 0..chunks {
             if tx.send(event(i)).await.is_err() {
@@ -374,7 +378,7 @@ fn trickle(chunks: usize, every: Duration) -> Response<Body> {
     })
 }
 
-fn cut() -> Response<Body> {
+fn cut() -> Response<TestBody> {
     stream("text/event-stream", |tx| async move {
         let _ = tx.send(event(0)).await;
         tokio::time::sleep(Duration::from_millis(100)).await;
