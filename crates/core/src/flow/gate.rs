@@ -16,7 +16,7 @@ use super::{Priority, Share, Shares};
 use crate::BackendId;
 use crate::ledger::{self, Account, Cap};
 use crate::policy::Decision;
-use crate::units::TextBytes;
+use crate::units::{TextBytes, Tokens};
 
 /// The flow control a request is weighed by: a tenants file's [`Shares`], or
 /// [`NoFlowControl`].
@@ -223,7 +223,7 @@ impl<'t> Gate<'t> {
     pub fn cap(&self, limit: usize) -> Cap {
         let cap = (self.control).cap(&self.flow, self.arriving, limit, self.standing);
         Cap {
-            tokens: usize::try_from(self.flow.cost).unwrap_or(usize::MAX),
+            tokens: Tokens(usize::try_from(self.flow.cost).unwrap_or(usize::MAX)),
             ..cap
         }
     }
@@ -364,7 +364,7 @@ mod tests {
         let cap = gate.cap(3);
         assert_eq!(
             (cap.limit, cap.claim, cap.tokens),
-            (3, Claim::default(), 1),
+            (3, Claim::default(), Tokens(1)),
             "its cost"
         );
         assert!(gate.passes(None) && !gate.passes(Some(Priority::Low)));

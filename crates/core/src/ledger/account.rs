@@ -68,7 +68,7 @@ impl Account {
     /// most that requests a reserve was kept for had in flight here lately: the KV a
     /// request leaving the reserve leaves them.
     pub fn tokens_in_flight(&self) -> (Tokens, Tokens) {
-        (self.load.tokens(), Tokens(self.reserve.tokens_lately()))
+        (self.load.tokens(), self.reserve.tokens_lately())
     }
 
     /// Whether its KV is kept for light flows: no request that leaves them a reserve is
@@ -205,19 +205,19 @@ impl Account {
 
     /// Whether a request of `tokens` that leaves the reserve leaves the kept requests'
     /// KV ([`Reserve::leaves_kv`]); true where the capacity is unknown.
-    fn leaves_kv(&self, tokens: usize) -> bool {
-        let all = self.load.tokens().0;
-        (self.capacity()).is_none_or(|c| self.reserve.leaves_kv(c.0, all, tokens))
+    fn leaves_kv(&self, tokens: Tokens) -> bool {
+        let all = self.load.tokens();
+        (self.capacity()).is_none_or(|c| self.reserve.leaves_kv(c, all, tokens))
     }
 
     /// Whether light flows' conversations here, with `tokens` more, stay within two
     /// thirds of its published KV ([`KvGuard::keeps_room_for`]).
-    pub(super) fn keeps_room_for(&self, tokens: usize) -> bool {
-        (self.capacity()).is_some_and(|c| self.guard.keeps_room_for(c.0, tokens))
+    pub(super) fn keeps_room_for(&self, tokens: Tokens) -> bool {
+        (self.capacity()).is_some_and(|c| self.guard.keeps_room_for(c, tokens))
     }
 
     /// Counts a light flow's `conversation` of `tokens` here, placed now.
-    pub(super) fn note_home(&self, conversation: u128, tokens: usize) {
+    pub(super) fn note_home(&self, conversation: u128, tokens: Tokens) {
         (self.guard).note_home(conversation, tokens, self.reads.load(Relaxed));
     }
 

@@ -2,6 +2,7 @@
 //! ([`Cap`], [`Claim`]).
 
 use super::BANDS;
+use crate::units::Tokens;
 
 /// How many requests in flight an account takes: the in-flight `limit` (0: none), and
 /// where its flow stands ([`Claim`]). A plain `usize` is a limit with no claim.
@@ -17,7 +18,7 @@ pub struct Cap {
     /// Its prompt tokens, as estimated at admission (default 0): counted in its
     /// backend's KV in flight, which a request leaving the reserve free keeps under the
     /// backend's capacity less what the requests the reserve is kept for had lately.
-    pub tokens: usize,
+    pub tokens: Tokens,
 }
 
 /// Where a request's flow stands, as flow control sees it when it is placed.
@@ -193,11 +194,11 @@ mod tests {
     fn only_a_kept_request_goes_home_past_the_ceiling() {
         let kept = Cap {
             limit: 3,
-            tokens: 40,
+            tokens: Tokens(40),
             ..Cap::claiming(Claim::Kept(Kept::default()))
         };
         let home = kept.at_home();
-        assert!(home.home() && (home.limit, home.tokens) == (3, 40));
+        assert!(home.home() && (home.limit, home.tokens) == (3, Tokens(40)));
         assert!(!Cap::claiming(Claim::Leaves).at_home().home());
         assert!(!Cap::from(2).at_home().home());
     }

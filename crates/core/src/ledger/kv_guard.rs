@@ -9,6 +9,7 @@ use smallvec::SmallVec;
 
 use super::Account;
 use crate::BackendId;
+use crate::units::Tokens;
 
 /// Reads a light flow's conversation counts in its home's KV after its last request
 /// was placed ([`protect_kv`]): 10, a pause between turns of 5-10 s at the default
@@ -45,13 +46,14 @@ impl KvGuard {
     /// Whether the light flows' conversations here, with `tokens` more, stay within two
     /// thirds of `capacity` (the third left for them to grow): a kept backend takes
     /// conversations that move only then, so that they do not pile on one of them.
-    pub fn keeps_room_for(&self, capacity: usize, tokens: usize) -> bool {
-        let wanted = self.resident.load(Relaxed).saturating_add(tokens);
-        wanted.saturating_mul(3) <= capacity.saturating_mul(2)
+    pub fn keeps_room_for(&self, capacity: Tokens, tokens: Tokens) -> bool {
+        let wanted = self.resident.load(Relaxed).saturating_add(tokens.0);
+        wanted.saturating_mul(3) <= capacity.0.saturating_mul(2)
     }
 
     /// Counts a light flow's `conversation` of `tokens` here, placed at `read`.
-    pub fn note_home(&self, conversation: u128, tokens: usize, read: usize) {
+    pub fn note_home(&self, conversation: u128, tokens: Tokens, read: usize) {
+        let tokens = tokens.0;
         let mut homes = self.homes.lock();
         if homes.len() < MAX_HOMES || homes.contains_key(&conversation) {
             let before = homes
@@ -141,16 +143,22 @@ mod tests {
     #[test]
     fn a_conversation_counts_in_one_home_until_it_moves_or_its_reads_pass() {
         let (a, b) = (KvGuard::default(), KvGuard::default());
-        a.note_home(1, 30, 0);
-        a.note_home(1, 40, 2);
-        assert!(a.keeps_room_for(90, 20), "(40 + 20) * 3 <= 90 * 2");
-        assert!(!a.keeps_room_for(90, 21));
+        a.note_home(1, Tokens(30), 0);
+        a.note_home(1, Tokens(40), 2);
+        assert!(
+            a.keeps_room_for(Tokens(90), Tokens(20)),
+            "(40 + 20) * 3 <= 90 * 2"
+        );
+        assert!(!a.keeps_room_for(Tokens(90), Tokens(21)));
         a.move_home(1);
-        b.note_home(1, 40, 2);
-        assert!(a.keeps_room_for(3, 2), "moved: nothing counts here");
+        b.note_home(1, Tokens(40), 2);
+        assert!(
+            a.keeps_room_for(Tokens(3), Tokens(2)),
+            "moved: nothing counts here"
+        );
         b.forget_homes(2 + HOME_READS - 1);
-        assert!(!b.keeps_room_for(60, 1), "still counted");
+        assert!(!b.keeps_room_for(Tokens(60), Tokens(1)), "still counted");
         b.forget_homes(2 + HOME_READS);
-        assert!(b.keeps_room_for(60, 40), "forgotten");
+        assert!(b.keeps_room_for(Tokens(60), Tokens(40)), "forgotten");
     }
 }

@@ -32,14 +32,14 @@ impl Load {
     /// Counts one more request, of `prefill` text and `tokens`, when `open` says the
     /// load before it has room: check and count are one atomic step, so concurrent
     /// placements never pass a limit.
-    pub fn take(&self, open: impl Fn(usize) -> bool, prefill: TextBytes, tokens: usize) -> bool {
+    pub fn take(&self, open: impl Fn(usize) -> bool, prefill: TextBytes, tokens: Tokens) -> bool {
         let next = |n: usize| open(n).then_some(n + 1);
         if self.inflight.fetch_update(Relaxed, Relaxed, next).is_err() {
             return false;
         }
         self.pending.fetch_add(prefill.0, Relaxed);
-        if tokens > 0 {
-            self.tokens.fetch_add(tokens, Relaxed);
+        if tokens.0 > 0 {
+            self.tokens.fetch_add(tokens.0, Relaxed);
         }
         true
     }
@@ -50,10 +50,10 @@ impl Load {
     }
 
     /// A request of `tokens` finished (its prefill already answered).
-    pub fn release(&self, tokens: usize) {
+    pub fn release(&self, tokens: Tokens) {
         self.inflight.fetch_sub(1, Relaxed);
-        if tokens > 0 {
-            self.tokens.fetch_sub(tokens, Relaxed);
+        if tokens.0 > 0 {
+            self.tokens.fetch_sub(tokens.0, Relaxed);
         }
     }
 }
@@ -65,16 +65,19 @@ mod tests {
     #[test]
     fn a_request_counts_until_released_and_its_prefill_until_answered() {
         let load = Load::default();
-        assert!(!load.take(|_| false, TextBytes(5), 3), "closed");
-        assert!(load.take(|n| n < 1, TextBytes(5), 3));
-        assert!(!load.take(|n| n < 1, TextBytes(5), 3), "at its limit");
+        assert!(!load.take(|_| false, TextBytes(5), Tokens(3)), "closed");
+        assert!(load.take(|n| n < 1, TextBytes(5), Tokens(3)));
+        assert!(
+            !load.take(|n| n < 1, TextBytes(5), Tokens(3)),
+            "at its limit"
+        );
         assert_eq!(
             (load.requests(), load.pending(), load.tokens()),
             (1, TextBytes(5), Tokens(3))
         );
         load.answered(5);
         assert_eq!(load.pending(), TextBytes(0));
-        load.release(3);
+        load.release(Tokens(3));
         assert_eq!((load.requests(), load.tokens()), (0, Tokens(0)));
     }
 }

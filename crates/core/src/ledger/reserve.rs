@@ -5,6 +5,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
+use crate::units::Tokens;
+
 /// Reads of a backend's load ([`Account::learn_hold`](super::Account::learn_hold), one a
 /// second by default) over which the most requests it kept a reserve for at once is
 /// remembered: a window of 5, and the window before it.
@@ -67,8 +69,8 @@ impl Reserve {
     }
 
     /// The most prompt tokens those requests had in flight at once lately.
-    pub fn tokens_lately(&self) -> usize {
-        self.tokens.lately()
+    pub fn tokens_lately(&self) -> Tokens {
+        Tokens(self.tokens.lately())
     }
 
     /// Whether one of them has no answer yet (the prefill guard holds).
@@ -96,17 +98,17 @@ impl Reserve {
     /// capacity; the first such request always fits. Where the engines are bound by KV
     /// rather than by sequences, a free slot is no room: the heavy flow's requests fill
     /// the KV and the engine evicts the light flow's conversations between their turns.
-    pub fn leaves_kv(&self, capacity: usize, all: usize, tokens: usize) -> bool {
-        let others = all.saturating_sub(self.tokens.now());
-        let kept = self.tokens.lately().min(capacity / 2);
-        others == 0 || others.saturating_add(tokens).saturating_add(kept) <= capacity
+    pub fn leaves_kv(&self, capacity: Tokens, all: Tokens, tokens: Tokens) -> bool {
+        let others = all.0.saturating_sub(self.tokens.now());
+        let kept = self.tokens.lately().min(capacity.0 / 2);
+        others == 0 || others.saturating_add(tokens.0).saturating_add(kept) <= capacity.0
     }
 
     /// One more request of `tokens` kept a reserve for, in `band`, prefilling.
-    pub fn seat(&self, band: usize, tokens: usize) {
+    pub fn seat(&self, band: usize, tokens: Tokens) {
         self.in_band[band].fetch_add(1, Relaxed);
         self.kept.add(1);
-        self.tokens.add(tokens);
+        self.tokens.add(tokens.0);
         self.prefilling.fetch_add(1, Relaxed);
     }
 
@@ -116,10 +118,10 @@ impl Reserve {
     }
 
     /// One of them, of `tokens` in `band`, finished.
-    pub fn release(&self, band: usize, tokens: usize) {
+    pub fn release(&self, band: usize, tokens: Tokens) {
         self.in_band[band].fetch_sub(1, Relaxed);
         self.kept.sub(1);
-        self.tokens.sub(tokens);
+        self.tokens.sub(tokens.0);
     }
 }
 
@@ -144,8 +146,8 @@ mod tests {
         let reserve = Reserve::default();
         assert_eq!(reserve.slots(16), 2);
         assert_eq!(reserve.slots(4), 1, "at least one");
-        (0..6).for_each(|_| reserve.seat(1, 10));
-        (0..6).for_each(|_| reserve.release(1, 10));
+        (0..6).for_each(|_| reserve.seat(1, Tokens(10)));
+        (0..6).for_each(|_| reserve.release(1, Tokens(10)));
         assert_eq!(reserve.slots(16), 6);
         assert_eq!(reserve.slots(8), 4, "at most half");
         assert!(reserve.prefilling(), "none answered");
@@ -154,12 +156,21 @@ mod tests {
     #[test]
     fn others_leave_the_kv_the_kept_requests_had_lately_at_most_half() {
         let reserve = Reserve::default();
-        assert!(reserve.leaves_kv(100, 0, 1_000), "the first always fits");
-        reserve.seat(0, 40);
-        assert!(reserve.leaves_kv(100, 50, 50), "10 + 50 + 40");
-        assert!(!reserve.leaves_kv(100, 50, 51));
-        reserve.release(0, 40);
-        reserve.seat(0, 80);
-        assert!(reserve.leaves_kv(100, 90, 40), "10 + 40 + half of 100");
+        assert!(
+            reserve.leaves_kv(Tokens(100), Tokens(0), Tokens(1_000)),
+            "the first always fits"
+        );
+        reserve.seat(0, Tokens(40));
+        assert!(
+            reserve.leaves_kv(Tokens(100), Tokens(50), Tokens(50)),
+            "10 + 50 + 40"
+        );
+        assert!(!reserve.leaves_kv(Tokens(100), Tokens(50), Tokens(51)));
+        reserve.release(0, Tokens(40));
+        reserve.seat(0, Tokens(80));
+        assert!(
+            reserve.leaves_kv(Tokens(100), Tokens(90), Tokens(40)),
+            "10 + 40 + half of 100"
+        );
     }
 }

@@ -14,7 +14,7 @@ pub struct Seat {
     account: Arc<Account>,
     prefill: AtomicUsize,
     /// Its prompt tokens, as estimated when placed ([`Cap::tokens`]).
-    tokens: usize,
+    tokens: Tokens,
     decision: Decision,
     /// The band it counts in among its backend's requests kept a reserve for, if it does.
     band: Option<usize>,

@@ -93,7 +93,7 @@ mod tests {
 
     fn cap(light: bool) -> Cap {
         Cap {
-            tokens: 100,
+            tokens: Tokens(100),
             ..Cap::claiming(Claim::Kept(Kept {
                 light: light.then_some(7),
                 ..Kept::default()
@@ -162,7 +162,7 @@ mod tests {
             "its home is kept: it stays"
         );
         all[0].guard.keep(false);
-        all[2].note_home(1, 700);
+        all[2].note_home(1, Tokens(700));
         let (seen, _) = asked(&all, cap(true), Some(0), 0);
         assert_eq!(seen[1], (Asking::Take, vec![0]), "no room there: it stays");
         let (seen, _) = asked(&all, cap(true), None, 0);

@@ -194,15 +194,15 @@ fn a_request_leaving_the_reserve_leaves_the_kv_the_kept_ones_had_lately() {
         _ => None,
     };
     let heavy = Cap {
-        tokens: 250,
+        tokens: Tokens(250),
         ..Cap::claiming(Claim::Leaves)
     };
     let heavies = || (0..8).map_while(|_| place(heavy)).collect::<Vec<_>>();
     all[0].set_capacity(Some(Tokens(1_000)));
     all[0].learn_hold(load(16, 2));
-    let answered = |tokens| {
+    let answered = |tokens: usize| {
         let seat = place(Cap {
-            tokens,
+            tokens: Tokens(tokens),
             ..Cap::claiming(Claim::Kept(Kept::default()))
         });
         seat.inspect(Seat::answered)
@@ -257,14 +257,14 @@ fn once_a_light_flows_context_is_evicted_where_kv_is_full_the_floods_leave_its_b
     let place = |i: usize, cap: Cap, matched: Tokens| place_among(&refs, i, cap, matched);
     let new = |i: usize, cap: Cap| place_among(&[&all[i]], i, cap, Tokens(0));
     let light = |conversation: u128| Cap {
-        tokens: 400,
+        tokens: Tokens(400),
         ..Cap::claiming(Claim::Kept(Kept {
             light: Some(conversation),
             ..Kept::default()
         }))
     };
     let flood = Cap {
-        tokens: 100,
+        tokens: Tokens(100),
         ..Cap::claiming(Claim::Leaves)
     };
     let on = |i: usize, cap: Cap| place(i, cap, Tokens(0));
