@@ -431,6 +431,46 @@ async fn post_route_says_whose_request_it_is_and_whether_it_would_wait() {
     assert!(!text.contains("sk-acme"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_active_for_the_files_active_after_past_its_last_request() {
+    let up = TestUpstream::start("a").await;
+    let file = format!(
+        "active_after = 0.5\n[tenants.a]\nkeys = [\"{}\"]\n[tenants.b]\nkeys = [\"{}\"]\n",
+        sha256_entry("sk-a"),
+        sha256_entry("sk-b")
+    );
+    let router = with_tenants(&up, "active-after", &file);
+    let leaves = || async {
+        let explained = route_as(&router, "sk-a", "normal", "test-model").await;
+        explained["admission"]["reserve"].as_bool().unwrap()
+    };
+    assert!(!leaves().await, "b was never active");
+    let sent = std::time::Instant::now();
+    assert_eq!(send(&router, Some("sk-b"), None).await.0, 200);
+    // b's request counts until it ends (after its client has the answer), then b stays
+    // active, below its share: a leaves it a reserve.
+    while !leaves().await {
+        assert!(
+            sent.elapsed() < Duration::from_secs(2),
+            "b never idle-active"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let active = std::time::Instant::now();
+    while leaves().await {
+        assert!(
+            active.elapsed() < Duration::from_secs(4),
+            "b active past 4 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        sent.elapsed() >= Duration::from_millis(500),
+        "b idle {:?} after its request",
+        sent.elapsed()
+    );
+}
+
 /// What `POST /route` says of a chat request for `model` of the tenant keyed `key` at
 /// `priority`.
 async fn route_as(router: &TestRouter, key: &str, priority: &str, model: &str) -> Value {

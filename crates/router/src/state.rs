@@ -100,6 +100,8 @@ impl State {
     /// State of `parts`; the body budget reads its limit from `parts.live`.
     pub fn new(parts: Parts) -> Self {
         let connector = TransportConnector::new(parts.fleet.tls().connector());
+        let active_after = parts.live.get().tenants.active_after();
+        parts.tenancy.set_active_after(active_after);
         State {
             fleet: parts.fleet,
             selector: parts.selector,
@@ -152,6 +154,7 @@ impl State {
 
     /// Requests read from now on get `live`; bodies waiting for budget look again.
     pub fn swap_live(&self, live: LiveLimits) {
+        self.tenancy.set_active_after(live.tenants.active_after());
         self.live.swap(live);
         self.budget.wake();
     }

@@ -10,14 +10,16 @@
 //!
 //! Without a reserve a light tenant's request waits for the next slot to free anywhere,
 //! and then takes it wherever it freed, usually away from its cached prefix. A tenant is
-//! active from its first request until
-//! [`ACTIVE_AFTER`] after its last one ended, so the reserve outlives an agent's pause
-//! between turns; so is a priority. Tenants come only from the tenants file, so the
+//! active from its first request until a while after its last one ended
+//! ([`Shares::set_active_after`], [`ACTIVE_AFTER`] by default), so the reserve outlives an
+//! agent's pause between turns; so is a priority. Tenants come only from the tenants file, so the
 //! table is bounded by it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
@@ -28,7 +30,8 @@ use crate::BackendId;
 use crate::clock::{Clock, Monotonic};
 use crate::ledger::{Cap, Claim, Kept};
 
-/// How long a tenant counts as active after its last request ended.
+/// How long a tenant counts as active after its last request ended, by default (the
+/// tenants file's `active_after`).
 pub const ACTIVE_AFTER: Duration = Duration::from_secs(5);
 
 #[derive(Debug)]
@@ -48,8 +51,8 @@ impl HeldFlow {
         }
     }
 
-    fn active(&self, now: Duration) -> bool {
-        self.held > 0 || now.saturating_sub(self.last) < ACTIVE_AFTER
+    fn active(&self, now: Duration, after: Duration) -> bool {
+        self.held > 0 || now.saturating_sub(self.last) < after
     }
 
     fn left(&mut self, now: Duration) {
@@ -115,6 +118,8 @@ pub struct Shares {
     flows: Mutex<HeldFlows>,
     preemptions: Preemptions,
     clock: Arc<dyn Clock>,
+    /// How long a flow counts as active after its last request ended, in nanoseconds.
+    active_after: AtomicU64,
 }
 
 impl Default for Shares {
@@ -139,15 +144,26 @@ impl Shares {
             flows: Mutex::default(),
             preemptions: Preemptions::default(),
             clock,
+            active_after: AtomicU64::new(nanos(ACTIVE_AFTER)),
         }
+    }
+
+    /// Counts a tenant (and a priority) as active for `after` past its last request's
+    /// end, from now on.
+    pub fn set_active_after(&self, after: Duration) {
+        self.active_after.store(nanos(after), Relaxed);
+    }
+
+    fn active_after(&self) -> Duration {
+        Duration::from_nanos(self.active_after.load(Relaxed))
     }
 
     /// Counts a request of `tenant` (of `weight`) at `priority` until the returned share
     /// drops.
     pub fn enter(&self, tenant: &TenantId, weight: u32, priority: Priority) -> Share<'_> {
-        let now = self.clock.now();
+        let (now, after) = (self.clock.now(), self.active_after());
         let mut flows = self.flows.lock();
-        (flows.tenants).retain(|name, f| name == tenant || f.active(now));
+        (flows.tenants).retain(|name, f| name == tenant || f.active(now, after));
         let flow = (flows.tenants)
             .entry(tenant.clone())
             .or_insert(HeldFlow::new(weight, now));
@@ -165,10 +181,10 @@ impl Shares {
     /// Where a request of `tenant` at `priority` stands; `arriving` (its tenant's
     /// weight) when it is not counted yet, weighed as if it were.
     fn standing(&self, tenant: &str, priority: Priority, arriving: Option<u32>) -> Standing {
-        let now = self.clock.now();
+        let (now, after) = (self.clock.now(), self.active_after());
         let flows = self.flows.lock();
         let mut active: SmallVec<[(&str, u64, u64); 8]> = (flows.tenants.iter())
-            .filter(|(_, f)| f.active(now))
+            .filter(|(_, f)| f.active(now, after))
             .map(|(name, f)| (&**name, u64::from(f.weight), f.held as u64))
             .collect();
         if let Some(weight) = arriving {
@@ -180,7 +196,8 @@ impl Shares {
         let weights: u64 = active.iter().map(|&(_, w, _)| w).sum();
         let held: u64 = active.iter().map(|&(_, _, h)| h).sum();
         let below = |(_, w, h): (&str, u64, u64)| h * weights < held * w;
-        let band_active = |i: usize| flows.bands[i].as_ref().is_some_and(|f| f.active(now));
+        let band_active =
+            |i: usize| (flows.bands[i].as_ref()).is_some_and(|f| f.active(now, after));
         let mine = priority as usize;
         let mut standing = Standing {
             higher: (mine + 1..flows.bands.len()).any(band_active),
@@ -301,6 +318,10 @@ impl Shares {
     ) -> Cap {
         (self.standing(tenant, priority, Some(weight))).cap(limit, standing, priority)
     }
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A request counted in its tenant's share and its priority; dropping it ends the count.
@@ -435,5 +456,32 @@ mod tests {
             0,
             "a light tenant takes the slots left for it"
         );
+    }
+
+    #[test]
+    fn a_tenant_stays_active_for_the_time_set_after_its_last_request() {
+        let clock = crate::clock::Manual::default();
+        let shares = Shares::new(Arc::new(clock.clone()));
+        let _heavy: Vec<_> = (0..6)
+            .map(|_| shares.enter(&TenantId::new("a"), 1, Priority::Normal))
+            .collect();
+        drop(shares.enter(&TenantId::new("b"), 1, Priority::Normal));
+        clock.set(ACTIVE_AFTER - Duration::from_millis(1));
+        assert!(
+            shares.cap("a", Priority::Normal, 0, 0).leaves(),
+            "b is active"
+        );
+        clock.set(ACTIVE_AFTER);
+        assert!(
+            !shares.cap("a", Priority::Normal, 0, 0).leaves(),
+            "b is idle"
+        );
+        shares.set_active_after(Duration::from_secs(30));
+        assert!(
+            shares.cap("a", Priority::Normal, 0, 0).leaves(),
+            "active for 30 s"
+        );
+        clock.set(Duration::from_secs(30));
+        assert!(!shares.cap("a", Priority::Normal, 0, 0).leaves());
     }
 }

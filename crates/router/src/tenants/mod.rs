@@ -14,9 +14,10 @@ pub use tenancy::{Charge, Tenancy};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
+use std::time::Duration;
 
 use http::HeaderMap;
-use prefix_router_core::flow::TenantId;
+use prefix_router_core::flow::{ACTIVE_AFTER, TenantId};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
@@ -63,6 +64,8 @@ pub struct Tenants {
     configured: bool,
     /// The file's `standing_slots`.
     standing_slots: usize,
+    /// The file's `active_after` (`None`: not set).
+    active_after: Option<Duration>,
 }
 
 /// Why a request's tenant is refused.
@@ -95,6 +98,8 @@ struct File {
     standing_slots: usize,
     #[serde(default = "yes")]
     engine_priority: bool,
+    /// Seconds.
+    active_after: Option<f64>,
     #[serde(default)]
     tenants: BTreeMap<String, TenantEntry>,
 }
@@ -126,9 +131,18 @@ impl Tenants {
     /// The tenants of a file's `text`.
     pub fn parse(text: &str) -> Result<Tenants, TenantsError> {
         let file: File = toml::from_str(text).map_err(|e| TenantsError(e.to_string()))?;
+        let active_after = match file.active_after {
+            Some(secs) => Some(Duration::try_from_secs_f64(secs).map_err(|_| {
+                TenantsError(format!(
+                    "active_after {secs} is not a number of seconds (0 or more)"
+                ))
+            })?),
+            None => None,
+        };
         let mut tenants = Tenants {
             configured: true,
             standing_slots: file.standing_slots,
+            active_after,
             ..Tenants::default()
         };
         for (name, entry) in file.tenants {
@@ -185,6 +199,12 @@ impl Tenants {
     /// The file's `standing_slots` (0 without a file).
     pub fn standing_slots(&self) -> usize {
         self.standing_slots
+    }
+
+    /// How long a tenant counts as active after its last request ended: the file's
+    /// `active_after`, default [`ACTIVE_AFTER`] (5 s).
+    pub fn active_after(&self) -> Duration {
+        self.active_after.unwrap_or(ACTIVE_AFTER)
     }
 
     /// Every tenant, in the file's order of names.

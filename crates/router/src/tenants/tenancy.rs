@@ -168,6 +168,12 @@ impl Tenancy {
         }
     }
 
+    /// Counts a tenant as active for `after` past its last request's end (the tenants
+    /// file's `active_after`).
+    pub fn set_active_after(&self, after: std::time::Duration) {
+        self.shares.set_active_after(after);
+    }
+
     /// The flow control a request of `identity` is weighed by: the tenants' fair shares,
     /// or none without a tenants file.
     pub fn flow_control(&self, identity: &Identity) -> &dyn FlowControl {

@@ -73,6 +73,20 @@ fn a_key_names_its_tenant_by_its_hash_and_priority_is_clamped() {
 }
 
 #[test]
+fn a_tenant_counts_as_active_for_the_files_active_after() {
+    let default = Tenants::parse(&file()).unwrap();
+    assert_eq!(default.active_after(), std::time::Duration::from_secs(5));
+    let long = Tenants::parse(&format!("active_after = 30.5\n{}", file())).unwrap();
+    assert_eq!(
+        long.active_after(),
+        std::time::Duration::from_millis(30_500)
+    );
+    let negative = Tenants::parse(&format!("active_after = -1.0\n{}", file()));
+    let error = negative.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(error.contains("active_after -1"), "{error}");
+}
+
+#[test]
 fn without_a_default_tenant_a_request_without_a_key_is_refused() {
     let text = format!("[tenants.acme]\nkeys = [\"{}\"]\n", hash("sk-acme"));
     let tenants = Tenants::parse(&text).unwrap();
