@@ -47,7 +47,7 @@ pub fn take_back<'a>(
     for account in accounts {
         let excess = account.excess().min(room - taken);
         if excess > 0 {
-            taken += shares.take_back(account.id, excess);
+            taken += shares.preemptions.take_back(account.id, excess);
         }
     }
     taken
@@ -88,7 +88,7 @@ mod tests {
                     assert_eq!(why, Stopped::TakenBack);
                     count.fetch_add(1, Relaxed);
                 });
-                guards.push(shares.preemptible(
+                guards.push(shares.preemptions.enter(
                     all[backend].id,
                     &TenantId::new("a"),
                     Priority::Low,

@@ -88,29 +88,26 @@ impl FlowControl for Shares {
         ticket: &QueueTicket,
         stop: Stop,
     ) -> Option<Stoppable<'_>> {
-        Some(Shares::preemptible(
-            self,
-            backend,
-            ticket.tenant,
-            ticket.priority,
-            stop,
-        ))
+        let (tenant, priority) = (ticket.tenant, ticket.priority);
+        Some((self.preemptions).enter(backend, tenant, priority, stop))
     }
 
     fn preempt(&self, backend: BackendId, ticket: &QueueTicket) -> usize {
-        Shares::preempt(self, backend, ticket.tenant, ticket.priority)
+        let light = |tenant: &str, priority| self.light(tenant, priority);
+        (self.preemptions).preempt(backend, ticket.tenant, ticket.priority, light)
     }
 
     fn outranked(&self, backend: BackendId, ticket: &QueueTicket) -> usize {
-        Shares::outranked(self, backend, ticket.tenant, ticket.priority)
+        let light = |tenant: &str, priority| self.light(tenant, priority);
+        (self.preemptions).outranked(backend, ticket.tenant, ticket.priority, light)
     }
 
     fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        Shares::displace(self, priority, on)
+        self.preemptions.displace(priority, on)
     }
 
     fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        Shares::any_below(self, priority, on)
+        self.preemptions.any_below(priority, on)
     }
 
     fn past_bound(&self, priority: Priority, bound: usize) -> usize {

@@ -24,9 +24,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 
-use super::preempt::{Preemptions, Stop, Stoppable};
+use super::preempt::Preemptions;
 use super::{Priority, TenantId};
-use crate::BackendId;
 use crate::clock::{Clock, Monotonic};
 use crate::ledger::{Cap, Claim, Kept};
 
@@ -116,7 +115,8 @@ impl Standing {
 /// The tenants' and priorities' requests held by the router.
 pub struct Shares {
     flows: Mutex<HeldFlows>,
-    preemptions: Preemptions,
+    /// The requests in flight that a request outranking them may stop.
+    pub(super) preemptions: Preemptions,
     clock: Arc<dyn Clock>,
     /// How long a flow counts as active after its last request ended, in nanoseconds.
     active_after: AtomicU64,
@@ -214,37 +214,6 @@ impl Shares {
         standing
     }
 
-    /// Registers a request of `tenant` at `priority` placed on `backend`, with no answer
-    /// yet, as one a request outranking it may stop, until the guard drops.
-    /// `stop` is called (once) when it is stopped.
-    pub fn preemptible(
-        &self,
-        backend: BackendId,
-        tenant: &TenantId,
-        priority: Priority,
-        stop: Stop,
-    ) -> Stoppable<'_> {
-        self.preemptions.enter(backend, tenant, priority, stop)
-    }
-
-    /// Stops the requests on `backend` with no answer yet that a request of `tenant` at
-    /// `priority` outranks; returns how many.
-    pub fn preempt(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
-        self.preemptions
-            .preempt(backend, tenant, priority, |t, p| self.light(t, p))
-    }
-
-    /// Stops the last placed request with no answer yet at the lowest priority below
-    /// `priority`, on `on` (`None`: any backend); whether there was one.
-    pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        self.preemptions.displace(priority, on)
-    }
-
-    /// Stops the last `n` placed requests with no answer yet on `backend`; how many.
-    pub fn take_back(&self, backend: BackendId, n: usize) -> usize {
-        self.preemptions.take_back(backend, n)
-    }
-
     /// Requests held now (in flight or waiting) at priorities below `priority`.
     fn held_below(&self, priority: Priority) -> usize {
         let flows = self.flows.lock();
@@ -254,32 +223,19 @@ impl Shares {
 
     /// The bound a request at `priority` may wait past in a queue full at `bound` of
     /// waiters it may not shed: none once it stopped the last placed request with no
-    /// answer yet at the lowest priority below its own ([`Self::displace`], which,
+    /// answer yet at the lowest priority below its own ([`Preemptions::displace`], which,
     /// sent back to the queue, gets 503); else, for `high`, `bound` plus the requests
     /// held below it, all answered, each freeing a slot it goes to first, so that a burst
     /// of `high` is not shed while the floods below it run. Not for `normal` against
     /// `low`: the `normal` requests that waited so took the slots `high` arrived at.
     pub fn past_bound(&self, priority: Priority, bound: usize) -> usize {
-        if self.displace(priority, None) {
+        if self.preemptions.displace(priority, None) {
             usize::MAX
         } else if priority == Priority::High {
             bound.saturating_add(self.held_below(priority))
         } else {
             bound
         }
-    }
-
-    /// Whether a request with no answer yet at a priority below `priority` is in flight
-    /// on `on` (`None`: any backend).
-    pub fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        self.preemptions.any_below(priority, on)
-    }
-
-    /// How many requests on `backend` with no answer yet a request of `tenant` at
-    /// `priority` outranks now, stopping none.
-    pub fn outranked(&self, backend: BackendId, tenant: &str, priority: Priority) -> usize {
-        self.preemptions
-            .outranked(backend, tenant, priority, |t, p| self.light(t, p))
     }
 
     /// Each known tenant's requests held now (in flight or waiting).

@@ -56,8 +56,8 @@ impl<'p> Preemptible<'p> {
 mod tests {
     use super::*;
     use crate::tenants::{Priority, Shares};
-    use prefix_router_core::flow::TenantId;
     use prefix_router_core::flow::order::QueueTicket;
+    use prefix_router_core::flow::{FlowControl, TenantId};
 
     #[tokio::test]
     async fn a_stopped_request_is_woken_even_when_stopped_before_it_waits() {
@@ -76,7 +76,12 @@ mod tests {
             ..Gate::default()
         };
         let heavy = Preemptible::placed(&gate, gate.cap(0), BackendId(1), false).unwrap();
-        assert_eq!(shares.preempt(BackendId(1), "b", Priority::Normal), 1);
+        let b = TenantId::new("b");
+        let light = QueueTicket {
+            tenant: &b,
+            ..QueueTicket::default()
+        };
+        assert_eq!(FlowControl::preempt(&shares, BackendId(1), &light), 1);
         heavy.stop().notified().await;
     }
 }
