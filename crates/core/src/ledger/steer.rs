@@ -18,7 +18,8 @@
 //!   where the reserve kept for them is a slot or two, so a light flow whose new
 //!   conversations followed one shared prompt to one backend would wait there for each
 //!   other's slots.
-//! - Where the policy places by a rule of its own (a hash, a rotation, the load), that
+//! - Where the policy places by a rule of its own that names no home (a hash, a rotation,
+//!   the load, `kv_aware` moving an opening turn off a backend whose KV overflows), that
 //!   stands.
 //!
 //! Every other request is the policy's alone, asked once.
