@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use prefix_router_demo::{DemoArgs, compare as real_time};
-use prefix_router_lab::scenario::{Agent, Scenario, WorkloadSource};
+use prefix_router_lab::scenario::Scenario;
 use prefix_router_lab::{Setting, compare as lab};
 use serde_json::Value;
 
@@ -39,20 +39,9 @@ async fn the_lab_agrees_with_the_real_time_path_on_a_small_workload() {
         max_num_seqs: 4,
         scenario_seconds: 30.0,
     };
-    let scenario = Scenario {
-        name: "small".into(),
-        about: "test",
-        source: WorkloadSource::Agent(Agent::new(4, 0.5, 4)),
-        backends: 2,
-        kv_blocks: 4_000,
-        concurrency: 64,
-        max_model_len: 131_072,
-        max_num_seqs: 256,
-        flows: None,
-    };
     let setting = Setting {
         max_requests: Some(120),
-        ..Setting::of(scenario)
+        ..Setting::of(Scenario::small(4))
     };
     let names = policies.clone();
     let virtual_time = tokio::task::spawn_blocking(move || lab(&setting, &names, &mut |_| {}))

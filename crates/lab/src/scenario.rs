@@ -145,6 +145,18 @@ const MAX_MODEL_LEN: usize = 131_072;
 /// The simulator's default `max_num_seqs`.
 const MAX_NUM_SEQS: usize = 256;
 
+impl Scenario {
+    /// A small agent scenario, quick to run (tests, trials): 4 sessions over `prompts`
+    /// system prompts on 2 backends of 4,000 KV blocks each.
+    pub fn small(prompts: usize) -> Scenario {
+        Scenario {
+            backends: 2,
+            kv_blocks: 4_000,
+            ..agent("small", "test", 4, 0.5, prompts)
+        }
+    }
+}
+
 fn agent(name: &str, about: &'static str, sessions: usize, rate: f64, prompts: usize) -> Scenario {
     with_agent(name, about, Agent::new(sessions, rate, prompts))
 }

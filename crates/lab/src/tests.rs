@@ -6,21 +6,10 @@ use crate::settings::sweep;
 
 /// A small agent setting: 4 sessions on 2 backends with little KV.
 pub fn small() -> Setting {
-    let scenario = Scenario {
-        name: "small".into(),
-        about: "test",
-        source: WorkloadSource::Agent(Agent::new(4, 0.5, 2)),
-        backends: 2,
-        kv_blocks: 4_000,
-        concurrency: 64,
-        max_model_len: 131_072,
-        max_num_seqs: 256,
-        flows: None,
-    };
     Setting {
         seed: 3,
         max_requests: Some(120),
-        ..Setting::of(scenario)
+        ..Setting::of(Scenario::small(2))
     }
 }
 
