@@ -179,8 +179,7 @@ async fn pick(
     let Answered { seat, backend, .. } = dispatched.result?;
     record.backend = Some(Arc::clone(&backend));
     // With a tenants file the engine gets the request's priority, as from the proxy.
-    let engine = identity.tenant.filter(|t| t.engine_priority);
-    let engine_priority = engine.map(|_| identity.priority.vllm());
+    let engine_priority = steps::engine_priority(&identity).map(|p| p.vllm());
     if let Err(e) = answer(stream, &incoming, backend.addr, engine_priority).await {
         route.released(state, backend.id);
         return Err(e);

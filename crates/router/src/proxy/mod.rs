@@ -209,8 +209,8 @@ impl Router {
         let method = &session.req_header().method;
         let replayable = endpoint.is_some() || method == Method::GET || method == Method::HEAD;
         let mut head = headers::upstream_request(session.req_header());
-        if identity.tenant.is_some_and(|t| t.engine_priority) {
-            headers::set_engine_priority(&mut head, identity.priority);
+        if let Some(priority) = steps::engine_priority(&identity) {
+            headers::set_engine_priority(&mut head, priority);
         }
         let mut upstream = Upstream {
             replayable,

@@ -24,7 +24,7 @@ use crate::fleet::{Backend, Ended, Served};
 use crate::limits::{Limits, LiveLimits};
 use crate::state::State;
 use crate::stats::{ModelExchange, OTHER};
-use crate::tenants::{Charge, Identity, Refused};
+use crate::tenants::{Charge, Identity, Priority, Refused};
 use crate::tokens::Tokenizing;
 
 /// The request's tenant and priority from its `headers`; an unknown key is counted.
@@ -74,6 +74,13 @@ pub fn gate<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Gate<'t
         standing: identity.tenant.map_or(0, |t| t.standing_slots),
         arriving: false,
     }
+}
+
+/// The priority a request of `identity` carries to the engine (vLLM's `X-Vllm-Priority`):
+/// its own, where its tenants file keeps `engine_priority` on; none without a tenants file.
+pub fn engine_priority(identity: &Identity) -> Option<Priority> {
+    let tenant = identity.tenant.filter(|t| t.engine_priority);
+    tenant.map(|_| identity.priority)
 }
 
 /// A placed request: where it went, and what it owes.
