@@ -301,8 +301,10 @@ async fn high_before_the_low_it_queued(vllm: &Vllm) {
             (response.status().as_u16(), priority)
         }
     };
+    // The running requests end a second apart (decode is about 10 ms a token), so one
+    // slot frees at a time: vLLM admits `high` into the first and `low` into the next.
     let running: Vec<_> = (0..SEQUENCES)
-        .map(|_| tokio::spawn(send("low", 300)))
+        .map(|i| tokio::spawn(send("low", 300 + 100 * i)))
         .collect();
     until_engine(vllm, SEQUENCES as u64, 0).await;
     let mut queued = tokio::task::JoinSet::new();
