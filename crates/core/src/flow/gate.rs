@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use super::home::{self, AtHome};
 use super::order::QueueTicket;
-use super::preempt::{Stop, Stoppable};
+use super::preempt::{Claimant, Stop, Stoppable, Victims};
 use super::{Priority, Share, Shares};
 use crate::BackendId;
 use crate::ledger::{self, Account, Cap};
 use crate::policy::Decision;
-use crate::units::{TextBytes, Tokens};
+use crate::units::TextBytes;
 
 /// The flow control a request is weighed by: a tenants file's [`Shares`], or
 /// [`NoFlowControl`].
@@ -43,21 +43,15 @@ pub trait FlowControl: Send + Sync {
         stop: Stop,
     ) -> Option<Stoppable<'_>>;
 
-    /// Stops the requests on `backend` that a request of `ticket` outranks; how many.
-    fn preempt(&self, backend: BackendId, ticket: &QueueTicket) -> usize;
+    /// Stops the `victims` a request of `ticket` outranks ([`Victims`]); how many.
+    fn stop(&self, ticket: &QueueTicket, victims: Victims) -> usize;
 
-    /// How many requests [`Self::preempt`] would stop on `backend` now.
-    fn outranked(&self, backend: BackendId, ticket: &QueueTicket) -> usize;
+    /// How many requests [`Self::stop`] would stop now, stopping none.
+    fn outranked(&self, ticket: &QueueTicket, victims: Victims) -> usize;
 
-    /// Stops the last placed request with no answer yet at the lowest priority below
-    /// `priority`, on `on` (`None`: any backend); whether there was one.
-    fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool;
-
-    /// Whether a request with no answer yet below `priority` is in flight on `on`.
-    fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool;
-
-    /// The bound a request at `priority` may wait past in a queue full at `bound`.
-    fn past_bound(&self, priority: Priority, bound: usize) -> usize;
+    /// The bound a request of `ticket` may wait past in a queue full at `bound` of
+    /// waiters it may not shed ([`Gate::past_bound`]).
+    fn past_bound(&self, ticket: &QueueTicket, bound: usize) -> usize;
 }
 
 impl FlowControl for Shares {
@@ -92,26 +86,32 @@ impl FlowControl for Shares {
         Some((self.preemptions).enter(backend, tenant, priority, stop))
     }
 
-    fn preempt(&self, backend: BackendId, ticket: &QueueTicket) -> usize {
+    fn stop(&self, ticket: &QueueTicket, victims: Victims) -> usize {
         let light = |tenant: &str, priority| self.light(tenant, priority);
-        (self.preemptions).preempt(backend, ticket.tenant, ticket.priority, light)
+        (self.preemptions).stop(claimant(ticket), victims, light)
     }
 
-    fn outranked(&self, backend: BackendId, ticket: &QueueTicket) -> usize {
+    fn outranked(&self, ticket: &QueueTicket, victims: Victims) -> usize {
         let light = |tenant: &str, priority| self.light(tenant, priority);
-        (self.preemptions).outranked(backend, ticket.tenant, ticket.priority, light)
+        (self.preemptions).outranked(claimant(ticket), victims, light)
     }
 
-    fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        self.preemptions.displace(priority, on)
+    fn past_bound(&self, ticket: &QueueTicket, bound: usize) -> usize {
+        if FlowControl::stop(self, ticket, Victims::Below(None)) > 0 {
+            usize::MAX
+        } else if ticket.priority == Priority::High {
+            bound.saturating_add(self.held_below(ticket.priority))
+        } else {
+            bound
+        }
     }
+}
 
-    fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        self.preemptions.any_below(priority, on)
-    }
-
-    fn past_bound(&self, priority: Priority, bound: usize) -> usize {
-        Shares::past_bound(self, priority, bound)
+/// A request of `ticket` as the preemption table weighs it.
+fn claimant<'t>(ticket: &QueueTicket<'t>) -> Claimant<'t> {
+    Claimant {
+        tenant: ticket.tenant,
+        priority: ticket.priority,
     }
 }
 
@@ -140,23 +140,15 @@ impl FlowControl for NoFlowControl {
         None
     }
 
-    fn preempt(&self, _: BackendId, _: &QueueTicket) -> usize {
+    fn stop(&self, _: &QueueTicket, _: Victims) -> usize {
         0
     }
 
-    fn outranked(&self, _: BackendId, _: &QueueTicket) -> usize {
+    fn outranked(&self, _: &QueueTicket, _: Victims) -> usize {
         0
     }
 
-    fn displace(&self, _: Priority, _: Option<BackendId>) -> bool {
-        false
-    }
-
-    fn any_below(&self, _: Priority, _: Option<BackendId>) -> bool {
-        false
-    }
-
-    fn past_bound(&self, _: Priority, bound: usize) -> usize {
+    fn past_bound(&self, _: &QueueTicket, bound: usize) -> usize {
         bound
     }
 }
@@ -220,7 +212,7 @@ impl<'t> Gate<'t> {
     pub fn cap(&self, limit: usize) -> Cap {
         let cap = (self.control).cap(&self.flow, self.arriving, limit, self.standing);
         Cap {
-            tokens: Tokens(usize::try_from(self.flow.cost).unwrap_or(usize::MAX)),
+            tokens: self.flow.cost,
             ..cap
         }
     }
@@ -252,21 +244,27 @@ impl<'t> Gate<'t> {
         }
     }
 
-    /// The bound it may wait past in a queue full at `bound` of waiters it may not shed
-    /// (the shares' `past_bound`; else `bound`).
+    /// The bound it may wait past in a queue full at `bound` of waiters it may not shed:
+    /// none once it stopped the last placed request with no answer yet at the lowest
+    /// priority below its own ([`Victims::Below`], which, sent back to the queue, gets
+    /// 503); else, for `high`, `bound` plus the requests held below it, all answered, each
+    /// freeing a slot it goes to first, so that a burst of `high` is not shed while the
+    /// floods below it run. Not for `normal` against `low`: the `normal` requests that
+    /// waited so took the slots `high` arrived at. Without flow control, `bound`.
     pub fn past_bound(&self, bound: usize) -> usize {
-        self.control.past_bound(self.flow.priority, bound)
+        self.control.past_bound(&self.flow, bound)
     }
 
-    /// Whether a lower priority's request with no answer yet is in flight on `on`.
+    /// Whether a lower priority's request with no answer yet is in flight on `on`
+    /// (`None`: any backend).
     pub fn outranks_any(&self, on: Option<BackendId>) -> bool {
-        self.control.any_below(self.flow.priority, on)
+        self.control.outranked(&self.flow, Victims::Below(on)) > 0
     }
 
     /// How many requests its placement on `backend` under `cap` would stop now.
     pub fn outranked(&self, cap: Cap, backend: BackendId) -> usize {
         match cap.kept() {
-            true => self.control.outranked(backend, &self.flow),
+            true => (self.control).outranked(&self.flow, Victims::Sharing(backend)),
             false => 0,
         }
     }
@@ -281,10 +279,8 @@ impl<'t> Gate<'t> {
         unbounded: impl FnOnce(Cap) -> Option<(usize, Decision)>,
     ) {
         let cap = self.cap(0);
-        let priority = self.flow.priority;
-        let preempt = |backend| self.control.preempt(backend, &self.flow);
-        let displace = || self.control.displace(priority, None);
-        home::make_room(cap, accounts, size, || unbounded(cap), preempt, displace);
+        let stop = |victims| self.control.stop(&self.flow, victims);
+        home::make_room(cap, accounts, size, || unbounded(cap), stop);
     }
 
     /// Where a request the reserve is kept for, under `cap`, stays at its conversation's
@@ -300,8 +296,8 @@ impl<'t> Gate<'t> {
         match self.at_home(accounts, cap, unbounded)? {
             AtHome::Stop(i) => {
                 let home = accounts.get(i)?.id;
-                (self.control.displace(self.flow.priority, Some(home)))
-                    .then_some((i, Cap { over: 1, ..cap }))
+                let stopped = self.control.stop(&self.flow, Victims::Below(Some(home)));
+                (stopped > 0).then_some((i, Cap { over: 1, ..cap }))
             }
             AtHome::PastCeiling(i) => Some((i, cap.at_home())),
         }
@@ -343,7 +339,7 @@ pub fn placed<'c>(
     stop: impl FnOnce() -> Stop,
 ) -> Option<Stoppable<'c>> {
     if cap.kept() {
-        control.preempt(backend, flow);
+        control.stop(flow, Victims::Sharing(backend));
         return None;
     }
     (!once).then(|| control.preemptible(backend, flow, stop()))?
@@ -354,6 +350,7 @@ mod tests {
     use super::*;
     use crate::flow::TenantId;
     use crate::ledger::Claim;
+    use crate::units::Tokens;
 
     #[test]
     fn without_flow_control_a_request_takes_its_limit_and_stops_nothing() {

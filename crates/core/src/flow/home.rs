@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use super::Victims;
 use crate::BackendId;
 use crate::ledger::{Account, Cap};
 use crate::policy::{Decision, Outcome};
@@ -68,24 +69,23 @@ pub fn at_home(
 }
 
 /// A request under `cap` the reserve is kept for, of routing text `size`, waiting for a
-/// slot, stops the last placed request with no answer yet of a priority below its own
-/// (`displace`, on any backend), and the requests it outranks that have no answer yet
-/// where the policy would place it if there were room (`unbounded`), or, for a text less
-/// than half matched there, on the first backend of `accounts` with such requests
-/// (`preempt` stops them on a backend and says how many): it takes a slot they free,
-/// ahead of them, rather than wait for a lower priority's request to end.
+/// slot, stops ([`Victims`]; `stop` says how many it stopped) the last placed request
+/// with no answer yet of a priority below its own, on any backend; and those that share
+/// the backend where the policy would place it if there were room (`unbounded`), or, for
+/// a text less than half matched there, the first backend of `accounts` with any: it
+/// takes a slot they free, ahead of them, rather than wait for a lower priority's request
+/// to end.
 pub fn make_room(
     cap: Cap,
     accounts: &[&Arc<Account>],
     size: TextBytes,
     unbounded: impl FnOnce() -> Option<(usize, Decision)>,
-    mut preempt: impl FnMut(BackendId) -> usize,
-    displace: impl FnOnce() -> bool,
+    mut stop: impl FnMut(Victims) -> usize,
 ) {
     if !cap.kept() {
         return;
     }
-    displace();
+    stop(Victims::Below(None));
     let Some((index, decision)) = unbounded() else {
         return;
     };
@@ -93,11 +93,11 @@ pub fn make_room(
         return;
     };
     let mostly_uncached = decision.matched.0 < size.0 / 2;
-    if preempt(chosen.id) > 0 || !mostly_uncached {
+    if stop(Victims::Sharing(chosen.id)) > 0 || !mostly_uncached {
         return;
     }
     for account in accounts {
-        if preempt(account.id) > 0 {
+        if stop(Victims::Sharing(account.id)) > 0 {
             return;
         }
     }
@@ -185,30 +185,18 @@ mod tests {
         let (all, _seats) = fleet();
         let accounts: Vec<&Arc<Account>> = all.iter().collect();
         let tried = RefCell::new(Vec::new());
-        let preempt = |backend: BackendId| {
-            tried.borrow_mut().push(backend.0);
-            usize::from(backend == BackendId(0))
+        let stop = |victims: Victims| {
+            tried.borrow_mut().push(victims);
+            usize::from(victims == Victims::Sharing(BackendId(0)))
         };
         let uncached = || Some((1, Decision::new(1, Outcome::Placed)));
-        let displaced = Cell::new(0);
-        let displace = || {
-            displaced.set(displaced.get() + 1);
-            true
-        };
-        make_room(
-            kept(),
-            &accounts,
-            TextBytes(100),
-            uncached,
-            preempt,
-            displace,
-        );
+        make_room(kept(), &accounts, TextBytes(100), uncached, stop);
+        let sharing = |i| Victims::Sharing(BackendId(i));
         assert_eq!(
             *tried.borrow(),
-            vec![1, 0],
-            "where it would go, then the first with any"
+            vec![Victims::Below(None), sharing(1), sharing(0)],
+            "a lower priority, where it would go, then the first with any"
         );
-        assert_eq!(displaced.get(), 1, "a lower priority stopped too");
         tried.borrow_mut().clear();
         let cached = || {
             let matched = TextBytes(60);
@@ -220,18 +208,14 @@ mod tests {
                 },
             ))
         };
-        make_room(kept(), &accounts, TextBytes(100), cached, preempt, displace);
-        assert_eq!(*tried.borrow(), vec![1], "mostly cached: only there");
-        tried.borrow_mut().clear();
-        make_room(
-            Cap::default(),
-            &accounts,
-            TextBytes(100),
-            uncached,
-            preempt,
-            displace,
+        make_room(kept(), &accounts, TextBytes(100), cached, stop);
+        assert_eq!(
+            *tried.borrow(),
+            vec![Victims::Below(None), sharing(1)],
+            "mostly cached: only there"
         );
+        tried.borrow_mut().clear();
+        make_room(Cap::default(), &accounts, TextBytes(100), uncached, stop);
         assert!(tried.borrow().is_empty(), "not kept: nothing stopped");
-        assert_eq!(displaced.get(), 2, "not kept: no lower priority stopped");
     }
 }

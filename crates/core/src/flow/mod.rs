@@ -20,7 +20,7 @@ pub use excess::{after_read, take_back};
 pub use gate::{FlowControl, Gate, NO_FLOW_CONTROL, NoFlowControl, Wait, placed};
 pub use home::{AtHome, at_home, make_room};
 pub use order::{Bounds, Key, Order, Shed};
-pub use preempt::{Preemptions, Stoppable, Stopped};
+pub use preempt::{Claimant, Preemptions, Stoppable, Stopped, Victims};
 pub use share::{ACTIVE_AFTER, Share, Shares};
 pub use tenant::TenantId;
 

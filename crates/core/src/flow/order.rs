@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::{Priority, TenantId};
+use crate::units::Tokens;
 
 /// A waiter's place in the order: highest priority, lowest virtual time, earliest.
 pub type Key = (Reverse<Priority>, u64, u64);
@@ -26,7 +27,7 @@ pub struct QueueTicket<'t> {
     /// Its tenant's weight (at least 1 is counted).
     pub weight: u32,
     /// Its estimated prompt tokens (at least 1 is counted).
-    pub cost: u64,
+    pub cost: Tokens,
 }
 
 impl Default for QueueTicket<'_> {
@@ -36,7 +37,7 @@ impl Default for QueueTicket<'_> {
             priority: Priority::Normal,
             tenant: TenantId::none(),
             weight: 1,
-            cost: 1,
+            cost: Tokens(1),
         }
     }
 }
@@ -139,7 +140,8 @@ impl<W> Order<W> {
         let floor = self.now;
         let virtual_time = self.tenants.entry(ticket.tenant.clone()).or_default();
         let start = (*virtual_time).max(floor);
-        *virtual_time = start + ticket.cost.max(1) * 1024 / u64::from(ticket.weight.max(1));
+        let cost = u64::try_from(ticket.cost.0.max(1)).unwrap_or(u64::MAX);
+        *virtual_time = start + cost.saturating_mul(1024) / u64::from(ticket.weight.max(1));
         self.next += 1;
         let key = (Reverse(ticket.priority), start, self.next);
         let waiter = Waiter {
@@ -220,12 +222,12 @@ mod tests {
     use super::*;
 
     /// A ticket of `tenant` (its id lives as long as the test).
-    fn ticket(priority: Priority, tenant: &str, cost: u64) -> QueueTicket<'static> {
+    fn ticket(priority: Priority, tenant: &str, cost: usize) -> QueueTicket<'static> {
         QueueTicket {
             priority,
             tenant: Box::leak(Box::new(TenantId::new(tenant))),
             weight: 1,
-            cost,
+            cost: Tokens(cost),
         }
     }
 

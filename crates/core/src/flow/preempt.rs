@@ -1,29 +1,31 @@
-//! Preemption before the first byte. Engines split their prefill compute among the
-//! requests prefilling at once, so a light tenant's request placed beside a heavy
-//! tenant's fresh ones prefills at a fraction of the speed it would alone, however many
-//! slots the reserve kept for it. When such a request (one the reserve is kept for) is
-//! placed, the requests on its backend that it outranks and that have no answer yet are
-//! stopped: their connections close (the engine aborts them, its slot and prefill compute
-//! free) and they go back to the router's queue, to be placed again, by the policy, when
-//! a slot opens. Their clients see only the delay, or, if the queue is full, 503
-//! `overloaded` with `Retry-After` and nothing sent: nothing accepted is lost. A request
-//! is stopped at most once for another ([`Stopped::Outranked`]), besides being taken
-//! back once from an engine's queue ([`Stopped::TakenBack`]).
+//! Preemption before the first byte. A request the reserve is kept for stops requests
+//! it outranks that have no answer yet ([`Preemptions::stop`]): their connections close
+//! (the engine aborts them, their slot and prefill compute free) and they go back to the
+//! router's queue, to be placed again, by the policy, when a slot opens. Their clients
+//! see only the delay, or, if the queue is full, 503 `overloaded` with `Retry-After` and
+//! nothing sent: nothing accepted is lost. A request is stopped at most once for another
+//! ([`Stopped::Outranked`]), besides being taken back once from an engine's queue
+//! ([`Stopped::TakenBack`]).
 //!
-//! It outranks another tenant's request at its own priority whose tenant is at or over
-//! its fair share. A higher priority stops no lower one where it is placed: the work a
-//! stopped `normal` or `low` request does again, and the cache it churns, cost `high`
-//! more than sharing the prefill does. It stops the last placed request of the lowest priority below
-//! its own ([`Preemptions::displace`]) only for want of a slot: on any backend when the
-//! queue is full of requests it may not shed (rather than be shed itself), or when the
-//! reserve is kept for it and it would wait in the queue (rather than wait for a lower
-//! priority's request to end; [`super::home::make_room`]); at its conversation's home
-//! when that is full, taking the slot, rather than move and compute its context again
-//! elsewhere. Only with a tenants file: the table holds the requests in flight
-//! that have not answered yet, each until its first response byte. Whether a tenant is at
-//! or over its fair share is asked of the caller (a function, so that this table knows
-//! nothing of shares), outside the table's lock, and stops are called once a request is
-//! out of the table and the lock released.
+//! It stops them for one of two needs ([`Victims`]):
+//! - **Prefill.** Engines split their prefill compute among the requests prefilling at
+//!   once, so a light tenant's request placed beside a heavy tenant's fresh ones
+//!   prefills at a fraction of the speed it would alone, however many slots the reserve
+//!   kept for it. Where it is placed (or, waiting, where it would go), it stops every
+//!   request of its own priority there whose tenant is at or over its fair share. Not a
+//!   lower priority's: where engines are bound by sequences, the work those do again
+//!   and the cache they churn cost `high` more than sharing the prefill does.
+//! - **A slot.** For want of one it stops the last placed request of the lowest priority
+//!   below its own: on any backend when the queue is full of requests it may not shed
+//!   (rather than be shed itself), or when it would wait in the queue
+//!   ([`super::home`]); at its conversation's home when that is full, taking the slot,
+//!   rather than move and compute its context again elsewhere.
+//!
+//! Only with a tenants file: the table holds the requests in flight that have not
+//! answered yet, each until its first response byte. Whether a tenant is at or over its
+//! fair share is asked of the caller (a function, so that this table knows nothing of
+//! shares), outside the table's lock, and stops are called once a request is out of the
+//! table and the lock released.
 
 use std::cmp::Reverse;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -45,6 +47,27 @@ pub enum Stopped {
     /// Taken back from its engine's queue ([`super::excess`]): placed again, it may
     /// still be stopped once for a request that outranks it.
     TakenBack,
+}
+
+/// A request that may stop those it outranks: its tenant and priority.
+#[derive(Clone, Copy, Debug)]
+pub struct Claimant<'a> {
+    /// Its tenant.
+    pub tenant: &'a str,
+    /// Its priority.
+    pub priority: Priority,
+}
+
+/// Which of the requests with no answer yet that a request outranks it stops, for which
+/// need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Victims {
+    /// On this backend, where it is placed (or would go), every request of its priority
+    /// of another tenant at or over its fair share: they share its prefill.
+    Sharing(BackendId),
+    /// The last placed request of the lowest priority below its own, on this backend
+    /// (`None`: any): for the slot it frees.
+    Below(Option<BackendId>),
 }
 
 /// A request in flight, not answered yet, that a request outranking it may stop.
@@ -100,37 +123,42 @@ impl Preemptions {
         }
     }
 
-    /// Stops the requests on `backend` that a request of `tenant` at `priority`
-    /// outranks, their tenants weighed by `light` (whether a tenant at a priority is below
-    /// its fair share) now; returns how many.
-    pub fn preempt(
+    /// Stops the `victims` a request `by` outranks; how many. Whether a tenant at a
+    /// priority is below its fair share is asked of `light`, with the table's lock
+    /// released.
+    pub fn stop(
         &self,
-        backend: BackendId,
-        tenant: &str,
-        priority: Priority,
+        by: Claimant,
+        victims: Victims,
         light: impl Fn(&str, Priority) -> bool,
     ) -> usize {
-        let outranked = self.outranked_serials(backend, tenant, priority, light);
-        stop_all(
-            self.remove(|f| outranked.contains(&f.serial)),
-            Stopped::Outranked,
-        )
+        let stopped = match victims {
+            Victims::Sharing(backend) => {
+                let sharing = self.sharing(backend, by, light);
+                self.remove(|f| sharing.contains(&f.serial))
+            }
+            Victims::Below(on) => {
+                let mut flights = self.flights.lock();
+                let newest = lowest_below(&flights, by.priority, on);
+                newest.map(|i| flights.swap_remove(i)).into_iter().collect()
+            }
+        };
+        stop_all(stopped, Stopped::Outranked)
     }
 
-    /// Stops, on `on` (`None`: any backend), the last placed of the requests with no
-    /// answer yet at the lowest priority below `priority`; whether there was one.
-    pub fn displace(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        let mut flights = self.flights.lock();
-        let lowest = (flights.iter().enumerate())
-            .filter(|(_, f)| f.below(priority, on))
-            .min_by_key(|(_, f)| (f.priority, Reverse(f.serial)))
-            .map(|(i, _)| i);
-        let Some(i) = lowest else {
-            return false;
-        };
-        let flight = flights.swap_remove(i);
-        drop(flights);
-        stop_all(vec![flight], Stopped::Outranked) == 1
+    /// How many requests [`Self::stop`] would stop now, stopping none.
+    pub fn outranked(
+        &self,
+        by: Claimant,
+        victims: Victims,
+        light: impl Fn(&str, Priority) -> bool,
+    ) -> usize {
+        match victims {
+            Victims::Sharing(backend) => self.sharing(backend, by, light).len(),
+            Victims::Below(on) => {
+                usize::from(lowest_below(&self.flights.lock(), by.priority, on).is_some())
+            }
+        }
     }
 
     /// Stops the last `n` placed requests with no answer yet on `backend`, whatever their
@@ -163,40 +191,32 @@ impl Preemptions {
         taken
     }
 
-    /// The serials of the requests on `backend` a request of `tenant` at `priority`
-    /// outranks; `light` is asked with the table's lock released.
-    fn outranked_serials(
+    /// The serials of the requests on `backend` that `by` stops as [`Victims::Sharing`];
+    /// `light` is asked with the table's lock released.
+    fn sharing(
         &self,
         backend: BackendId,
-        tenant: &str,
-        priority: Priority,
+        by: Claimant,
         light: impl Fn(&str, Priority) -> bool,
     ) -> Vec<u64> {
         let contested: Vec<(u64, TenantId)> = (self.flights.lock().iter())
-            .filter(|f| f.contested_by(backend, tenant, priority))
+            .filter(|f| f.contested_by(backend, by))
             .map(|f| (f.serial, f.tenant.clone()))
             .collect();
-        let outranked = contested.into_iter().filter(|(_, t)| !light(t, priority));
+        let outranked = contested
+            .into_iter()
+            .filter(|(_, t)| !light(t, by.priority));
         outranked.map(|(serial, _)| serial).collect()
     }
+}
 
-    /// Whether a request with no answer yet at a priority below `priority` is in flight
-    /// on `on` (`None`: any backend): whether [`Self::displace`] would stop one.
-    pub fn any_below(&self, priority: Priority, on: Option<BackendId>) -> bool {
-        self.flights.lock().iter().any(|f| f.below(priority, on))
-    }
-
-    /// How many requests on `backend` a request of `tenant` at `priority` outranks now
-    /// (what [`Self::preempt`] would stop), stopping none.
-    pub fn outranked(
-        &self,
-        backend: BackendId,
-        tenant: &str,
-        priority: Priority,
-        light: impl Fn(&str, Priority) -> bool,
-    ) -> usize {
-        (self.outranked_serials(backend, tenant, priority, light)).len()
-    }
+/// The position among `flights` of the last placed at the lowest priority below
+/// `priority`, on `on` (`None`: any backend).
+fn lowest_below(flights: &[Flight], priority: Priority, on: Option<BackendId>) -> Option<usize> {
+    (flights.iter().enumerate())
+        .filter(|(_, f)| f.below(priority, on))
+        .min_by_key(|(_, f)| (f.priority, Reverse(f.serial)))
+        .map(|(i, _)| i)
 }
 
 /// Calls each of `flights`' stops with `why`, in order; how many.
@@ -211,11 +231,11 @@ impl Flight {
         self.priority < priority && on.is_none_or(|b| b == self.backend)
     }
 
-    /// Whether a request of `tenant` at `priority` on `backend` contests this one: it is
-    /// there, at the same priority, of another tenant. It outranks it when this one's
+    /// Whether a request `by` on `backend` contests this one: it is there, at `by`'s
+    /// priority, of another tenant. It outranks it when this one's
     /// tenant is at or over its share.
-    fn contested_by(&self, backend: BackendId, tenant: &str, priority: Priority) -> bool {
-        self.backend == backend && self.priority == priority && *self.tenant != *tenant
+    fn contested_by(&self, backend: BackendId, by: Claimant) -> bool {
+        self.backend == backend && self.priority == by.priority && *self.tenant != *by.tenant
     }
 }
 
@@ -265,8 +285,13 @@ mod tests {
         calls.load(Relaxed)
     }
 
+    /// A claimant of `tenant` at `priority`.
+    fn by(tenant: &str, priority: Priority) -> Claimant<'_> {
+        Claimant { tenant, priority }
+    }
+
     #[test]
-    fn a_request_stops_only_those_it_outranks_on_its_backend_once() {
+    fn a_request_stops_those_sharing_its_backend_that_it_outranks_once() {
         // b is below its fair share, a over it.
         let is_light = |tenant: &str, _: Priority| tenant == "b";
         let preemptions = Preemptions::default();
@@ -275,20 +300,25 @@ mod tests {
         let (_elsewhere, elsewhere) = enter(&preemptions, two, Priority::Normal, "a");
         let (light_guard, light) = enter(&preemptions, one, Priority::Normal, "b");
         let (low_guard, low) = enter(&preemptions, one, Priority::Low, "a");
-        assert_eq!(preemptions.preempt(one, "b", Priority::Normal, is_light), 1);
+        let b = by("b", Priority::Normal);
+        let sharing = |backend| Victims::Sharing(backend);
+        assert_eq!(preemptions.outranked(b, sharing(one), is_light), 1);
+        assert_eq!(preemptions.stop(b, sharing(one), is_light), 1);
         assert_eq!(stops(&heavy), 1);
         assert_eq!(
-            preemptions.preempt(one, "b", Priority::Normal, is_light),
+            preemptions.stop(b, sharing(one), is_light),
             0,
             "each once; b's own, another priority's, and another backend's stay"
         );
+        let high = by("b", Priority::High);
         assert_eq!(
-            preemptions.preempt(one, "b", Priority::High, is_light),
+            preemptions.stop(high, sharing(one), is_light),
             0,
-            "a higher priority stops no lower one"
+            "a higher priority shares no prefill it stops"
         );
-        assert_eq!(preemptions.preempt(two, "a", Priority::Normal, is_light), 0);
-        assert_eq!(preemptions.preempt(two, "b", Priority::Normal, is_light), 1);
+        let a = by("a", Priority::Normal);
+        assert_eq!(preemptions.stop(a, sharing(two), is_light), 0);
+        assert_eq!(preemptions.stop(b, sharing(two), is_light), 1);
         assert_eq!((stops(&heavy), stops(&elsewhere)), (1, 1));
         assert_eq!((stops(&light), stops(&low)), (0, 0));
         drop((light_guard, low_guard));
@@ -296,33 +326,46 @@ mod tests {
     }
 
     #[test]
-    fn displacing_stops_the_last_placed_of_the_lowest_priority_there_or_anywhere() {
+    fn a_request_stops_the_last_placed_of_the_lowest_priority_below_it_there_or_anywhere() {
+        let nobody = |_: &str, _: Priority| false;
         let preemptions = Preemptions::default();
         let (one, two, three) = (BackendId(1), BackendId(2), BackendId(3));
         let (_first, first_low) = enter(&preemptions, one, Priority::Low, "a");
         let (_normal, normal) = enter(&preemptions, one, Priority::Normal, "a");
         let (_last, last_low) = enter(&preemptions, two, Priority::Low, "a");
-        assert!(
-            !preemptions.displace(Priority::Low, None),
+        let below = |on| Victims::Below(on);
+        let (low, high) = (by("a", Priority::Low), by("a", Priority::High));
+        assert_eq!(
+            preemptions.stop(low, below(None), nobody),
+            0,
             "nothing is below low"
         );
-        assert!(!preemptions.any_below(Priority::Low, None));
-        assert!(preemptions.any_below(Priority::Normal, Some(one)));
-        assert!(!preemptions.any_below(Priority::Normal, Some(three)));
-        assert!(
-            !preemptions.displace(Priority::High, Some(three)),
+        assert_eq!(preemptions.outranked(low, below(None), nobody), 0);
+        let normal_by = by("a", Priority::Normal);
+        assert_eq!(
+            preemptions.outranked(normal_by, below(Some(one)), nobody),
+            1
+        );
+        assert_eq!(
+            preemptions.outranked(normal_by, below(Some(three)), nobody),
+            0
+        );
+        assert_eq!(
+            preemptions.stop(high, below(Some(three)), nobody),
+            0,
             "none on three"
         );
         // On one backend: the lowest there, although a later one is elsewhere.
-        assert!(preemptions.displace(Priority::High, Some(one)));
+        assert_eq!(preemptions.stop(high, below(Some(one)), nobody), 1);
         assert_eq!((stops(&first_low), stops(&last_low)), (1, 0));
-        assert!(preemptions.displace(Priority::High, None));
+        assert_eq!(preemptions.stop(high, below(None), nobody), 1);
         assert_eq!(stops(&last_low), 1);
-        assert!(
-            !preemptions.displace(Priority::Normal, None),
-            "normal displaces no normal"
+        assert_eq!(
+            preemptions.stop(normal_by, below(None), nobody),
+            0,
+            "normal stops no normal"
         );
-        assert!(preemptions.displace(Priority::High, None));
+        assert_eq!(preemptions.stop(high, below(None), nobody), 1);
         assert_eq!(stops(&normal), 1);
         assert!(preemptions.flights.lock().is_empty());
     }

@@ -215,27 +215,10 @@ impl Shares {
     }
 
     /// Requests held now (in flight or waiting) at priorities below `priority`.
-    fn held_below(&self, priority: Priority) -> usize {
+    pub(super) fn held_below(&self, priority: Priority) -> usize {
         let flows = self.flows.lock();
         let below = &flows.bands[..priority as usize];
         below.iter().flatten().map(|band| band.held).sum()
-    }
-
-    /// The bound a request at `priority` may wait past in a queue full at `bound` of
-    /// waiters it may not shed: none once it stopped the last placed request with no
-    /// answer yet at the lowest priority below its own ([`Preemptions::displace`], which,
-    /// sent back to the queue, gets 503); else, for `high`, `bound` plus the requests
-    /// held below it, all answered, each freeing a slot it goes to first, so that a burst
-    /// of `high` is not shed while the floods below it run. Not for `normal` against
-    /// `low`: the `normal` requests that waited so took the slots `high` arrived at.
-    pub fn past_bound(&self, priority: Priority, bound: usize) -> usize {
-        if self.preemptions.displace(priority, None) {
-            usize::MAX
-        } else if priority == Priority::High {
-            bound.saturating_add(self.held_below(priority))
-        } else {
-            bound
-        }
     }
 
     /// Each known tenant's requests held now (in flight or waiting).
@@ -304,6 +287,7 @@ impl Drop for Share<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::flow::{FlowControl, order::QueueTicket};
 
     #[test]
     fn a_tenant_over_its_share_keeps_a_slot_for_one_below() {
@@ -379,13 +363,14 @@ mod tests {
         assert!(shares.cap("a", Priority::Normal, 0, 0).leaves());
         let _low = shares.enter(&TenantId::new("a"), 1, Priority::Low);
         assert!(shares.cap("a", Priority::Low, 0, 0).leaves());
-        assert_eq!(
-            shares.past_bound(Priority::High, 4),
-            11,
-            "7 below, none to stop"
-        );
-        assert_eq!(shares.past_bound(Priority::Normal, 4), 4, "high only");
-        assert_eq!(shares.past_bound(Priority::Low, 4), 4);
+        let ticket = |priority| QueueTicket {
+            priority,
+            ..QueueTicket::default()
+        };
+        let past = |priority| FlowControl::past_bound(&shares, &ticket(priority), 4);
+        assert_eq!(past(Priority::High), 11, "7 below, none to stop");
+        assert_eq!(past(Priority::Normal), 4, "high only");
+        assert_eq!(past(Priority::Low), 4);
         assert!(
             shares.cap("a", Priority::High, 0, 0).light(),
             "the KV kept for light flows is kept for high"

@@ -18,6 +18,7 @@ use prefix_router_core::flow::{
     self, FlowControl, Gate, Key, Order, Share, Stoppable, Stopped, gate, order,
 };
 use prefix_router_core::ledger::Cap;
+use prefix_router_core::units::Tokens;
 
 use super::{Flowing, Placement, Want, World, seconds};
 use crate::scenario::Flows;
@@ -95,7 +96,7 @@ impl<'w> World<'w> {
             priority,
             tenant,
             weight: 1,
-            cost: 0,
+            cost: Tokens(0),
         };
         let flow = self.control[replica].flow;
         Pending {
@@ -147,10 +148,10 @@ impl<'w> World<'w> {
     }
 
     /// `pending`'s prompt tokens (its cost in the queue's order).
-    fn prompt_tokens(&self, pending: &Pending) -> u64 {
+    fn prompt_tokens(&self, pending: &Pending) -> Tokens {
         let want = pending.want;
         let turns = self.parties[want.party].plan.sessions()[want.session].turns();
-        turns[want.turn].prompt_tokens()
+        Tokens(usize::try_from(turns[want.turn].prompt_tokens()).unwrap_or(usize::MAX))
     }
 
     /// `pending` waits in its replica's queue: a full one sheds its last waiter of a lower

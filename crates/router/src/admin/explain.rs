@@ -72,7 +72,7 @@ pub async fn explain(
     let size = prepared.size();
     let gate = identity.as_ref().ok().map(|identity| Gate {
         arriving: true,
-        ..steps::gate(state, identity, size.tokens().0 as u64)
+        ..steps::gate(state, identity, size.tokens())
     });
     let cap = gate.map_or(Cap::from(limit), |g| g.cap(limit));
     let decided = prepare::decide(state, &accounts, cap, &request);

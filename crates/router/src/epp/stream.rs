@@ -160,11 +160,14 @@ async fn pick(
     state.stats.body(incoming.body.bytes.len());
     let bytes = incoming.body.bytes.clone();
     let prepared = steps::prepare(state, limits, endpoint, headers, &bytes).await?;
-    let estimate = prepared.as_ref().map_or(0, |p| p.size().tokens().0 as u64);
-    let charge = (state.tenancy.admit(&identity, estimate)).map_err(RouterError::RateLimited)?;
+    let tokens = prepared
+        .as_ref()
+        .map_or(Default::default(), |p| p.size().tokens());
+    let charge =
+        (state.tenancy.admit(&identity, tokens.0 as u64)).map_err(RouterError::RateLimited)?;
     let request = prepared.as_ref().map(|p| p.request(false));
     let route = request.as_ref().map_or(Route::AnyBackend, Route::Policy);
-    let gate = steps::gate(state, &identity, estimate);
+    let gate = steps::gate(state, &identity, tokens);
     // Counted in its tenant's share until the response ends.
     let _share = gate.control.enter(&gate.flow);
     let mut choosing = Choosing {

@@ -223,7 +223,7 @@ impl Router {
             trace: &ctx.trace,
             subset,
         };
-        let gate = steps::gate(state, &identity, estimate);
+        let gate = steps::gate(state, &identity, ctx.prompt.tokens());
         // Counted in its tenant's share until the response ends.
         let _share = gate.control.enter(&gate.flow);
         let dispatched =

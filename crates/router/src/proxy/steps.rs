@@ -62,7 +62,7 @@ pub async fn prepare<'b>(
 
 /// The request at flow control's gate: its priority and tenant, and `cost`, its
 /// estimated prompt tokens.
-pub fn gate<'t>(state: &'t State, identity: &Identity<'t>, cost: u64) -> Gate<'t> {
+pub fn gate<'t>(state: &'t State, identity: &Identity<'t>, cost: Tokens) -> Gate<'t> {
     Gate {
         flow: order::QueueTicket {
             priority: identity.priority,

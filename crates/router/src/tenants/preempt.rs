@@ -57,7 +57,7 @@ mod tests {
     use super::*;
     use crate::tenants::{Priority, Shares};
     use prefix_router_core::flow::order::QueueTicket;
-    use prefix_router_core::flow::{FlowControl, TenantId};
+    use prefix_router_core::flow::{FlowControl, TenantId, Victims};
 
     #[tokio::test]
     async fn a_stopped_request_is_woken_even_when_stopped_before_it_waits() {
@@ -81,7 +81,10 @@ mod tests {
             tenant: &b,
             ..QueueTicket::default()
         };
-        assert_eq!(FlowControl::preempt(&shares, BackendId(1), &light), 1);
+        assert_eq!(
+            FlowControl::stop(&shares, &light, Victims::Sharing(BackendId(1))),
+            1
+        );
         heavy.stop().notified().await;
     }
 }
