@@ -133,6 +133,11 @@ async fn heavy_beside_light(kv: bool) -> (usize, bool) {
     let explained = explain_as(&router, "sk-heavy", "normal", &body).await;
     let backend = &explained["backends"][0];
     assert_eq!(backend["open"], !kv, "POST /route agrees: {explained}");
+    let room = backend["room"].as_u64();
+    assert!(
+        room.is_some() && room < backend["hold"].as_u64(),
+        "the room it may take, under the hold less the reserve: {explained}"
+    );
     assert!(
         backend["kept_tokens"].as_u64() >= Some(500)
             && backend["inflight_tokens"].as_u64() >= Some(900),

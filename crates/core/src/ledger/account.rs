@@ -172,14 +172,22 @@ impl Account {
         self.below(self.load(), cap.into())
     }
 
-    /// Whether `load` is below `cap`'s limit (0: none) and its hold (0: none; for a
-    /// request the reserve is kept for, no more than its ceiling), and, with a reserve or
-    /// standing slots, below its ceiling less those; each raised by `cap.over`. A request
-    /// that leaves the reserve free is also kept off a held backend while a request the
-    /// reserve is kept for prefills there (the prefill guard: engines split their prefill
-    /// compute among the requests prefilling at once), while its KV is kept for light
-    /// flows, and where it would not leave the KV the kept requests had lately.
+    /// The one admission check: whether `load` is below the slots `cap` may take here
+    /// ([`Self::room`]), and, for a request that leaves the reserve, its prompt leaves the
+    /// KV the kept requests had lately.
     fn below(&self, load: usize, cap: Cap) -> bool {
+        let room = self.room(cap);
+        room.admits(load) && (!room.leaves_kv || self.leaves_kv(cap.tokens))
+    }
+
+    /// What a request under `cap` may take here now ([`Room`]): the least of `cap`'s
+    /// limit (0: none), the hold (0: none; for a request the reserve is kept for, no more
+    /// than the ceiling but at its conversation's home), and, with a reserve or standing
+    /// slots to leave, the ceiling less those; each raised by `cap.over`. A request that
+    /// leaves the reserve free may take none of a held backend while a request the reserve
+    /// is kept for prefills there (the prefill guard: engines split their prefill compute
+    /// among the requests prefilling at once) or while its KV is kept for light flows.
+    pub fn room(&self, cap: Cap) -> Room {
         let (hold, ceiling) = self.held();
         // Past what the engine runs, a kept request would wait in the engine's queue (a
         // hold probes a quarter past it) rather than in the router's.
@@ -192,15 +200,19 @@ impl Account {
         } else {
             cap.standing().min(ceiling.saturating_sub(1))
         };
-        let reserved = free > 0 && hold > 0 && ceiling > 0;
-        let load = load.saturating_sub(cap.over);
         let leaving = cap.leaves() && hold > 0;
         let kept_off = leaving && (self.reserve.prefilling() || self.guard.kept());
-        !kept_off
-            && (cap.limit == 0 || load < cap.limit)
-            && (hold == 0 || load < hold)
-            && (!reserved || load + free < ceiling.min(hold))
-            && (!leaving || self.leaves_kv(cap.tokens))
+        let bounds = [
+            (cap.limit > 0).then_some(cap.limit),
+            (hold > 0).then_some(hold),
+            (free > 0 && hold > 0 && ceiling > 0).then(|| ceiling.min(hold).saturating_sub(free)),
+            kept_off.then_some(0),
+        ];
+        Room {
+            slots: bounds.into_iter().flatten().min(),
+            over: cap.over,
+            leaves_kv: leaving,
+        }
     }
 
     /// Whether a request of `tokens` that leaves the reserve leaves the kept requests'
@@ -254,6 +266,29 @@ impl Account {
             self.reserve.seat(band, cap.tokens);
         }
         Some(Seat::new(Arc::clone(self), prefill, cap, decision))
+    }
+}
+
+/// What a request may take of one backend now ([`Account::room`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    /// Requests in flight it may be placed below (`None`: no bound; `Some(0)`: closed to
+    /// it).
+    pub slots: Option<usize>,
+    /// Slots past them it may take ([`Cap::over`]), unless closed.
+    pub over: usize,
+    /// Whether its prompt must also leave the KV the kept requests had lately.
+    pub leaves_kv: bool,
+}
+
+impl Room {
+    /// Whether one more request fits beside `load` in flight.
+    pub fn admits(&self, load: usize) -> bool {
+        match self.slots {
+            None => true,
+            Some(0) => false,
+            Some(slots) => load < slots.saturating_add(self.over),
+        }
     }
 }
 

@@ -27,7 +27,7 @@ mod seat;
 mod steer;
 mod upkeep;
 
-pub use account::Account;
+pub use account::{Account, Room};
 pub use cap::{Cap, Claim, Kept};
 pub use hold::share_holds;
 pub use kv_guard::{HOME_READS, protect_kv};

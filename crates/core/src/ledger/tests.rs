@@ -447,3 +447,41 @@ fn a_freed_seat_calls_its_accounts_hook() {
     drop(placed);
     assert_eq!(freed.load(Relaxed), 1);
 }
+
+#[test]
+fn the_room_a_request_may_take_is_the_least_of_its_bounds() {
+    let all = accounts(1);
+    let account = &all[0];
+    let room = |cap: Cap| account.room(cap).slots;
+    assert_eq!(room(Cap::default()), None, "no limit, no hold: unbounded");
+    assert_eq!(room(Cap::from(3)), Some(3));
+    account.learn_hold(load(8, 1));
+    account.learn_hold(load(8, 0));
+    assert_eq!(
+        account.held(),
+        (10, 8),
+        "probing a quarter past a ceiling of 8"
+    );
+    assert_eq!(room(Cap::from(3)), Some(3), "the limit under the hold");
+    assert_eq!(room(Cap::default()), Some(10), "the hold");
+    let kept = Cap::claiming(Claim::Kept(Kept::default()));
+    assert_eq!(room(kept), Some(8), "kept: no further than the ceiling");
+    assert_eq!(room(kept.at_home()), Some(10), "but at its home");
+    let leaves = Cap::claiming(Claim::Leaves);
+    assert_eq!(room(leaves), Some(7), "the ceiling less an eighth of it");
+    assert!(account.room(leaves).leaves_kv);
+    let standing = Cap::claiming(Claim::Open { standing: 2 });
+    assert_eq!(
+        room(standing),
+        Some(6),
+        "the ceiling less the standing slots"
+    );
+    let over = Cap { over: 1, ..leaves };
+    assert!(account.room(over).admits(7) && !account.room(over).admits(8));
+    let closed = Room {
+        slots: Some(0),
+        over: 1,
+        leaves_kv: false,
+    };
+    assert!(!closed.admits(0), "closed, whatever it may take past");
+}

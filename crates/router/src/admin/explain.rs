@@ -13,11 +13,12 @@
 //! `admission` says whose request it is (the tenant and priority its headers give) and
 //! whether it would wait in the router's queue (`wait`: `full` when no backend is open
 //! for it, `behind` when others wait ahead of it); `backend` is null when it would wait
-//! for a full fleet. With a tenants file, `kept` says whether the reserve is kept for it,
-//! and each backend's `would_stop` how many requests there with no answer yet it would
-//! stop if placed there ([`crate::tenants::preempt`]); `stops_at_home` names its
-//! conversation's home when that is full and it would stop a lower priority there to
-//! take the slot.
+//! for a full fleet. Each backend's `room` is the requests in flight it may be placed
+//! below there ([`prefix_router_core::ledger::Account::room`]). With a tenants file,
+//! `kept` says whether the reserve is kept for it, each backend's `would_stop` how many
+//! requests there with no answer yet it would stop if placed there
+//! ([`crate::tenants::preempt`]), and `stops_at_home` names its conversation's home when
+//! that is full and it would stop a lower priority there to take the slot.
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -95,6 +96,7 @@ pub async fn explain(
                 "kept_tokens": a.tokens_in_flight().1.0,
                 "kv_kept": a.kv_kept(),
                 "slots": a.sequences(),
+                "room": a.room(cap).slots,
                 "open": a.open(cap),
                 "would_stop": gate.map_or(0, |g| g.outranked(cap, a.id)),
                 "hold": a.hold(),
