@@ -12,14 +12,13 @@
 //! and then takes it wherever it freed, usually away from its cached prefix. A tenant is
 //! active from its first request until a while after its last one ended
 //! ([`Shares::set_active_after`], [`ACTIVE_AFTER`] by default), so the reserve outlives an
-//! agent's pause between turns; so is a priority. Tenants come only from the tenants file, so the
-//! table is bounded by it.
+//! agent's pause between turns; so is a priority. Tenants come only from the tenants
+//! file, so the table is bounded by it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
-
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use smallvec::SmallVec;
