@@ -126,6 +126,10 @@ async fn the_simulators_events_make_the_router_exact() {
     );
     let cached = &second["usage"]["prompt_tokens_details"]["cached_tokens"];
     assert_eq!(why["matched_tokens"], *cached, "{why} {second}");
+    // The router notes an answer's usage after relaying it.
+    router
+        .wait_until("in-flight is zero", |r| r.inflight() == 0)
+        .await;
     let stats = router.admin_json("/stats").await;
     let (predicted, delivered) = (&stats["predicted_hit_rate"], &stats["delivered_hit_rate"]);
     let gap = (predicted.as_f64().unwrap() - delivered.as_f64().unwrap()).abs();
