@@ -3,9 +3,9 @@
 # neighbours over its own p99 alone (`S-alone`), per seed, with the mean, the median and
 # how many seeds are within 1.5x, on engines of 4 and on engines of 16 bound by KV
 # (`--flow-scale 4 --flow-load 2`), then both p99s' means: a routing change moves the p99
-# alone, and so the ratio, with flow control untouched. Virtual time, so every run is deterministic: a change
-# to flow control shows as the difference between two builds' tables (BIN=...), and its
-# spread as the difference between seed ranges (SEEDS=9-16).
+# alone, and so the ratio, with flow control untouched. Virtual time, so every run is
+# deterministic: a change to flow control shows as the difference between two builds'
+# tables (BIN=...), and its spread as the difference between seed ranges (SEEDS=9-16).
 #
 # Env: BIN (target/release/prefix-router, built if missing), SEEDS (1-8: first-last),
 # SCENARIOS ("noisy-neighbour priority"), POLICY (kv_aware), OUT (a directory for the
