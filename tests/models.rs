@@ -1,8 +1,9 @@
 //! Many models behind one router: each backend's `/v1/models` (simulated vLLM instances
 //! serving two names; test backends listing a LoRA adapter) says where a request may go;
 //! an unknown model gets 404 `model_not_found` and reaches nothing, unless the fleet serves
-//! one model, which takes any name; `/v1/models` on the
-//! router lists the union; the same text on two models never shares a prefix match.
+//! one model, which takes any name; a model whose backends are down gets 503, never the
+//! other model's backends; `/v1/models` on the router lists the union; the same text on
+//! two models never shares a prefix match.
 
 use prefix_router::config::Settings;
 use prefix_router_sim::{SimConfig, SimHandle};
@@ -21,13 +22,22 @@ async fn sim(model: &str) -> SimHandle {
     prefix_router_sim::start(config, listener).await.unwrap()
 }
 
+/// Test settings that also read models often, and take three failed checks to put a
+/// backend out: these tests count where requests went.
+fn steady() -> Settings {
+    Settings {
+        metrics_interval: Some(0.1),
+        health_check_failures: Some(3),
+        ..settings(&[])
+    }
+}
+
 /// A router in front of `urls`, once it listed `models` on its own `/v1/models`.
 async fn router_listing(urls: Vec<String>, models: &[&str]) -> TestRouter {
     let n = urls.len();
     let settings = Settings {
         worker_urls: Some(urls),
-        metrics_interval: Some(0.1),
-        ..settings(&[])
+        ..steady()
     };
     let router = TestRouter::start(settings, n);
     let listed = |r: &TestRouter| {
@@ -44,6 +54,20 @@ async fn router_listing(urls: Vec<String>, models: &[&str]) -> TestRouter {
 /// A chat request to the router at `url`: its status and body.
 async fn chat_to(url: &str, body: &Value) -> (u16, Value) {
     post(url, "/v1/chat/completions", body).await
+}
+
+/// The router's metrics once they count `n` answered requests by model: an exchange is
+/// counted when it ends, which may be just after its client read the last byte.
+async fn counted(router: &TestRouter, n: u64) -> prometheus_parse::Scrape {
+    for _ in 0..100 {
+        let scrape = router.metrics().await;
+        let ok = [("status", "200")];
+        if sum(&scrape, "prefix_router_model_requests_total", &ok) >= n as f64 {
+            return scrape;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    router.metrics().await
 }
 
 /// The router's own `GET /v1/models` answer.
@@ -94,7 +118,7 @@ async fn each_model_reaches_only_its_backends_and_unknown_ones_get_404() {
     assert_error(&body, "model_required");
     let total: u64 = sims.iter().map(|s| s.stats().requests).sum();
     assert_eq!(total, 12, "neither reached a backend");
-    let scrape = router.metrics().await;
+    let scrape = counted(&router, 12).await;
     for model in ["big", "small"] {
         let labels = [("model", model), ("status", "200")];
         assert_eq!(
@@ -183,8 +207,7 @@ async fn a_one_model_fleet_takes_any_name_and_an_empty_list_limits_nothing() {
     let router = TestRouter::start(
         Settings {
             worker_urls: Some(vec![empty.url()]),
-            metrics_interval: Some(0.1),
-            ..settings(&[])
+            ..steady()
         },
         1,
     );
@@ -243,7 +266,7 @@ async fn static_pools_route_backends_that_list_nothing() {
             pool("big", &ups[0], &[]),
             pool("small", &ups[1], &["s"]),
         ]),
-        ..settings(&[])
+        ..steady()
     };
     let router = TestRouter::start(settings, 2);
     for conversation in 0..3 {
@@ -261,4 +284,42 @@ async fn static_pools_route_backends_that_list_nothing() {
         .map(|m| m["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["big", "s", "small"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_backends_are_down_gets_503_and_never_the_other_models_backends() {
+    let ups = [
+        TestUpstream::start("big").await,
+        TestUpstream::start("small").await,
+    ];
+    ups[0].set_models(&[("big", None)]);
+    ups[1].set_models(&[("small", None)]);
+    let router = router_listing(ups.iter().map(|u| u.url()).collect(), &["big", "small"]).await;
+    ups[0].set_healthy(false);
+    router
+        .wait_until("big is down", |r| r.ready_backends() == 1)
+        .await;
+    let (status, body) = chat_to(&router.url, &ask("big", 0)).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(
+        ups.each_ref().map(|u| u.count()),
+        [0, 0],
+        "big reached nothing"
+    );
+    assert_eq!(chat_to(&router.url, &ask("small", 0)).await.0, 200);
+    let (status, body) = chat_to(&router.url, &ask("medium", 0)).await;
+    assert_eq!(status, 404);
+    assert_error(&body, "model_not_found");
+    let mut no_model = ask("small", 0);
+    no_model.as_object_mut().unwrap().remove("model");
+    let (status, body) = chat_to(&router.url, &no_model).await;
+    assert_eq!(status, 400, "the fleet still serves two models");
+    assert_error(&body, "model_required");
+    assert_eq!(ups.each_ref().map(|u| u.count()), [0, 1]);
+    ups[0].set_healthy(true);
+    router
+        .wait_until("big is back", |r| r.ready_backends() == 2)
+        .await;
+    assert_eq!(chat_to(&router.url, &ask("big", 0)).await.0, 200);
+    assert_eq!(ups.each_ref().map(|u| u.count()), [1, 1]);
 }

@@ -82,19 +82,29 @@ impl Ready {
     }
 
     /// Those that may get requests for `model` (all, for none): that list it, or never
-    /// listed their models. Where none lists it and they serve one model between them,
-    /// all of them: the name chooses nothing, and the backends answer for it.
+    /// listed their models. Where no backend lists it and the fleet serves one model, all
+    /// of them: the name chooses nothing, and the backends answer for it. That is the
+    /// fleet's models, ready or not: a model whose backends are all down leaves none here,
+    /// never another model's backends.
     pub fn serving(mut self, model: Option<&[u8]>) -> Ready {
         let Some(model) = model else {
             return self;
         };
-        let backends = Arc::clone(&self.snapshot);
-        let serves = |m: &usize| backends.backends[*m].models.serves(model);
-        if !self.members.iter().any(serves) && self.models().len() <= 1 {
+        let all = &self.snapshot.backends;
+        if !all.iter().any(|b| b.models.serves(model)) && self.fleet_models().len() <= 1 {
             return self;
         }
-        self.members.retain(|m| serves(m));
+        let backends = Arc::clone(&self.snapshot);
+        self.members
+            .retain(|m| backends.backends[*m].models.serves(model));
         self
+    }
+
+    /// Whether some backend of the fleet, ready or not, may get requests for `model`
+    /// ([`Ready::serving`]).
+    pub fn known(&self, model: &[u8]) -> bool {
+        let all = &self.snapshot.backends;
+        all.iter().any(|b| b.models.serves(model)) || self.fleet_models().len() <= 1
     }
 
     /// Only the backend `id`, if it is ready.
@@ -116,15 +126,22 @@ impl Ready {
     /// The models they list, by name, with the adapters' parents; sorted.
     pub fn models(&self) -> Vec<ServedModel> {
         let backends = &self.snapshot.backends;
-        let lists = self
-            .members
-            .iter()
-            .filter_map(|&m| backends[m].models.served());
-        let mut all: Vec<ServedModel> = lists.flat_map(|s| s.models.clone()).collect();
-        all.sort_by(|a, b| a.id.cmp(&b.id));
-        all.dedup_by(|a, b| a.id == b.id);
-        all
+        listed(self.members.iter().map(|&m| &backends[m]))
     }
+
+    /// The models the fleet's backends list, ready or not; sorted.
+    pub fn fleet_models(&self) -> Vec<ServedModel> {
+        listed(self.snapshot.backends.iter())
+    }
+}
+
+/// The models `backends` list, by name, with the adapters' parents; sorted.
+fn listed<'a>(backends: impl Iterator<Item = &'a Arc<Backend>>) -> Vec<ServedModel> {
+    let lists = backends.filter_map(|b| b.models.served());
+    let mut all: Vec<ServedModel> = lists.flat_map(|s| s.models.clone()).collect();
+    all.sort_by(|a, b| a.id.cmp(&b.id));
+    all.dedup_by(|a, b| a.id == b.id);
+    all
 }
 
 /// Backends, swapped as a whole on change.

@@ -511,15 +511,16 @@ fn unbounded(
 }
 
 /// Those of `ready` (every ready backend) that serve the request's model: 404
-/// `model_not_found` when backends are ready but none serves it and the name is needed
-/// to choose among their models ([`Ready::serving`]: a fleet of one model takes any
-/// name), 400 `model_required` for a request without a model when they serve several.
+/// `model_not_found` when no backend of the fleet, ready or not, serves it and the name
+/// is needed to choose among the fleet's models ([`Ready::serving`]: a fleet of one model
+/// takes any name), 400 `model_required` for a request without a model when the fleet
+/// serves several. A model whose backends are all down leaves none ready (503).
 pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
     let Route::Policy(_) = route else {
         return Ok(ready);
     };
     let Some(model) = route.model() else {
-        let models = ready.models();
+        let models = ready.fleet_models();
         let mut base = models
             .iter()
             .filter(|m| m.parent.is_none())
@@ -537,15 +538,13 @@ pub fn serving(ready: Ready, route: &Route) -> Result<Ready, RouterError> {
             _ => Ok(ready),
         };
     };
-    let was_empty = ready.is_empty();
-    let serving = ready.serving(Some(model));
-    if serving.is_empty() && !was_empty {
+    if !ready.known(model) {
         // Echoed in the answer: at most NAME_SHOWN bytes of whatever the client sent.
         let shown = &model[..model.len().min(NAME_SHOWN)];
         let name = String::from_utf8_lossy(shown).into_owned();
         return Err(RouterError::ModelNotFound(name));
     }
-    Ok(serving)
+    Ok(ready.serving(Some(model)))
 }
 
 /// Why a request at `gate` would wait before being placed on one of `ready` now
