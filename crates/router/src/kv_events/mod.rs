@@ -10,8 +10,9 @@
 //! number that goes back means the publisher restarted, and the record starts over.
 //!
 //! [`Records`] holds a record per backend and gives a request's candidates what each
-//! backend holds of it (token mode only: the engine's blocks are token ids); [`Subscribers`]
-//! keeps one subscriber per backend of the fleet running.
+//! backend holds of it (token mode only: the engine's blocks are token ids), counting the
+//! prompts it sent there and not yet ended ([`sent`]); [`Subscribers`] keeps one subscriber
+//! per backend of the fleet running.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -24,8 +25,10 @@ use prefix_router_core::events::held::{Held, Whole};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 pub use metrics::{KvEventMetrics, RecordMode};
+pub use sent::{Sent, SentPrompt};
 
 mod metrics;
+mod sent;
 
 /// Longest wait for one replayed batch.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -336,9 +339,10 @@ pub fn expand(template: &str, host: &str, port: u16) -> Option<String> {
     Some(out)
 }
 
-/// The records of the backends that publish, by backend.
+/// The records of the backends that publish, by backend, and the prompts sent to them.
 pub struct Records {
     map: parking_lot::RwLock<std::collections::HashMap<prefix_router_core::BackendId, Arc<Record>>>,
+    sent: Arc<Sent>,
     metrics: KvEventMetrics,
 }
 
@@ -347,6 +351,7 @@ impl Records {
     pub fn new(metrics: KvEventMetrics) -> Self {
         Records {
             map: Default::default(),
+            sent: Arc::default(),
             metrics,
         }
     }
@@ -367,7 +372,8 @@ impl Records {
     }
 
     /// `candidates` with what each backend's exact record holds of `request` (token mode
-    /// only); `None` when no candidate has one.
+    /// only), or a prompt sent there and not ended shares with it, whichever is more;
+    /// `None` when no candidate has a record.
     pub fn recorded(
         &self,
         request: &prefix_router_core::policy::Request,
@@ -378,10 +384,12 @@ impl Records {
         if map.is_empty() {
             return None;
         }
+        let sent = self.sent.matched(tokens.chain);
         let held = |c: &prefix_router_core::policy::Candidate| {
             let record = map.get(&c.id).filter(|r| r.exact())?;
             let (gpu, _) = record.matched(tokens.chain);
-            Some(prefix_router_core::units::Tokens(gpu).text())
+            let blocks = sent.iter().find(|(b, _)| *b == c.id).map_or(0, |s| s.1);
+            Some(prefix_router_core::units::Tokens(gpu.max(blocks * BLOCK_SIZE)).text())
         };
         let out: Vec<_> = (candidates.iter())
             .map(|c| prefix_router_core::policy::Candidate {
@@ -390,6 +398,20 @@ impl Records {
             })
             .collect();
         out.iter().any(|c| c.recorded.is_some()).then_some(out)
+    }
+
+    /// Counts `request`'s prompt as held by `backend` until the guard is dropped, when the
+    /// backend publishes and the request has tokens.
+    pub fn sent(
+        &self,
+        request: &prefix_router_core::policy::Request,
+        backend: prefix_router_core::BackendId,
+    ) -> Option<SentPrompt> {
+        let tokens = request.tokens?;
+        self.map
+            .read()
+            .contains_key(&backend)
+            .then(|| self.sent.add(backend, tokens.chain))
     }
 }
 
