@@ -17,7 +17,8 @@
 # Env: KV (shares of the sessions' final contexts the fleet's KV holds, a comma list;
 # default 0.6,1.0,1.5), RUNS (1), FRONTS (default vllm-mode,kv_aware,cache_aware,
 # prefill_aware,consistent_hash,round_robin,smg,vllm-router,vllm-router-kv; token-mode is
-# ours on the model's tokens without KV events; POLICY@PATH runs the router at PATH),
+# ours on the model's tokens without KV events; POLICY@PATH, or vllm-mode@PATH, runs the
+# router at PATH, shown by its file name),
 # WORKLOAD (agent: 24 sessions over 4 prompts, 3.7K-33K tokens; shared: 32 sessions over 2
 # long prompts), INSTANCES (4), MAX_NUM_SEQS (16), MAX_MODEL_LEN (32768:
 # longer prompts get 400; at most the KV less a block), THINK (1 s), OUTPUT_SCALE (0.25: answers
@@ -122,6 +123,8 @@ reset_caches() { # every engine's prefix cache emptied (vLLM's dev endpoint)
 start_front() { # NAME: the front NAME in front of the engines; sets $port and $front_pid
   case $1 in
     vllm-mode) ROUTER_ARGS="--tokenizer $model --kv-events tcp://{host}:{port+1}" start_router kv_aware "${urls[@]}" ;;
+    vllm-mode@*) ROUTER_BIN="${1#*@}" ROUTER_ARGS="--tokenizer $model --kv-events tcp://{host}:{port+1}" \
+      start_router kv_aware "${urls[@]}" ;;
     token-mode) ROUTER_ARGS="--tokenizer $model" start_router kv_aware "${urls[@]}" ;;
     smg) start_peer smg "${urls[@]}" ;;
     vllm-router) start_peer vllm-router "${urls[@]}" ;;
@@ -179,7 +182,8 @@ replay() { # NAME KV RUN: the workload through $port, one line
     --stream --quiet --backends "$instances" --concurrency 1024 --timeout 900 --model tiny \
     --backend-metrics "$(IFS=,; echo "${urls[*]}")" --out "$report" \
     --requests-out "${report%.json}.jsonl" >/dev/null
-  python3 - "$report" "${1/@*/@other}" "$2" "$3" "$(cpu_seconds "$front_pid")" <<'PY'
+  local shown=$1; [[ $1 == *@* ]] && shown="${1%%@*}@${1##*/}"
+  python3 - "$report" "$shown" "$2" "$3" "$(cpu_seconds "$front_pid")" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r.get("ttft_ms") or {}

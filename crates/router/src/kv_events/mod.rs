@@ -11,7 +11,7 @@
 //!
 //! [`Records`] holds a record per backend and gives a request's candidates what each
 //! backend holds of it (token mode only: the engine's blocks are token ids), counting the
-//! prompts it sent there and not yet ended ([`sent`]); [`Subscribers`] keeps one subscriber
+//! prompts it sent there and not yet ended ([`Sent`]); [`Subscribers`] keeps one subscriber
 //! per backend of the fleet running.
 
 use std::sync::Arc;
@@ -25,10 +25,9 @@ use prefix_router_core::events::held::{Held, Whole};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 pub use metrics::{KvEventMetrics, RecordMode};
-pub use sent::{Sent, SentPrompt};
+pub use prefix_router_core::events::sent::{Sent, SentPrompt};
 
 mod metrics;
-mod sent;
 
 /// Longest wait for one replayed batch.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -384,12 +383,12 @@ impl Records {
         if map.is_empty() {
             return None;
         }
-        let sent = self.sent.matched(tokens.chain);
+        let in_flight = self.sent.matched(tokens.chain);
         let held = |c: &prefix_router_core::policy::Candidate| {
             let record = map.get(&c.id).filter(|r| r.exact())?;
             let (gpu, _) = record.matched(tokens.chain);
-            let blocks = sent.iter().find(|(b, _)| *b == c.id).map_or(0, |s| s.1);
-            Some(prefix_router_core::units::Tokens(gpu.max(blocks * BLOCK_SIZE)).text())
+            let gpu = prefix_router_core::units::Tokens(gpu);
+            Some(Sent::held(gpu, &in_flight, c.id).text())
         };
         let out: Vec<_> = (candidates.iter())
             .map(|c| prefix_router_core::policy::Candidate {

@@ -1,27 +1,31 @@
-//! Prompts the router sent to publishing backends, until their requests end. An engine's
-//! record holds a prompt's blocks only once the engine computed them (vLLM publishes a
-//! block when it is stored), so a prompt still waiting in the engine's queue, or being
-//! computed, shows in no record: a second conversation on the same prompt, sent meanwhile,
-//! would compute it again on another engine. On a real vLLM fleet that is what made the
-//! first turns of sessions sharing a long prompt slow (docs/BENCHMARKS.md). The engine
-//! holds a running request's prompt until it ends (short of a preemption), so until then
-//! the router counts what it sent as held, beside what the record says.
+//! Prompts the router sent to publishing backends, until their requests end. An engine
+//! publishes a prompt's blocks only once it schedules them (vLLM 0.32 caches a block when
+//! it allocates it to a scheduled chunk; the simulator does the same), so a prompt still
+//! waiting in the engine's queue shows in no record: a second conversation on the same
+//! prompt, sent meanwhile, would compute it again on another engine. On a real vLLM fleet
+//! that made the first turns of sessions sharing a long prompt slow (docs/BENCHMARKS.md).
+//! The engine holds a running request's prompt until it ends (short of a preemption), so
+//! until then the router counts what it sent as held, beside what the record says (the
+//! proxy's records, and the lab's in exact mode).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use super::held::BLOCK_TOKENS;
+use crate::BackendId;
+use crate::units::Tokens;
 use parking_lot::Mutex;
-use prefix_router_core::BackendId;
 use smallvec::SmallVec;
 
 /// The prompts in flight on publishing backends, as chains of block hashes (one per 16
 /// tokens).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Sent {
     prompts: Mutex<Vec<Prompt>>,
     next: AtomicU64,
 }
 
+#[derive(Debug)]
 struct Prompt {
     id: u64,
     backend: BackendId,
@@ -29,6 +33,7 @@ struct Prompt {
 }
 
 /// A prompt sent to a backend, counted there until dropped (when its request ends).
+#[derive(Debug)]
 pub struct SentPrompt {
     sent: Arc<Sent>,
     id: u64,
@@ -46,20 +51,28 @@ impl Sent {
         }
     }
 
-    /// For each backend with prompts in flight, the most leading blocks of `chain` one of
-    /// them shares.
-    pub fn matched(&self, chain: &[[u8; 8]]) -> SmallVec<[(BackendId, usize); 8]> {
-        let mut out: SmallVec<[(BackendId, usize); 8]> = SmallVec::new();
+    /// For each backend with prompts in flight, the most leading tokens of the prompt of
+    /// `chain` one of them shares, in whole blocks of the chain.
+    pub fn matched(&self, chain: &[[u8; 8]]) -> SmallVec<[(BackendId, Tokens); 8]> {
+        let mut out: SmallVec<[(BackendId, Tokens); 8]> = SmallVec::new();
         for prompt in self.prompts.lock().iter() {
-            let shared = (prompt.chain.iter().zip(chain))
+            let blocks = (prompt.chain.iter().zip(chain))
                 .take_while(|(a, b)| a == b)
                 .count();
+            let shared = Tokens(blocks * BLOCK_TOKENS);
             match out.iter_mut().find(|(b, _)| *b == prompt.backend) {
                 Some((_, most)) => *most = (*most).max(shared),
                 None => out.push((prompt.backend, shared)),
             }
         }
         out
+    }
+
+    /// What of the prompt of `chain` `backend` holds by `recorded` (its record), or by a
+    /// prompt sent there that `in_flight` ([`Sent::matched`]) shows, whichever is more.
+    pub fn held(recorded: Tokens, in_flight: &[(BackendId, Tokens)], backend: BackendId) -> Tokens {
+        let sent = in_flight.iter().find(|(b, _)| *b == backend);
+        recorded.max(sent.map_or(Tokens(0), |s| s.1))
     }
 }
 
@@ -89,13 +102,14 @@ mod tests {
         let first = sent.add(a, &prompt);
         let other = sent.add(a, &prompt[..1]);
         let next_turn = [[1; 8], [2; 8], [3; 8], [4; 8]];
-        assert_eq!(matched(&next_turn), [(a, 3)]);
-        assert_eq!(matched(&[[9; 8]]), [(a, 0)]);
+        let blocks = |n| Tokens(n * BLOCK_TOKENS);
+        assert_eq!(matched(&next_turn), [(a, blocks(3))]);
+        assert_eq!(matched(&[[9; 8]]), [(a, blocks(0))]);
         let _on_b = sent.add(b, &[[1; 8], [7; 8]]);
-        assert_eq!(matched(&next_turn), [(a, 3), (b, 1)]);
+        assert_eq!(matched(&next_turn), [(a, blocks(3)), (b, blocks(1))]);
         drop(first);
-        assert_eq!(matched(&next_turn), [(a, 1), (b, 1)]);
+        assert_eq!(matched(&next_turn), [(a, blocks(1)), (b, blocks(1))]);
         drop(other);
-        assert_eq!(matched(&next_turn), [(b, 1)]);
+        assert_eq!(matched(&next_turn), [(b, blocks(1))]);
     }
 }
