@@ -10,7 +10,6 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue};
 use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
-use prefix_router_core::events::sent::{Sent, SentPrompt};
 use prefix_router_core::ledger::{self, Account, Cap, Placing, Report, Seat, UpkeepSchedule};
 use prefix_router_core::policy::{
     Asking, Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request,
@@ -82,26 +81,21 @@ pub struct Asked<'a> {
 }
 
 /// The policy's choice among `candidates`, as flow control is `asking`, over the engines'
-/// `record` when there is one, and the prompts `sent` that it does not show yet.
+/// `record` when there is one.
 fn select(
     selector: &Selector,
     request: &Request,
     asking: Asking,
     candidates: &[Candidate],
-    (record, sent): (Option<&EngineRecord>, &Sent),
+    record: Option<&EngineRecord>,
 ) -> Decision {
     let request = &request.asked(asking);
     let Some(record) = record else {
         return selector.select(request, candidates);
     };
-    let in_flight = sent.matched(record.chain);
-    let held = |c: &Candidate| {
-        let recorded = *record.held.get(c.id.0 as usize)?;
-        Some(Sent::held(recorded, &in_flight, c.id).text())
-    };
     let recorded: Vec<Candidate> = (candidates.iter())
         .map(|c| Candidate {
-            recorded: held(c),
+            recorded: record.held.get(c.id.0 as usize).map(|t| t.text()),
             ..*c
         })
         .collect();
@@ -117,8 +111,6 @@ pub struct Placement {
     conversation: u128,
     /// The request's size as the router measured it.
     size: PromptSize,
-    /// Its prompt, counted as held by its backend until it ends, when the engines publish.
-    _sent: Option<SentPrompt>,
 }
 
 impl Placement {
@@ -136,7 +128,6 @@ pub struct LabRouter {
     clock: Manual,
     limit: usize,
     headers: SessionSources,
-    sent: Arc<Sent>,
     /// Prefix-index keys evicted, bytes.
     pub evicted_bytes: u64,
     /// Routing text the chosen backends were believed to hold, bytes.
@@ -183,7 +174,6 @@ impl LabRouter {
             clock,
             limit: setup.max_inflight_per_backend,
             headers: SessionSources::default(),
-            sent: Arc::default(),
             evicted_bytes: 0,
             matched_bytes: 0,
             text_bytes: 0,
@@ -214,7 +204,7 @@ impl LabRouter {
             .map(|(_, a)| a)
             .collect();
         let text = request.size();
-        let (selector, record) = (&self.selector, (asked.record, &*self.sent));
+        let (selector, record) = (&self.selector, asked.record);
         let placing = ledger::place(&accounts, cap, text, |candidates, asking| {
             select(selector, &request, asking, candidates, record)
         });
@@ -226,14 +216,11 @@ impl LabRouter {
         self.text_bytes += text.0 as u64;
         *self.outcomes.entry(decision.outcome.label()).or_default() += 1;
         self.evicted_bytes += self.upkeep(now);
-        let backend = only.unwrap_or(index);
-        let id = self.accounts[backend].id;
         Ok(Some(Placement {
-            backend,
+            backend: only.unwrap_or(index),
             seat,
             conversation: request.conversation(),
             size: request.prompt_size(),
-            _sent: asked.record.map(|r| self.sent.add(id, r.chain)),
         }))
     }
 
@@ -246,8 +233,7 @@ impl LabRouter {
             ..self.request(&parsed, &asked)
         };
         let choose = |candidates: &[Candidate], asking| {
-            let record = (asked.record, &*self.sent);
-            select(&self.selector, &request, asking, candidates, record)
+            select(&self.selector, &request, asking, candidates, asked.record)
         };
         ledger::unbounded(&self.accounts(), cap, choose)
     }

@@ -179,13 +179,7 @@ async fn pick(
     if let Err(RouterError::Overloaded { shed, .. }) = &dispatched.result {
         state.tenancy.shed(&identity, shed.label());
     }
-    // The prompt counts as held by the backend until the exchange ends.
-    let Answered {
-        seat,
-        backend,
-        sent: _sent,
-        ..
-    } = dispatched.result?;
+    let Answered { seat, backend, .. } = dispatched.result?;
     record.backend = Some(Arc::clone(&backend));
     // With a tenants file the engine gets the request's priority, as from the proxy.
     let engine_priority = steps::engine_priority(&identity).map(|p| p.vllm());

@@ -26,7 +26,6 @@ use super::prepare;
 use crate::admission::{Bounds, Left, Place, Queue, Retrying};
 use crate::error::{RouterError, ShedReason};
 use crate::fleet::{Backend, Ended, Fleet, Ready};
-use crate::kv_events::SentPrompt;
 use crate::limits::Limits;
 use crate::state::State;
 use crate::stats::{Label, RetryReason};
@@ -102,9 +101,6 @@ pub struct Answered<A> {
     pub seat: Seat,
     /// The backend.
     pub backend: Arc<Backend>,
-    /// Its prompt, counted as held by the backend until the request ends, when the
-    /// backend publishes its KV events.
-    pub sent: Option<SentPrompt>,
 }
 
 /// Sends the request of `exchange` where `route` says, retrying as `limits` allow, until a
@@ -136,7 +132,7 @@ pub async fn run<E: Exchange>(
         };
         let cap = gate.cap(limits.max_inflight_per_backend);
         let (ready, cap) = reclaim_home(state, &gate, ready, route, cap);
-        let Some((seat, backend, prompt)) = place(state, cap, &ready, route, trace) else {
+        let Some((seat, backend)) = place(state, cap, &ready, route, trace) else {
             // Another request took the last slot since the backends were read.
             match refused.back_off(limits.queue_timeout).await {
                 Ok(()) => continue,
@@ -167,7 +163,6 @@ pub async fn run<E: Exchange>(
                     answer,
                     seat,
                     backend,
-                    sent: prompt,
                 });
             }
             Err(failure) => {
@@ -315,16 +310,15 @@ fn ended(failed: bool) -> Ended {
     }
 }
 
-/// Places the request on one of `ready` open under `cap` through the ledger, its prompt
-/// counted there if the backend publishes ([`crate::kv_events::Records::sent`]); `None` when a concurrent
-/// request took the slot chosen.
+/// Places the request on one of `ready` open under `cap` through the ledger; `None` when
+/// a concurrent request took the slot chosen.
 fn place(
     state: &State,
     cap: Cap,
     ready: &Ready,
     route: &Route,
     trace: &RequestTrace,
-) -> Option<(Seat, Arc<Backend>, Option<SentPrompt>)> {
+) -> Option<(Seat, Arc<Backend>)> {
     let text = route.text();
     let cap = match route {
         Route::Policy(request) => cap.of_conversation(|| request.conversation()),
@@ -346,11 +340,7 @@ fn place(
     (state.stats).decision(decision.outcome, decision.matched, text);
     let backend = Arc::clone(ready.backend(index)?);
     trace.placed(|| placement(state, route, &decision, &backend, recorded.get()));
-    let sent = match route {
-        Route::Policy(request) if !request.explain => state.records.sent(request, backend.id),
-        _ => None,
-    };
-    Some((seat, backend, sent))
+    Some((seat, backend))
 }
 
 /// What the route span records of a placement.

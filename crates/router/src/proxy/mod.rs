@@ -267,7 +267,6 @@ async fn relay(
         answer,
         seat,
         backend,
-        sent: _sent,
     } = answered;
     let answered = answer.ended();
     // A refused request holds no KV there: forgotten before the client sees the refusal.
