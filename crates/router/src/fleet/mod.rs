@@ -90,21 +90,31 @@ impl Ready {
         let Some(model) = model else {
             return self;
         };
-        let all = &self.snapshot.backends;
-        if !all.iter().any(|b| b.models.serves(model)) && self.fleet_models().len() <= 1 {
+        if !self.listed_anywhere(model) && self.one_model() {
             return self;
         }
-        let backends = Arc::clone(&self.snapshot);
-        self.members
-            .retain(|m| backends.backends[*m].models.serves(model));
+        let all = &self.snapshot.backends;
+        self.members.retain(|m| all[*m].models.serves(model));
         self
     }
 
     /// Whether some backend of the fleet, ready or not, may get requests for `model`
     /// ([`Ready::serving`]).
     pub fn known(&self, model: &[u8]) -> bool {
-        let all = &self.snapshot.backends;
-        all.iter().any(|b| b.models.serves(model)) || self.fleet_models().len() <= 1
+        self.listed_anywhere(model) || self.one_model()
+    }
+
+    /// Whether a backend of the fleet, ready or not, may serve `model`.
+    fn listed_anywhere(&self, model: &[u8]) -> bool {
+        self.snapshot
+            .backends
+            .iter()
+            .any(|b| b.models.serves(model))
+    }
+
+    /// Whether the fleet's backends list one model at most.
+    fn one_model(&self) -> bool {
+        self.fleet_models().len() <= 1
     }
 
     /// Only the backend `id`, if it is ready.
