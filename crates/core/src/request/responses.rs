@@ -1,6 +1,6 @@
 //! `/v1/responses` input: a string, or a list of items (messages, function calls, function
-//! call outputs, reasoning summaries); `instructions` and tools are put in front by the
-//! caller.
+//! call outputs, reasoning summaries). A first item of role `system` is the system prompt,
+//! marked as such; the caller places `instructions` and tools.
 
 use super::ParseError;
 use super::content::{arguments, insert_role, push_call, push_content, string};
@@ -24,7 +24,10 @@ pub fn push_input<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<()
             let mut count = 0;
             j.array(|j| {
                 count += 1;
-                push_item(j, text)
+                if push_item(j, text)? == Some(b"system") && count == 1 {
+                    text.mark_system_end();
+                }
+                Ok(())
             })?;
             if count == 0 {
                 return Err(ParseError::Empty("input"));
@@ -50,7 +53,11 @@ struct Item<'a> {
     id: Option<&'a [u8]>,
 }
 
-fn push_item<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), ParseError> {
+/// Appends one item; returns its role, if it has one.
+fn push_item<'a>(
+    j: &mut Json<'a>,
+    text: &mut RoutingText<'a>,
+) -> Result<Option<&'a [u8]>, ParseError> {
     if j.kind() != Kind::Object {
         return Err(ParseError::WrongType {
             field: "input[]",
@@ -71,7 +78,8 @@ fn push_item<'a>(j: &mut Json<'a>, text: &mut RoutingText<'a>) -> Result<(), Par
         }
         Ok(())
     })?;
-    frame(text, start, &item)
+    frame(text, start, &item)?;
+    Ok(item.role)
 }
 
 /// Puts the marker an item's type calls for around what it appended.

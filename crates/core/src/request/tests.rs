@@ -25,7 +25,7 @@ fn position(haystack: &[u8], needle: &str) -> usize {
 }
 
 #[test]
-fn chat_text_has_every_message_in_order_with_tools_first() {
+fn chat_text_has_every_message_in_order_with_tools_after_the_system_prompt() {
     let body = json!({
         "model": "m",
         "tools": [{"type": "function", "function": {"name": "read_file"}}],
@@ -42,8 +42,8 @@ fn chat_text_has_every_message_in_order_with_tools_first() {
     });
     let text = text_of(Endpoint::Chat, &body);
     let order = [
-        "<tools>",
         "SYS",
+        "<tools>",
         "U1",
         "<image:",
         "read_file(",

@@ -43,12 +43,23 @@ pub struct Reserved {
     len: usize,
 }
 
+impl Reserved {
+    /// The position right after the reserved parts, as it stands before they are filled.
+    pub fn end(&self) -> Mark {
+        Mark {
+            parts: self.at + self.slots,
+            len: self.len,
+        }
+    }
+}
+
 /// The text a request is routed on, as borrowed parts.
 #[derive(Debug, Default)]
 pub struct RoutingText<'a> {
     parts: Vec<Part<'a>>,
     len: usize,
     anchor: Option<usize>,
+    system_end: Option<Mark>,
 }
 
 impl<'a> RoutingText<'a> {
@@ -58,6 +69,7 @@ impl<'a> RoutingText<'a> {
             parts: Vec::with_capacity(parts),
             len: 0,
             anchor: None,
+            system_end: None,
         }
     }
 
@@ -115,7 +127,8 @@ impl<'a> RoutingText<'a> {
     }
 
     /// Reserves `slots` empty parts at the current end, to [`fill`](Self::fill) later
-    /// without moving what comes after (tools, which a body may list after its messages).
+    /// without moving what comes after (instructions, which a body may list after its
+    /// input).
     pub fn reserve(&mut self, slots: usize) -> Reserved {
         let at = self.parts.len();
         self.parts
@@ -148,6 +161,19 @@ impl<'a> RoutingText<'a> {
         if self.anchor.is_none() {
             self.anchor = Some(self.len);
         }
+    }
+
+    /// Marks the current end as the end of the conversation's system prompt, once: where a
+    /// chat template renders the tools (see [`system_end`](Self::system_end)).
+    pub fn mark_system_end(&mut self) {
+        if self.system_end.is_none() {
+            self.system_end = Some(self.mark());
+        }
+    }
+
+    /// Where the system prompt ends, if one was marked.
+    pub fn system_end(&self) -> Option<Mark> {
+        self.system_end
     }
 
     /// The parts, in order.
