@@ -112,9 +112,14 @@ impl Plan {
         self.sessions.iter().map(|s| s.turns.len()).sum()
     }
 
-    /// The pieces a turn's prompt consists of, `tools` first when present.
+    /// The pieces a turn's prompt consists of, in the engine's order: the first (the system
+    /// prompt, in a plan with tools), then `tools` when present, then the rest, as Qwen's
+    /// and Llama's templates render them.
     pub(crate) fn chain<'a>(&'a self, turn: &'a PlannedTurn) -> impl Iterator<Item = u32> + 'a {
-        self.tools.into_iter().chain(turn.pieces.iter().copied())
+        let (first, rest) = turn.pieces.split_at(turn.pieces.len().min(1));
+        (first.iter().copied())
+            .chain(self.tools)
+            .chain(rest.iter().copied())
     }
 
     /// The request body for `turn`.

@@ -10,10 +10,11 @@
 //!
 //! Rendering is prefix-stable like a real chat template: a conversation extended
 //! by more messages renders to the old rendering (without the generation prompt)
-//! followed by the new messages. Layout (ChatML-like):
-//! `<|im_start|>tools\n{tools JSON}<|im_end|>\n` (if any tools), then per message
+//! followed by the new messages. Layout (ChatML-like): per message
 //! `<|im_start|>{role}[ name=..][ tool_call_id=..]\n{content}[<tool_calls>{JSON}</tool_calls>]<|im_end|>\n`,
-//! then the generation prompt `<|im_start|>assistant\n`.
+//! with `<|im_start|>tools\n{tools JSON}<|im_end|>\n` (if any tools) after the leading
+//! system turn, else first, as Qwen's and Llama's templates place them; then the generation
+//! prompt `<|im_start|>assistant\n`.
 //! Tokens: one per `bytes_per_token` bytes of the rendering, rounded up.
 
 use serde_json::Value;
@@ -148,11 +149,15 @@ pub fn render_tokenize(body: &Value, bytes_per_token: usize) -> Result<Vec<u8>, 
 /// Renders a chat body (`tools`, `messages`) with the simulator's template.
 pub fn render_chat(body: &Value, add_generation_prompt: bool) -> Result<Vec<u8>, ApiError> {
     let messages = messages(body)?;
-    let mut out = Vec::new();
-    render_tools(&mut out, body)?;
-    for message in messages {
+    let tools = tools_turn(body)?;
+    let (mut out, mut system_end) = (Vec::new(), 0);
+    for (i, message) in messages.iter().enumerate() {
         render_message(&mut out, message)?;
+        if i == 0 && message.get("role").and_then(Value::as_str) == Some("system") {
+            system_end = out.len();
+        }
     }
+    out.splice(system_end..system_end, tools);
     if add_generation_prompt {
         out.extend_from_slice(GENERATION_PROMPT.as_bytes());
     }
@@ -189,14 +194,17 @@ fn completion_part(out: &mut Vec<u8>, part: &Value, bpt: usize, depth: u8) -> Re
     Ok(())
 }
 
-/// Renders a Responses API body: `tools`, `instructions` (as a system message),
-/// then `input` (a string as a user message, or an array of items).
+/// Renders a Responses API body: `instructions` (as a system message), then `input` (a
+/// string as a user message, or an array of items); `tools` after the leading system turn.
 pub fn render_responses(body: &Value) -> Result<Vec<u8>, ApiError> {
-    let mut out = Vec::new();
-    render_tools(&mut out, body)?;
+    let tools = tools_turn(body)?;
+    let (mut out, mut system_end) = (Vec::new(), None);
     match body.get("instructions") {
         None | Some(Value::Null) => {}
-        Some(Value::String(text)) => push_turn(&mut out, "system", "", text.as_bytes()),
+        Some(Value::String(text)) => {
+            push_turn(&mut out, "system", "", text.as_bytes());
+            system_end = Some(out.len());
+        }
         Some(_) => {
             return Err(ApiError::invalid(
                 "instructions",
@@ -207,8 +215,11 @@ pub fn render_responses(body: &Value) -> Result<Vec<u8>, ApiError> {
     match required(body, "input")? {
         Value::String(text) => push_turn(&mut out, "user", "", text.as_bytes()),
         Value::Array(items) => {
-            for item in items {
+            for (i, item) in items.iter().enumerate() {
                 render_item(&mut out, item)?;
+                if i == 0 && item.get("role").and_then(Value::as_str) == Some("system") {
+                    system_end.get_or_insert(out.len());
+                }
             }
         }
         _ => {
@@ -218,23 +229,26 @@ pub fn render_responses(body: &Value) -> Result<Vec<u8>, ApiError> {
             ));
         }
     }
+    let at = system_end.unwrap_or(0);
+    out.splice(at..at, tools);
     out.extend_from_slice(GENERATION_PROMPT.as_bytes());
     Ok(out)
 }
 
 /// Renders a Messages body as vLLM 0.32 does before a template that accepts system
-/// messages anywhere: `tools`, a system turn of `system` (without Claude Code's
+/// messages anywhere: a system turn of `system` (without Claude Code's
 /// `x-anthropic-billing-header` line), then each message in order, a `role: "system"` one
 /// as a system turn where it stands, a user's `tool_result` blocks as tool turns before
-/// it.
+/// it; `tools` after the leading system turn.
 pub fn render_messages(body: &Value) -> Result<Vec<u8>, ApiError> {
     let messages = messages(body)?;
+    let tools = tools_turn(body)?;
     let mut out = Vec::new();
-    render_tools(&mut out, body)?;
     let system = block_texts(body.get("system"));
     if !system.is_empty() {
         push_turn(&mut out, "system", "", &system);
     }
+    let system_end = out.len();
     for message in messages {
         let role = (message.get("role").and_then(Value::as_str))
             .ok_or_else(|| ApiError::invalid("messages", "every message needs a string `role`"))?;
@@ -245,6 +259,7 @@ pub fn render_messages(body: &Value) -> Result<Vec<u8>, ApiError> {
             _ => render_anthropic_message(&mut out, role, message.get("content"))?,
         }
     }
+    out.splice(system_end..system_end, tools);
     out.extend_from_slice(GENERATION_PROMPT.as_bytes());
     Ok(out)
 }
@@ -325,16 +340,16 @@ fn required<'a>(body: &'a Value, key: &'static str) -> Result<&'a Value, ApiErro
     }
 }
 
-fn render_tools(out: &mut Vec<u8>, body: &Value) -> Result<(), ApiError> {
+/// The tools turn of a body (empty without tools), to place after its system turn.
+fn tools_turn(body: &Value) -> Result<Vec<u8>, ApiError> {
+    let mut out = Vec::new();
     match body.get("tools") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::Array(tools)) if tools.is_empty() => Ok(()),
-        Some(tools @ Value::Array(_)) => {
-            push_turn(out, "tools", "", &json_bytes(tools));
-            Ok(())
-        }
-        Some(_) => Err(ApiError::invalid("tools", "`tools` must be an array")),
+        None | Some(Value::Null) => {}
+        Some(Value::Array(tools)) if tools.is_empty() => {}
+        Some(tools @ Value::Array(_)) => push_turn(&mut out, "tools", "", &json_bytes(tools)),
+        Some(_) => return Err(ApiError::invalid("tools", "`tools` must be an array")),
     }
+    Ok(out)
 }
 
 fn render_message(out: &mut Vec<u8>, message: &Value) -> Result<(), ApiError> {

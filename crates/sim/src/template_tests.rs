@@ -38,7 +38,7 @@ fn chat_is_prefix_stable_across_turns() {
     let turn3 = render_chat(&json!({"tools": tools, "messages": messages}), true).unwrap();
     assert_prefix(&turn2, &turn3);
     let text = String::from_utf8(turn1).unwrap();
-    assert!(text.starts_with("<|im_start|>tools\n"));
+    assert!(text.starts_with("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>tools\n"));
     assert!(text.contains("Weather?\n<image:"));
 }
 
@@ -212,4 +212,33 @@ fn a_messages_body_renders_as_the_chat_vllm_makes_of_it() {
         String::from_utf8(rendered).unwrap(),
         String::from_utf8(render_chat(&chat, true).unwrap()).unwrap()
     );
+}
+
+/// Tools go after the leading system turn, where Qwen's and Llama's templates render them,
+/// and first without one; the same on every endpoint.
+#[test]
+fn tools_follow_the_system_prompt_on_every_endpoint() {
+    let tools = json!([{"type": "function", "name": "f"}]);
+    let chat = |messages: Value| {
+        let body = json!({"tools": tools, "messages": messages});
+        String::from_utf8(render_chat(&body, true).unwrap()).unwrap()
+    };
+    let with_system = chat(json!([{"role": "system", "content": "SYS"},
+        {"role": "user", "content": "U"}]));
+    let order = ["SYS", "<|im_start|>tools", "U<|im_end|>"].map(|m| with_system.find(m).unwrap());
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{with_system}");
+    let without = chat(json!([{"role": "user", "content": "U"}]));
+    assert!(without.starts_with("<|im_start|>tools\n"), "{without}");
+    let responses = |body: Value| String::from_utf8(render_responses(&body).unwrap()).unwrap();
+    let instructions = responses(json!({"tools": tools, "instructions": "SYS", "input": "U"}));
+    assert_eq!(instructions, with_system);
+    let system_item = responses(json!({"tools": tools,
+        "input": [{"role": "system", "content": "SYS"}, {"role": "user", "content": "U"}]}));
+    assert_eq!(system_item, with_system);
+    let messages = json!({"tools": tools, "system": "SYS", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "U"}]});
+    let rendered = parse(GenerationEndpoint::Messages, &messages, 4)
+        .unwrap()
+        .prompt;
+    assert_eq!(String::from_utf8(rendered).unwrap(), with_system);
 }
