@@ -22,7 +22,7 @@ use prefix_router_sim::{SimConfig, SimHandle};
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 
-use crate::{DemoArgs, free_loopback_addr};
+use crate::{DemoArgs, free_loopback_addr, metrics_interval};
 
 /// One flow of one run: who sent what, and what it got.
 #[derive(Debug, serde::Serialize)]
@@ -203,10 +203,8 @@ async fn start_sims(args: &DemoArgs) -> anyhow::Result<Vec<SimHandle>> {
     Ok(sims)
 }
 
-/// The router in front of `urls` with the tenants `file`. It reads the backends' load as
-/// often in simulated time as a router at 1x does in real time (once a second, divided by
-/// `speedup`, at most 50 times a second): holds are learned from those reads, and at 1 s a
-/// 20x demo would learn them only every 20 simulated seconds.
+/// The router in front of `urls` with the tenants `file`, reading the backends' load at
+/// [`metrics_interval`]: holds are learned from those reads.
 fn router_config(
     urls: &[String],
     file: &Path,
@@ -228,7 +226,7 @@ fn router_config(
         tenants_file: Some(file.to_path_buf()),
         max_queued,
         health_check_interval: Some(0.5),
-        metrics_interval: Some((1.0 / speedup.max(1.0)).max(0.02)),
+        metrics_interval: Some(metrics_interval(speedup)),
         threads: Some(2),
         grace_period: Some(0.0),
         ..Settings::default()

@@ -271,6 +271,14 @@ fn free_offset(ports: &[u16]) -> anyhow::Result<i32> {
         .context("no free loopback ports for the backends' KV events")
 }
 
+/// How often the router reads the backends' load, seconds: as often in simulated time as a
+/// router at 1x does in real time (once a second, divided by `speedup`), at most 50 times a
+/// second. At 1 s a 20x demo would read it every 20 simulated seconds, and place new
+/// conversations on load the lab, which reads it every simulated second, never sees.
+fn metrics_interval(speedup: f64) -> f64 {
+    (1.0 / speedup.max(1.0)).max(0.02)
+}
+
 fn router_config(
     args: &DemoArgs,
     policy: &str,
@@ -294,6 +302,7 @@ fn router_config(
         policy: Some(policy.to_string()),
         max_tree_size: args.max_tree_size,
         health_check_interval: Some(0.5),
+        metrics_interval: Some(metrics_interval(args.speedup)),
         threads: Some(2),
         grace_period: Some(0.0),
         shared_table,

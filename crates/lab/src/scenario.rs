@@ -146,13 +146,13 @@ const MAX_MODEL_LEN: usize = 131_072;
 const MAX_NUM_SEQS: usize = 256;
 
 impl Scenario {
-    /// A small agent scenario, quick to run (tests, trials): 4 sessions over `prompts`
+    /// A small agent scenario, quick to run (tests, trials): `sessions` over `prompts`
     /// system prompts on 2 backends of 4,000 KV blocks each.
-    pub fn small(prompts: usize) -> Scenario {
+    pub fn small(sessions: usize, prompts: usize) -> Scenario {
         Scenario {
             backends: 2,
             kv_blocks: 4_000,
-            ..agent("small", "test", 4, 0.5, prompts)
+            ..agent("small", "test", sessions, 0.5, prompts)
         }
     }
 }

@@ -9,7 +9,7 @@ pub fn small() -> Setting {
     Setting {
         seed: 3,
         max_requests: Some(120),
-        ..Setting::of(Scenario::small(2))
+        ..Setting::of(Scenario::small(4, 2))
     }
 }
 
