@@ -17,6 +17,11 @@
 //!   prefills its uncached tokens. Prefill is processor sharing: all requests
 //!   prefilling at a moment split `prefill_tokens_per_s` equally. Alone, a request
 //!   takes `overhead + uncached / prefill_tokens_per_s`.
+//! - With `attention_tokens` L > 0, a token at position p of the prompt costs `1 + p / L`
+//!   tokens of that throughput: attending to the context before it grows with p, and at
+//!   p = L it costs as much as the rest of the token's compute. A prefill of the
+//!   positions c..n is then `(n - c) + (n² - c²) / 2L` tokens of work, so a short turn
+//!   at the end of a long cached context still takes time.
 //! - A request that hit blocks another request is still prefilling (they are cached
 //!   from that request's admission on, as vLLM caches a block once the step computing it
 //!   is scheduled) does not compute them again, but its first token waits for them: it
@@ -36,8 +41,12 @@ const EPS_TOKENS: f64 = 1e-6;
 /// Timing and scheduling parameters, in simulated seconds.
 #[derive(Clone, Debug)]
 pub struct Timing {
-    /// Prefill throughput shared by all prefilling requests, tokens per second.
+    /// Prefill throughput shared by all prefilling requests, tokens per second (of
+    /// tokens at position 0 when `attention_tokens` is set).
     pub prefill_tokens_per_s: f64,
+    /// The position, in tokens, at which attending to the context doubles a prefilled
+    /// token's cost; 0 for none (every token costs the same).
+    pub attention_tokens: f64,
     /// Fixed latency each request pays before its prefill, seconds.
     pub prefill_overhead_s: f64,
     /// Interval between output tokens after the first, seconds.
@@ -230,9 +239,13 @@ impl EngineCore {
         if let Some(running) = self.running.remove(&id) {
             let left = (self.prefilling.iter().find(|&&(other, _)| other == id))
                 .map_or(0.0, |&(_, left)| left);
+            let (cached, uncached) = (running.cached_tokens, running.uncached_tokens);
             let uncomputed = match running.phase {
-                EnginePhase::Overhead => running.uncached_tokens,
-                EnginePhase::Prefill => left.ceil() as usize,
+                EnginePhase::Overhead => uncached,
+                EnginePhase::Prefill => {
+                    let done = (self.timing.work(cached, uncached) - left).max(0.0);
+                    uncached.saturating_sub(self.timing.tokens_of(cached, done) as usize)
+                }
                 EnginePhase::Decode => 0,
             };
             let prompt = running.cached_tokens + running.uncached_tokens;
@@ -359,7 +372,9 @@ impl EngineCore {
         match running.phase {
             EnginePhase::Overhead => {
                 running.phase = EnginePhase::Prefill;
-                let work = running.uncached_tokens as f64;
+                let work = self
+                    .timing
+                    .work(running.cached_tokens, running.uncached_tokens);
                 self.prefill(id, work);
             }
             EnginePhase::Decode => self.finish(id),
@@ -509,8 +524,32 @@ impl EngineCore {
             let at = self.clock + self.timing.prefill_overhead_s;
             self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
         } else {
-            self.prefill(id, uncached_tokens as f64);
+            self.prefill(id, self.timing.work(cached_tokens, uncached_tokens));
         }
+    }
+}
+
+impl Timing {
+    /// The prefill work, in tokens at position 0, of `tokens` tokens after the first `from`.
+    fn work(&self, from: usize, tokens: usize) -> f64 {
+        let (from, to) = (from as f64, (from + tokens) as f64);
+        let attention = if self.attention_tokens > 0.0 {
+            (to * to - from * from) / (2.0 * self.attention_tokens)
+        } else {
+            0.0
+        };
+        (to - from) + attention
+    }
+
+    /// How many tokens after the first `from` a prefill `work` ([`Self::work`]) computes.
+    fn tokens_of(&self, from: usize, work: f64) -> f64 {
+        let l = self.attention_tokens;
+        if l <= 0.0 {
+            return work;
+        }
+        // t + ((from + t)² - from²) / 2L = work, solved for t >= 0.
+        let b = 1.0 + from as f64 / l;
+        l * ((b * b + 2.0 * work / l).sqrt() - b)
     }
 }
 

@@ -7,6 +7,7 @@ const TOL: f64 = 1e-9;
 fn timing() -> Timing {
     Timing {
         prefill_tokens_per_s: 30_000.0,
+        attention_tokens: 0.0,
         prefill_overhead_s: 0.020,
         decode_s_per_token: 0.007,
         max_num_seqs: 256,
@@ -78,6 +79,47 @@ fn lone_prefill_is_overhead_plus_tokens_over_throughput() {
     // 9 more tokens at 7 ms.
     assert!(close(finished(&out, 1), 1.020 + 9.0 * 0.007));
     assert_eq!(core.cache().pinned(), 0);
+}
+
+#[test]
+fn attention_makes_a_turn_after_a_long_context_cost_more() {
+    // A token at position p costs 1 + p / 10 000 tokens of the 30K tokens/s.
+    let attending = Timing {
+        attention_tokens: 10_000.0,
+        ..timing()
+    };
+    let mut core = EngineCore::new(attending, 26_000);
+    core.submit(req(1, 7, 20_000, 1));
+    let out = run_to_idle(&mut core);
+    // 20 000 + 20 000² / 20 000 = 40 000 tokens of work.
+    assert!(close(first_token(&out, 1).0, 0.020 + 40_000.0 / 30_000.0));
+    // The same 20 000 tokens then 1 600 more, computed after the 20 000 cached.
+    let start = core.now();
+    core.submit(req(2, 7, 21_600, 1));
+    let out = run_to_idle(&mut core);
+    let (at, _, cached) = first_token(&out, 2);
+    assert_eq!(cached, 20_000);
+    let work = 1_600.0 + (21_600f64.powi(2) - 20_000f64.powi(2)) / 20_000.0;
+    assert!(close(at - start, 0.020 + work / 30_000.0), "{}", at - start);
+}
+
+#[test]
+fn tokens_of_inverts_the_work_of_a_prefill() {
+    let attending = Timing {
+        attention_tokens: 3_000.0,
+        ..timing()
+    };
+    for (from, tokens) in [(0, 1), (0, 5_000), (12_345, 678), (40_000, 40_000)] {
+        let work = attending.work(from, tokens);
+        let back = attending.tokens_of(from, work);
+        assert!(
+            (back - tokens as f64).abs() < 1e-6,
+            "{from}+{tokens}: {back}"
+        );
+        assert!(attending.work(from, tokens) > tokens as f64);
+    }
+    assert_eq!(timing().work(12_345, 678), 678.0);
+    assert_eq!(timing().tokens_of(12_345, 678.0), 678.0);
 }
 
 #[test]

@@ -68,6 +68,9 @@ pub struct SimConfig {
     pub bytes_per_token: usize,
     /// Prefill throughput shared by concurrent prefills, tokens per second (default 30 000).
     pub prefill_tokens_per_s: f64,
+    /// The prompt position, tokens, at which attending to the context doubles a
+    /// prefilled token's cost (default 0: none; every token costs the same).
+    pub attention_tokens: f64,
     /// Fixed latency per request before its prefill, milliseconds (default 20).
     pub prefill_overhead_ms: f64,
     /// Interval between output tokens after the first, milliseconds (default 7).
@@ -103,6 +106,7 @@ impl Default for SimConfig {
             block_tokens: 16,
             bytes_per_token: 4,
             prefill_tokens_per_s: 30_000.0,
+            attention_tokens: 0.0,
             prefill_overhead_ms: 20.0,
             decode_ms_per_token: 7.0,
             max_num_seqs: 256,
@@ -138,6 +142,7 @@ impl SimConfig {
             return Err(SimConfigError::NotPositive(name));
         }
         let delays = [
+            ("attention_tokens", self.attention_tokens),
             ("prefill_overhead_ms", self.prefill_overhead_ms),
             ("decode_ms_per_token", self.decode_ms_per_token),
         ];
@@ -151,6 +156,7 @@ impl SimConfig {
     pub fn timing(&self) -> engine::Timing {
         engine::Timing {
             prefill_tokens_per_s: self.prefill_tokens_per_s,
+            attention_tokens: self.attention_tokens,
             prefill_overhead_s: self.prefill_overhead_ms / 1000.0,
             decode_s_per_token: self.decode_ms_per_token / 1000.0,
             max_num_seqs: self.max_num_seqs,
@@ -273,6 +279,10 @@ pub struct SimArgs {
     /// Prefill throughput shared by concurrent prefills, tokens per second.
     #[arg(long, default_value_t = 30_000.0)]
     pub prefill_tokens_per_s: f64,
+    /// The prompt position, tokens, at which attending to the context doubles a
+    /// prefilled token's cost; 0: none, every token costs the same.
+    #[arg(long, default_value_t = 0.0)]
+    pub attention_tokens: f64,
     /// Fixed latency per request before its prefill, milliseconds.
     #[arg(long, default_value_t = 20.0)]
     pub prefill_overhead_ms: f64,
@@ -321,6 +331,7 @@ impl SimArgs {
             block_tokens: self.block_tokens,
             bytes_per_token: self.bytes_per_token,
             prefill_tokens_per_s: self.prefill_tokens_per_s,
+            attention_tokens: self.attention_tokens,
             prefill_overhead_ms: self.prefill_overhead_ms,
             decode_ms_per_token: self.decode_ms_per_token,
             max_num_seqs: self.max_num_seqs,
