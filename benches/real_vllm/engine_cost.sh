@@ -13,19 +13,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/common.sh
 bench_start
-{ read -r vllm; read -r model; } < <(tests/vllm/setup.sh target/vllm)
+source benches/real_vllm/vllm.sh
 port=$(free_port)
-mkdir -p "$out"/{cache,tmp,rpc,inductor}
-VLLM_CPU_OMP_THREADS_BIND=0 VLLM_CACHE_ROOT="$out/cache" TMPDIR="$out/tmp" \
-VLLM_RPC_BASE_PATH="$out/rpc" TORCHINDUCTOR_CACHE_DIR="$out/inductor" \
-HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
-  "$vllm" serve "$model" --served-model-name tiny --host 127.0.0.1 --port "$port" \
-  --dtype bfloat16 --enforce-eager --block-size 32 --enable-prefix-caching \
-  --enable-prompt-tokens-details --max-model-len 32768 --max-num-seqs 16 \
-  --num-gpu-blocks-override 2000 --kv-cache-memory-bytes $((2000 * 32 * 512)) >"$out/vllm.log" 2>&1 &
+serve_vllm "$out" "$port" 0 2000 32768 16
 pids+=($!)
-for _ in $(seq 1 600); do curl -sf -o /dev/null "http://127.0.0.1:$port/health" && break; sleep 0.5; done
-curl -sf -o /dev/null "http://127.0.0.1:$port/health" || { echo "vLLM never became healthy; see $out/vllm.log" >&2; exit 1; }
+wait_healthy "http://127.0.0.1:$port"
 python3 - "$port" <<'PY'
 import json, random, sys, time, urllib.request
 url = f"http://127.0.0.1:{sys.argv[1]}/v1/completions"

@@ -28,9 +28,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/common.sh
 bench_start
-{ read -r vllm; read -r model; } < <(tests/vllm/setup.sh target/vllm)
+source benches/real_vllm/vllm.sh
 instances="${INSTANCES:-4}"
-block=32
 engine="${ENGINE:-vllm}"
 
 case "${WORKLOAD:-agent}" in
@@ -75,30 +74,21 @@ start_engines() { # KV_BLOCKS MAX_MODEL_LEN: the instances, healthy; sets urls a
   urls=(); events=()
   for i in $(seq 0 $((instances - 1))); do
     local p; p=$(free_pair)
-    local dir="$out/engine-$i"; mkdir -p "$dir"/{cache,tmp,rpc,inductor}
+    local dir="$out/engine-$i"
     local config="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$((p + 1))\"}"
     if [ "$engine" = sim ]; then
+      mkdir -p "$dir"
       "$bin" sim --count 1 --base-port "$p" --model tiny --tokenizer "$model" --block-tokens "$block" \
         --kv-blocks "$1" --max-model-len "$2" --max-num-seqs "${MAX_NUM_SEQS:-16}" \
         --kv-events-config "$config" --time-scale "${SPEEDUP:-1}" ${SIM_ARGS:-} >"$dir/log" 2>&1 &
     else
-      VLLM_CPU_OMP_THREADS_BIND=$((i % 2)) VLLM_CACHE_ROOT="$dir/cache" TMPDIR="$dir/tmp" \
-      VLLM_RPC_BASE_PATH="$dir/rpc" TORCHINDUCTOR_CACHE_DIR="$dir/inductor" VLLM_SERVER_DEV_MODE=1 \
-      HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
-        "$vllm" serve "$model" --served-model-name tiny --host 127.0.0.1 --port "$p" \
-        --dtype bfloat16 --enforce-eager --block-size "$block" --enable-prefix-caching \
-        --enable-prompt-tokens-details --enable-auto-tool-choice --tool-call-parser hermes \
-        --max-model-len "$2" --max-num-seqs "${MAX_NUM_SEQS:-16}" \
-        --num-gpu-blocks-override "$1" --kv-cache-memory-bytes $(($1 * block * 512)) \
-        --kv-events-config "$config" >"$dir/log" 2>&1 &
+      VLLM_SERVER_DEV_MODE=1 serve_vllm "$dir" "$p" $((i % 2)) "$1" "$2" "${MAX_NUM_SEQS:-16}" \
+        --enable-auto-tool-choice --tool-call-parser hermes --kv-events-config "$config"
     fi
     engine_pids+=($!)
     urls+=("http://127.0.0.1:$p"); events+=("tcp://127.0.0.1:$((p + 1))")
   done
-  for u in "${urls[@]}"; do
-    for _ in $(seq 1 600); do curl -sf -o /dev/null "$u/health" && break; sleep 0.5; done
-    curl -sf -o /dev/null "$u/health" || { echo "$u never became healthy" >&2; exit 1; }
-  done
+  wait_healthy "${urls[@]}"
 }
 
 stop_engines() { # each engine's metrics kept in its log directory (its timing over the runs), then stopped

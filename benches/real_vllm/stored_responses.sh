@@ -12,32 +12,22 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/common.sh
 bench_start
-{ read -r vllm; read -r model; } < <(tests/vllm/setup.sh target/vllm)
+source benches/real_vllm/vllm.sh
 VENV=target/sdk-venv
 [ -x "$VENV/bin/python" ] || tests/sdk/run.sh "$bin" >/dev/null 2>&1 || true
 "$VENV/bin/python" -c 'import openai' || { echo "the openai SDK: run tests/sdk/run.sh first" >&2; exit 1; }
-max_len=4096 block=32
+max_len=4096
 blocks=$((2 * (max_len / block + 1)))
 
 urls=(); engines=()
 trap 'stop; for e in "${engines[@]}"; do kill "$e" 2>/dev/null || true; done; wait' EXIT
 for i in 0 1 2 3; do
-  p=$(free_port); dir="$out/engine-$i"; mkdir -p "$dir"/{cache,tmp,rpc,inductor}
-  VLLM_ENABLE_RESPONSES_API_STORE=1 VLLM_CPU_OMP_THREADS_BIND=$((i % 2)) VLLM_CACHE_ROOT="$dir/cache" \
-  TMPDIR="$dir/tmp" VLLM_RPC_BASE_PATH="$dir/rpc" TORCHINDUCTOR_CACHE_DIR="$dir/inductor" \
-  HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
-    "$vllm" serve "$model" --served-model-name tiny --host 127.0.0.1 --port "$p" \
-    --dtype bfloat16 --enforce-eager --block-size "$block" --enable-prefix-caching \
-    --enable-prompt-tokens-details --max-model-len "$max_len" --max-num-seqs 4 \
-    --num-gpu-blocks-override "$blocks" --kv-cache-memory-bytes $((blocks * block * 512)) \
-    >"$dir/log" 2>&1 &
+  p=$(free_port)
+  VLLM_ENABLE_RESPONSES_API_STORE=1 serve_vllm "$out/engine-$i" "$p" $((i % 2)) "$blocks" "$max_len" 4
   engines+=($!)
   urls+=("http://127.0.0.1:$p")
 done
-for u in "${urls[@]}"; do
-  for _ in $(seq 1 600); do curl -sf -o /dev/null "$u/health" && break; sleep 0.5; done
-  curl -sf -o /dev/null "$u/health" || { echo "$u never became healthy" >&2; exit 1; }
-done
+wait_healthy "${urls[@]}"
 
 chains() { # NAME URL...: the chains through URL... in turn, one line
   "$VENV/bin/python" - "$1" "${CHAINS:-4}" "${FOLLOW_UPS:-20}" "${@:2}" <<'PY'

@@ -248,7 +248,7 @@ impl EngineCore {
                 }
                 EnginePhase::Decode => 0,
             };
-            let prompt = running.cached_tokens + running.uncached_tokens;
+            let prompt = cached + uncached;
             let computed = prompt.saturating_sub(uncomputed) / self.timing.block_tokens.max(1);
             self.prefilling.retain(|&(other, _)| other != id);
             self.blocked.retain(|&other| other != id);
