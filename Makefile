@@ -83,6 +83,7 @@ real-engine: deps
 
 # vLLM 0.32's CPU build and a tiny Qwen3 (installed once under target/vllm, about 6 GB), 4
 # instances, every policy, smg and vllm-router replayed on agent sessions at three KV sizes
-# (about 2 hours; KV, RUNS, FRONTS and WORKLOAD narrow it: benches/real_vllm/run.sh).
+# (65 minutes for KV 0.6x alone on this host; KV, RUNS, FRONTS and WORKLOAD narrow it:
+# benches/real_vllm/run.sh).
 real-vllm: deps
 	PATH="$$PATH:$$HOME/.local/bin" benches/real_vllm/run.sh
