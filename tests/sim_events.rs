@@ -13,89 +13,22 @@ use crate::kv_events::port;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_simulators_events_make_the_router_exact() {
     use crate::support::*;
-    use prefix_router::config::Settings;
-    use prefix_router_sim::kv_events::KvEventsConfig;
     use serde_json::json;
-    let tokenizer = fixtures::tokenizer("qwen3");
-    let model = prefix_router_sim::hf::HfModel::load(&tokenizer).expect("Qwen3's tokenizer loads");
-    let model = std::sync::Arc::new(model);
-    let listeners = [
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-        tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap(),
-    ];
-    let http: Vec<u16> = (listeners.iter())
-        .map(|l| l.local_addr().unwrap().port())
-        .collect();
-    // One offset from each engine's HTTP port to its free PUB port (the router's template).
-    let free = |p: i32| u16::try_from(p).ok().filter(|&p| p > 1024 && p < 65000);
-    let offset = (1..200)
-        .map(|i| i * 97)
-        .find(|o| {
-            http.iter().all(|&h| {
-                free(i32::from(h) + o)
-                    .is_some_and(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
-            })
-        })
-        .expect("a free port offset");
-    let mut sims = Vec::new();
-    for (i, listener) in listeners.into_iter().enumerate() {
-        let events = KvEventsConfig {
-            enable_kv_cache_events: true,
-            publisher: "zmq".into(),
-            endpoint: format!("tcp://127.0.0.1:{}", i32::from(http[i]) + offset),
-            ..KvEventsConfig::default()
-        };
-        let config = prefix_router_sim::SimConfig {
-            name: ["a", "b"][i].into(),
-            model: "m".into(),
-            time_scale: 50.0,
-            tokenizer: Some(model.clone()),
-            kv_events: Some(events),
-            ..prefix_router_sim::SimConfig::default()
-        };
-        sims.push(prefix_router_sim::start(config, listener).await.unwrap());
-    }
-    let urls: Vec<String> = http
-        .iter()
-        .map(|p| format!("http://127.0.0.1:{p}"))
-        .collect();
-    let router = TestRouter::start(
-        Settings {
-            worker_urls: Some(urls.clone()),
-            health_check_interval: Some(0.2),
-            threads: Some(2),
-            grace_period: Some(0.0),
-            tokenizer: Some(tokenizer),
-            kv_events: Some(format!("tcp://127.0.0.1:{{port{offset:+}}}")),
-            ..Settings::default()
-        },
-        2,
-    );
-    let record = |why: &Value, url: &str| {
-        (why["backends"].as_array().unwrap().iter())
-            .find(|b| b["url"] == url)
-            .map(|b| b["record"].clone())
-            .unwrap_or_default()
+    let config = prefix_router_sim::SimConfig {
+        time_scale: 50.0,
+        ..prefix_router_sim::SimConfig::default()
     };
+    let (sims, urls, router) = publishing(&["a", "b"], config).await;
     let explain = |body: Value| {
-        let url = format!("{}/route", router.admin_url);
-        async move {
-            let resp = client().post(url).json(&body).send().await.unwrap();
-            resp.json::<Value>().await.unwrap()
-        }
+        let router = &router;
+        async move { explain(router, &body).await }
     };
     let mut messages = vec![
         json!({"role": "system", "content": "You review Rust code for a proxy. ".repeat(30)}),
         json!({"role": "user", "content": "What does this function do? ".repeat(40)}),
     ];
     let body = |messages: &[Value]| json!({"model": "m", "max_tokens": 8, "messages": messages});
-    for _ in 0..200 {
-        let why = explain(body(&messages)).await;
-        if urls.iter().all(|u| record(&why, u)["mode"] == "exact") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
+    records_exact(&router, &urls, &body(&messages)).await;
     let (status, first) = post(&router.url, "/v1/chat/completions", &body(&messages)).await;
     assert_eq!(status, 200, "{first}");
     let served = first["system_fingerprint"].as_str().unwrap().to_string();
@@ -134,6 +67,62 @@ async fn the_simulators_events_make_the_router_exact() {
     let (predicted, delivered) = (&stats["predicted_hit_rate"], &stats["delivered_hit_rate"]);
     let gap = (predicted.as_f64().unwrap() - delivered.as_f64().unwrap()).abs();
     assert!(gap < 0.01, "{stats}");
+    for sim in sims {
+        sim.shutdown().await;
+    }
+}
+
+/// A prompt sent to an engine counts as held there until the engine answers, though the
+/// engine publishes its blocks only once it schedules them: a second conversation on the
+/// same system prompt, asked while the first waits in the engine's queue, is predicted to
+/// find it there (vLLM mode knows what token mode's own index knows). A request that ends
+/// unanswered counts no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_waiting_in_the_engine_counts_as_held_until_answered() {
+    use crate::support::*;
+    use serde_json::json;
+    // One sequence at a time: a long answer holds the engine while the next prompt waits.
+    let config = prefix_router_sim::SimConfig {
+        max_num_seqs: 1,
+        ..prefix_router_sim::SimConfig::default()
+    };
+    let (sims, urls, router) = publishing(&["a"], config).await;
+    let ask = |user: &str, max_tokens: u32| {
+        json!({"model": "m", "max_tokens": max_tokens, "messages": [
+            {"role": "system", "content": "You review Rust code for a proxy. ".repeat(30)},
+            {"role": "user", "content": user}]})
+    };
+    records_exact(&router, &urls, &ask("warm up", 1)).await;
+    let long = json!({"model": "m", "max_tokens": 2000,
+        "messages": [{"role": "user", "content": "Write a long story. ".repeat(20)}]});
+    let url = router.url.clone();
+    let holding = tokio::spawn(async move { post(&url, "/v1/chat/completions", &long).await });
+    router
+        .wait_until("the long answer runs", |r| r.inflight() == 1)
+        .await;
+    let url = router.url.clone();
+    let first = ask("What does this function do?", 4);
+    let waiting = tokio::spawn(async move { post(&url, "/v1/chat/completions", &first).await });
+    router
+        .wait_until("the first turn waits", |r| r.inflight() == 2)
+        .await;
+    let second = ask("And its error paths?", 4);
+    let why = explain(&router, &second).await;
+    assert_eq!(
+        record(&why, &urls[0])["gpu_tokens"],
+        0,
+        "nothing published yet: {why}"
+    );
+    let matched = why["matched_tokens"].as_u64().unwrap_or_default();
+    assert!(matched >= 160, "the waiting prompt's system prompt: {why}");
+    // Once it ends unanswered, only the record counts; the long answer still holds the engine.
+    waiting.abort();
+    router
+        .wait_until("the first turn ended", |r| r.inflight() == 1)
+        .await;
+    let why = explain(&router, &second).await;
+    assert_eq!(why["matched_tokens"], 0, "{why}");
+    holding.abort();
     for sim in sims {
         sim.shutdown().await;
     }
@@ -210,4 +199,101 @@ async fn the_simulator_replays_its_batches_like_vllm() {
         "{stored_tokens} of {prompt}"
     );
     sim.shutdown().await;
+}
+
+/// Simulated engines named `names`, publishing their KV events (token ids from Qwen3's
+/// tokenizer) with `config` laid over each, behind a router in token mode that reads them.
+async fn publishing(
+    names: &[&str],
+    config: prefix_router_sim::SimConfig,
+) -> (
+    Vec<prefix_router_sim::SimHandle>,
+    Vec<String>,
+    crate::support::TestRouter,
+) {
+    use crate::support::*;
+    use prefix_router::config::Settings;
+    use prefix_router_sim::kv_events::KvEventsConfig;
+    let tokenizer = fixtures::tokenizer("qwen3");
+    let model = prefix_router_sim::hf::HfModel::load(&tokenizer).expect("Qwen3's tokenizer loads");
+    let model = std::sync::Arc::new(model);
+    let mut listeners = Vec::new();
+    for _ in names {
+        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let http: Vec<u16> = (listeners.iter())
+        .map(|l| l.local_addr().unwrap().port())
+        .collect();
+    // One offset from each engine's HTTP port to its free PUB port (the router's template).
+    let free = |p: i32| u16::try_from(p).ok().filter(|&p| p > 1024 && p < 65000);
+    let offset = (1..200)
+        .map(|i| i * 97)
+        .find(|o| {
+            http.iter().all(|&h| {
+                free(i32::from(h) + o)
+                    .is_some_and(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+            })
+        })
+        .expect("a free port offset");
+    let mut sims = Vec::new();
+    for (i, listener) in listeners.into_iter().enumerate() {
+        let events = KvEventsConfig {
+            enable_kv_cache_events: true,
+            publisher: "zmq".into(),
+            endpoint: format!("tcp://127.0.0.1:{}", i32::from(http[i]) + offset),
+            ..KvEventsConfig::default()
+        };
+        let config = prefix_router_sim::SimConfig {
+            name: names[i].into(),
+            model: "m".into(),
+            tokenizer: Some(model.clone()),
+            kv_events: Some(events),
+            ..config.clone()
+        };
+        sims.push(prefix_router_sim::start(config, listener).await.unwrap());
+    }
+    let urls: Vec<String> = http
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    let router = TestRouter::start(
+        Settings {
+            worker_urls: Some(urls.clone()),
+            health_check_interval: Some(0.2),
+            threads: Some(2),
+            grace_period: Some(0.0),
+            tokenizer: Some(tokenizer),
+            kv_events: Some(format!("tcp://127.0.0.1:{{port{offset:+}}}")),
+            ..Settings::default()
+        },
+        names.len(),
+    );
+    (sims, urls, router)
+}
+
+/// What `why` (a `POST /route` answer) says of the record of the backend at `url`.
+fn record(why: &Value, url: &str) -> Value {
+    (why["backends"].as_array().unwrap().iter())
+        .find(|b| b["url"] == url)
+        .map(|b| b["record"].clone())
+        .unwrap_or_default()
+}
+
+/// `POST /route` for `body` on `router`.
+async fn explain(router: &crate::support::TestRouter, body: &Value) -> Value {
+    let url = format!("{}/route", router.admin_url);
+    let resp = crate::support::client().post(url).json(body).send().await;
+    resp.unwrap().json::<Value>().await.unwrap()
+}
+
+/// Waits until every backend's record of `router` is exact.
+async fn records_exact(router: &crate::support::TestRouter, urls: &[String], body: &Value) {
+    for _ in 0..200 {
+        let why = explain(router, body).await;
+        if urls.iter().all(|u| record(&why, u)["mode"] == "exact") {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("the records never became exact");
 }

@@ -7,7 +7,7 @@
 # and run: our policies, ours in vLLM mode (token mode on the model's own tokenizer and the
 # engines' KV events), smg 1.13.0, vllm-router 0.1.17's cache_aware and its kv_aware on the
 # same KV events. Every engine's prefix cache is emptied before each run. Prints one line
-# per run; the reports are kept in OUT.
+# per run; the reports (and our routers' /metrics) are kept in OUT.
 #
 # ENGINE=sim runs the same through `prefix-router sim` instances configured like the real
 # fleet (block size, KV blocks, max-num-seqs, max-model-len, the model's tokenizer, KV
@@ -110,7 +110,8 @@ reset_caches() { # every engine's prefix cache emptied (vLLM's dev endpoint)
   done
 }
 
-start_front() { # NAME: the front NAME in front of the engines; sets $port and $front_pid
+start_front() { # NAME: the front NAME in front of the engines; sets $port, $front_pid and, for ours, $admin
+  admin=
   case $1 in
     vllm-mode) ROUTER_ARGS="--tokenizer $model --kv-events tcp://{host}:{port+1}" start_router kv_aware "${urls[@]}" ;;
     vllm-mode@*) ROUTER_BIN="${1#*@}" ROUTER_ARGS="--tokenizer $model --kv-events tcp://{host}:{port+1}" \
@@ -172,6 +173,7 @@ replay() { # NAME KV RUN: the workload through $port, one line
     --stream --quiet --backends "$instances" --concurrency 1024 --timeout 900 --model tiny \
     --backend-metrics "$(IFS=,; echo "${urls[*]}")" --out "$report" \
     --requests-out "${report%.json}.jsonl" >/dev/null
+  [ -z "$admin" ] || curl -s "http://127.0.0.1:$admin/metrics" >"${report%.json}.metrics" || true
   local shown=$1; [[ $1 == *@* ]] && shown="${1%%@*}@${1##*/}"
   python3 - "$report" "$shown" "$2" "$3" "$(cpu_seconds "$front_pid")" <<'PY'
 import json, sys

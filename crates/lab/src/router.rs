@@ -10,6 +10,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue};
 use prefix_router_core::BackendId;
 use prefix_router_core::clock::Manual;
+use prefix_router_core::events::sent::Sent;
 use prefix_router_core::ledger::{self, Account, Cap, Placing, Report, Seat, UpkeepSchedule};
 use prefix_router_core::policy::{
     Asking, Candidate, Conversations, Decision, PolicyChoice, PolicyParams, Published, Request,
@@ -81,21 +82,26 @@ pub struct Asked<'a> {
 }
 
 /// The policy's choice among `candidates`, as flow control is `asking`, over the engines'
-/// `record` when there is one.
+/// `record` when there is one, and the prompts `sent` that it does not show yet.
 fn select(
     selector: &Selector,
     request: &Request,
     asking: Asking,
     candidates: &[Candidate],
-    record: Option<&EngineRecord>,
+    (record, sent): (Option<&EngineRecord>, &Sent),
 ) -> Decision {
     let request = &request.asked(asking);
     let Some(record) = record else {
         return selector.select(request, candidates);
     };
+    let unanswered = sent.matched(record.chain);
+    let held = |c: &Candidate| {
+        let recorded = *record.held.get(c.id.0 as usize)?;
+        Some(Sent::held(recorded, &unanswered, c.id).text())
+    };
     let recorded: Vec<Candidate> = (candidates.iter())
         .map(|c| Candidate {
-            recorded: record.held.get(c.id.0 as usize).map(|t| t.text()),
+            recorded: held(c),
             ..*c
         })
         .collect();
@@ -128,6 +134,7 @@ pub struct LabRouter {
     clock: Manual,
     limit: usize,
     headers: SessionSources,
+    sent: Arc<Sent>,
     /// Prefix-index keys evicted, bytes.
     pub evicted_bytes: u64,
     /// Routing text the chosen backends were believed to hold, bytes.
@@ -174,6 +181,7 @@ impl LabRouter {
             clock,
             limit: setup.max_inflight_per_backend,
             headers: SessionSources::default(),
+            sent: Arc::default(),
             evicted_bytes: 0,
             matched_bytes: 0,
             text_bytes: 0,
@@ -204,7 +212,7 @@ impl LabRouter {
             .map(|(_, a)| a)
             .collect();
         let text = request.size();
-        let (selector, record) = (&self.selector, asked.record);
+        let (selector, record) = (&self.selector, (asked.record, &*self.sent));
         let placing = ledger::place(&accounts, cap, text, |candidates, asking| {
             select(selector, &request, asking, candidates, record)
         });
@@ -216,8 +224,13 @@ impl LabRouter {
         self.text_bytes += text.0 as u64;
         *self.outcomes.entry(decision.outcome.label()).or_default() += 1;
         self.evicted_bytes += self.upkeep(now);
+        let backend = only.unwrap_or(index);
+        if let Some(record) = asked.record {
+            let id = self.accounts[backend].id;
+            seat.count_sent(self.sent.add(id, record.chain));
+        }
         Ok(Some(Placement {
-            backend: only.unwrap_or(index),
+            backend,
             seat,
             conversation: request.conversation(),
             size: request.prompt_size(),
@@ -233,7 +246,8 @@ impl LabRouter {
             ..self.request(&parsed, &asked)
         };
         let choose = |candidates: &[Candidate], asking| {
-            select(&self.selector, &request, asking, candidates, asked.record)
+            let record = (asked.record, &*self.sent);
+            select(&self.selector, &request, asking, candidates, record)
         };
         ledger::unbounded(&self.accounts(), cap, choose)
     }

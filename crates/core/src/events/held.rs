@@ -12,7 +12,7 @@ use super::decode::{EngineHash, Event, Medium, Stored};
 use crate::request::blocks::Chainer;
 
 /// Tokens per hash of the router's chain (a 64-byte block of 4-byte ids).
-const BLOCK_TOKENS: usize = 16;
+pub(crate) const BLOCK_TOKENS: usize = 16;
 
 /// One block the engine holds: the router's key of it, and where it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,10 +1,14 @@
 //! A [`Seat`]: one placed request, counted on its backend's account from placement until
-//! it drops, its prefill until the backend answers.
+//! it drops, its prefill (and its prompt, where the backend publishes its KV events) until
+//! the backend answers.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
+use parking_lot::Mutex;
+
 use super::{Account, Cap};
+use crate::events::sent::SentPrompt;
 use crate::policy::{Decision, Selector};
 use crate::units::{PromptSize, TextBytes, TextPerToken, Tokens};
 
@@ -22,6 +26,9 @@ pub struct Seat {
     top: bool,
     /// Whether it is kept a reserve for and has no answer yet (the prefill guard).
     guarding: AtomicBool,
+    /// Its prompt, counted as held by a backend that publishes its KV events until the
+    /// backend answers ([`crate::events::sent`]).
+    sent: Mutex<Option<SentPrompt>>,
 }
 
 /// What a backend reported of one placed request, beside the router's own measure of it.
@@ -52,7 +59,13 @@ impl Seat {
             band,
             top: cap.light(),
             guarding: AtomicBool::new(band.is_some()),
+            sent: Mutex::new(None),
         }
+    }
+
+    /// Counts its `prompt` as held by its backend until the backend answers.
+    pub fn count_sent(&self, prompt: SentPrompt) {
+        *self.sent.lock() = Some(prompt);
     }
 
     /// The account of the backend it is on.
@@ -67,6 +80,7 @@ impl Seat {
 
     /// The backend answered (its first response byte): its prefill is done.
     pub fn answered(&self) {
+        self.sent.lock().take();
         let prefill = self.prefill.swap(0, Relaxed);
         self.account.load.answered(prefill);
         if self.band.is_some() && self.guarding.swap(false, Relaxed) {

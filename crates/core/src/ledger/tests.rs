@@ -354,6 +354,29 @@ fn a_seat_counts_its_load_and_prefill_until_answered_and_dropped() {
 }
 
 #[test]
+fn a_seats_prompt_counts_as_sent_until_answered_or_dropped() {
+    let all = accounts(1);
+    let refs: Vec<&Arc<Account>> = all.iter().collect();
+    let sent = Arc::new(crate::events::sent::Sent::default());
+    let chain = [[1; 8], [2; 8]];
+    let counted = || sent.matched(&chain).into_vec();
+    let blocks = Tokens(2 * 16);
+    for answer in [true, false] {
+        let Placing::Placed { seat, .. } = place(&refs, 0, TextBytes(100), first) else {
+            panic!("not placed");
+        };
+        seat.count_sent(sent.add(BackendId(0), &chain));
+        assert_eq!(counted(), [(BackendId(0), blocks)]);
+        if answer {
+            seat.answered();
+            assert_eq!(counted(), [], "answered: the engine's record has it");
+        }
+        drop(seat);
+        assert_eq!(counted(), []);
+    }
+}
+
+#[test]
 fn the_limit_leaves_out_full_backends_and_reports_a_full_fleet() {
     let all = accounts(2);
     let refs: Vec<&Arc<Account>> = all.iter().collect();

@@ -10,8 +10,9 @@
 //! number that goes back means the publisher restarted, and the record starts over.
 //!
 //! [`Records`] holds a record per backend and gives a request's candidates what each
-//! backend holds of it (token mode only: the engine's blocks are token ids); [`Subscribers`]
-//! keeps one subscriber per backend of the fleet running.
+//! backend holds of it (token mode only: the engine's blocks are token ids), counting the
+//! prompts it sent there that have no answer yet ([`Sent`]); [`Subscribers`] keeps one
+//! subscriber per backend of the fleet running.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -24,6 +25,7 @@ use prefix_router_core::events::held::{Held, Whole};
 use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, SubSocket, ZmqMessage};
 
 pub use metrics::{KvEventMetrics, RecordMode};
+pub use prefix_router_core::events::sent::{Sent, SentPrompt};
 
 mod metrics;
 
@@ -336,9 +338,11 @@ pub fn expand(template: &str, host: &str, port: u16) -> Option<String> {
     Some(out)
 }
 
-/// The records of the backends that publish, by backend.
+/// The records of the backends that publish, by backend, and the prompts sent to them
+/// without an answer yet.
 pub struct Records {
     map: parking_lot::RwLock<std::collections::HashMap<prefix_router_core::BackendId, Arc<Record>>>,
+    sent: Arc<Sent>,
     metrics: KvEventMetrics,
 }
 
@@ -347,6 +351,7 @@ impl Records {
     pub fn new(metrics: KvEventMetrics) -> Self {
         Records {
             map: Default::default(),
+            sent: Arc::default(),
             metrics,
         }
     }
@@ -367,7 +372,8 @@ impl Records {
     }
 
     /// `candidates` with what each backend's exact record holds of `request` (token mode
-    /// only); `None` when no candidate has one.
+    /// only), or a prompt sent there without an answer yet shares with it, whichever is
+    /// more; `None` when no candidate has a record.
     pub fn recorded(
         &self,
         request: &prefix_router_core::policy::Request,
@@ -378,10 +384,12 @@ impl Records {
         if map.is_empty() {
             return None;
         }
+        let unanswered = self.sent.matched(tokens.chain);
         let held = |c: &prefix_router_core::policy::Candidate| {
             let record = map.get(&c.id).filter(|r| r.exact())?;
             let (gpu, _) = record.matched(tokens.chain);
-            Some(prefix_router_core::units::Tokens(gpu).text())
+            let gpu = prefix_router_core::units::Tokens(gpu);
+            Some(Sent::held(gpu, &unanswered, c.id).text())
         };
         let out: Vec<_> = (candidates.iter())
             .map(|c| prefix_router_core::policy::Candidate {
@@ -390,6 +398,17 @@ impl Records {
             })
             .collect();
         out.iter().any(|c| c.recorded.is_some()).then_some(out)
+    }
+
+    /// Counts `request`'s prompt as held by `backend` until the guard is dropped, when the
+    /// backend publishes and the request has tokens.
+    pub fn sent(
+        &self,
+        request: &prefix_router_core::policy::Request,
+        backend: prefix_router_core::BackendId,
+    ) -> Option<SentPrompt> {
+        let tokens = request.tokens?;
+        (self.map.read().contains_key(&backend)).then(|| self.sent.add(backend, tokens.chain))
     }
 }
 

@@ -310,8 +310,10 @@ fn ended(failed: bool) -> Ended {
     }
 }
 
-/// Places the request on one of `ready` open under `cap` through the ledger; `None` when
-/// a concurrent request took the slot chosen.
+/// Places the request on one of `ready` open under `cap` through the ledger, its prompt
+/// counted there until answered if the backend publishes its KV events
+/// ([`crate::kv_events::Records::sent`]); `None` when a concurrent request took the slot
+/// chosen.
 fn place(
     state: &State,
     cap: Cap,
@@ -339,6 +341,11 @@ fn place(
     let decision = seat.decision();
     (state.stats).decision(decision.outcome, decision.matched, text);
     let backend = Arc::clone(ready.backend(index)?);
+    if let Route::Policy(request) = route
+        && let Some(prompt) = state.records.sent(request, backend.id)
+    {
+        seat.count_sent(prompt);
+    }
     trace.placed(|| placement(state, route, &decision, &backend, recorded.get()));
     Some((seat, backend))
 }
