@@ -8,6 +8,7 @@ mod agents;
 mod bodies;
 mod corpus;
 mod demo;
+mod disaggregation;
 mod engine_priority;
 mod epp;
 mod errors;

@@ -39,6 +39,13 @@ fn free_port() -> u16 {
 impl Vllm {
     /// Starts vLLM on free ports and waits for its `/health`.
     async fn start() -> Vllm {
+        let mut vllm = Vllm::spawn(&[]);
+        vllm.wait_healthy().await;
+        vllm
+    }
+
+    /// Starts vLLM on free ports with `extra` flags, without waiting for it.
+    fn spawn(extra: &[&str]) -> Vllm {
         let (vllm, model) = crate::support::fixtures::vllm();
         let (port, events) = (free_port(), free_port());
         let dir = scratch_dir("vllm");
@@ -62,6 +69,7 @@ impl Vllm {
         let config = json!({"enable_kv_cache_events": true, "publisher": "zmq",
                             "endpoint": format!("tcp://*:{events}")});
         command.args(["--kv-events-config", &config.to_string()]);
+        command.args(extra);
         environment(&mut command, &dir);
         command.stdout(Stdio::from(std::fs::File::create(&log).unwrap()));
         command.stderr(Stdio::from(
@@ -69,14 +77,12 @@ impl Vllm {
         ));
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command.spawn().expect("vllm serve");
-        let mut vllm = Vllm {
+        Vllm {
             child,
             url: format!("http://127.0.0.1:{port}"),
             events,
             log,
-        };
-        vllm.wait_healthy().await;
-        vllm
+        }
     }
 
     async fn wait_healthy(&mut self) {
@@ -364,4 +370,73 @@ async fn messages_in_token_mode(router: &TestRouter) {
     let (status, counted) = post(&url, &count).await;
     assert_eq!(status, 200, "{counted}");
     assert_eq!(counted["input_tokens"].as_u64(), Some(prompt), "{counted}");
+}
+
+/// vLLM's `ExampleConnector` over a folder both instances share: each saves the KV of the
+/// prompts it computes there, and loads what a request's prompt finds there.
+fn shared_storage(dir: &Path) -> String {
+    json!({"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+           "kv_connector_extra_config": {"shared_storage_path": dir}})
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
+    let _heavy = heavy().await;
+    let store = scratch_dir("vllm-pd-store");
+    let config = shared_storage(&store);
+    // The connector is wrong on a chunked prompt: every prompt in one step.
+    let flags = [
+        "--kv-transfer-config",
+        &config,
+        "--max-num-batched-tokens",
+        "2048",
+    ];
+    let (mut prefill, mut decode) = (Vllm::spawn(&flags), Vllm::spawn(&flags));
+    prefill.wait_healthy().await;
+    decode.wait_healthy().await;
+    let (_, model) = crate::support::fixtures::vllm();
+    let mut s = settings(&[]);
+    s.prefill = Some(vec![prefill.url.clone()]);
+    s.decode = Some(vec![decode.url.clone()]);
+    s.tokenizer = Some(model);
+    s.max_local_prefill_length = Some(0);
+    let router = TestRouter::start(s, 2);
+    // A prompt the connector can store: its length is not 1 more than whole blocks.
+    let system = "You review Rust code for a storage engine. ".repeat(30);
+    let mut question = "What does this function do?".to_string();
+    let body = loop {
+        let messages = [
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": question}),
+        ];
+        let body =
+            json!({"model": "tiny", "max_tokens": 8, "temperature": 0, "messages": messages});
+        let (status, explained) = post(&format!("{}/route", router.admin_url), &body).await;
+        assert_eq!(status, 200, "{explained}");
+        let tokens = explained["prompt_tokens"].as_u64().unwrap() as usize;
+        if tokens % BLOCK != 1 {
+            break body;
+        }
+        question.push_str(" Briefly.");
+    };
+    let loaded = || gauge(&decode, "vllm:external_prefix_cache_hits_total");
+    assert_eq!(loaded().await, 0);
+    let (status, split) = post(&format!("{}/v1/chat/completions", router.url), &body).await;
+    assert_eq!(status, 200, "{split}");
+    assert!(
+        loaded().await > 0,
+        "the decode instance loaded the prefill's KV"
+    );
+    assert_eq!(
+        gauge(&prefill, "vllm:generation_tokens_total").await,
+        1,
+        "one token prefilled"
+    );
+    // The same request on one instance alone answers the same, greedily.
+    let (status, alone) = post(&format!("{}/v1/chat/completions", prefill.url), &body).await;
+    assert_eq!(status, 200, "{alone}");
+    let text = |answer: &Value| answer["choices"][0]["message"]["content"].clone();
+    assert_eq!(text(&split), text(&alone));
+    assert_eq!(split["usage"]["completion_tokens"], 8);
 }

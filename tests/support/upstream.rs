@@ -52,6 +52,8 @@ pub enum UpstreamReply {
     Trickle { chunks: usize, every: Duration },
     /// JSON with a usage of `prompt` tokens, `cached` of them from the prefix cache.
     Usage { prompt: u64, cached: u64 },
+    /// This JSON body with status 200.
+    Body(String),
     /// A Responses stream: `response.created` naming `resp_{name}`, then, once the gate
     /// opens, `response.completed`.
     Created { gate: Arc<Notify> },
@@ -276,6 +278,7 @@ async fn handle(
             );
             Response::new(full(Bytes::from(usage)))
         }
+        UpstreamReply::Body(body) => Response::new(full(Bytes::from(body))),
         UpstreamReply::Slow(wait) => {
             let now = shared.inflight.fetch_add(1, SeqCst) + 1;
             shared.max_inflight.fetch_max(now, SeqCst);

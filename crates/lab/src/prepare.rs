@@ -50,6 +50,7 @@ impl Shape {
                 output_tokens: *output_tokens,
                 token_ids: Vec::new(),
                 priority: 0,
+                remote_blocks: 0,
             }),
             Shape::Refused(_) => None,
         }

@@ -14,7 +14,7 @@ use pingora_core::services::background::BackgroundService;
 use tokio::sync::Mutex;
 
 use crate::config::{Config, ConfigError, Settings, Source};
-use crate::fleet::{Discovery, Worker, WorkerError};
+use crate::fleet::{Discovery, Role, Worker, WorkerError};
 use crate::state::State;
 use crate::stats::Stats;
 use crate::tls::Certificates;
@@ -34,6 +34,9 @@ pub enum ControlError {
     /// There is no config file to reload.
     #[error("the router was started without --config; there is nothing to reload")]
     NoFile,
+    /// A worker's role that is none of `prefill`, `decode` and `both`.
+    #[error("unknown role {0}: prefill, decode or both")]
+    UnknownRole(String),
     /// The worker to remove is not in the list.
     #[error("worker {0} is not in the list")]
     UnknownWorker(String),
@@ -118,12 +121,19 @@ impl Control {
         Ok(())
     }
 
-    /// Adds a worker by URL (peers' `POST /add_worker?url=`).
-    pub async fn add_worker(&self, url: &str) -> Result<(), ControlError> {
-        let worker = Worker::parse(url)?;
+    /// Adds a worker by URL (peers' `POST /add_worker?url=`), with a role (`&role=`; `both`
+    /// by default); a worker listed already takes the role.
+    pub async fn add_worker(&self, url: &str, role: Option<&str>) -> Result<(), ControlError> {
+        let unknown = |name: &str| ControlError::UnknownRole(name.to_string());
+        let role = role.map_or(Ok(Role::Both), |r| Role::named(r).ok_or_else(|| unknown(r)))?;
+        let worker = Worker {
+            role,
+            ..Worker::parse(url)?
+        };
         let mut current = self.current.lock().await;
-        if !current.workers.iter().any(|w| w.same_place(&worker)) {
-            current.workers.push(worker);
+        match current.workers.iter_mut().find(|w| w.same_place(&worker)) {
+            Some(listed) => listed.role = role,
+            None => current.workers.push(worker),
         }
         self.apply_workers(&current).await;
         Ok(())

@@ -91,6 +91,9 @@ pub struct Limits {
     pub max_queued_per_priority: usize,
     /// Longest wait in the router's queue before 503. Default 30 s.
     pub queue_timeout: Duration,
+    /// Prompt tokens at most that a decode instance computes itself, skipping a
+    /// disaggregated request's prefill leg. Default 1000.
+    pub max_local_prefill_length: usize,
 }
 
 impl Default for Limits {
@@ -110,6 +113,7 @@ impl Default for Limits {
             max_queued_per_tenant: 0,
             max_queued_per_priority: 0,
             queue_timeout: Duration::from_secs(30),
+            max_local_prefill_length: 1000,
         }
     }
 }

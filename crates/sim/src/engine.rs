@@ -26,6 +26,10 @@
 //!   from that request's admission on, as vLLM caches a block once the step computing it
 //!   is scheduled) does not compute them again, but its first token waits for them: it
 //!   is out when its own prefill and theirs have ended.
+//! - The decode leg of a disaggregated request ([`EngineRequest::remote_blocks`]) loads
+//!   the blocks a remote prefill computed that its hit lacks, `transfer_s_per_block`
+//!   each, after its overhead and before prefilling the rest (its last token at least);
+//!   they count as cached, as vLLM reports them.
 //! - Its first output token is out when its prefill ends; each further one every
 //!   `decode_s_per_token` (independent of load). It finishes with its last token,
 //!   releasing its blocks to the cache.
@@ -55,6 +59,9 @@ pub struct Timing {
     pub max_num_seqs: usize,
     /// Tokens per KV block.
     pub block_tokens: usize,
+    /// Time to load one block a remote prefill computed (a disaggregated request's decode
+    /// leg), seconds.
+    pub transfer_s_per_block: f64,
     /// The order waiting requests are admitted in (vLLM's `--scheduling-policy`).
     pub scheduling: Scheduling,
 }
@@ -86,6 +93,10 @@ pub struct EngineRequest {
     /// Its priority, lower first (vLLM's `priority` field or `X-Vllm-Priority` header;
     /// default 0); only [`Scheduling::Priority`] reads it.
     pub priority: i64,
+    /// Blocks of its prompt a remote prefill computed (a disaggregated request's decode
+    /// leg, by its `kv_transfer_params`): those the cache lacks are loaded, at
+    /// [`Timing::transfer_s_per_block`] each, instead of computed. 0 for none.
+    pub remote_blocks: usize,
 }
 
 /// What happened to a request, at simulated time `at` (seconds).
@@ -492,10 +503,17 @@ impl EngineCore {
         }
     }
 
+    /// Runs `request`: its overhead, the load of the blocks a remote prefill computed that
+    /// its allocation did not hit, then the prefill of the rest.
     fn start(&mut self, request: EngineRequest, arrival: f64, allocation: Allocation) {
-        let cached_tokens =
-            (allocation.hit_blocks() * self.timing.block_tokens).min(request.prompt_tokens);
-        let uncached_tokens = request.prompt_tokens - cached_tokens;
+        let block = self.timing.block_tokens;
+        let (hit, prompt) = (allocation.hit_blocks(), request.prompt_tokens);
+        let cap = max_hit_blocks(prompt, request.hashes.len(), block);
+        let loaded = request.remote_blocks.min(cap).saturating_sub(hit);
+        let cached_tokens = ((hit + loaded) * block).min(prompt);
+        let uncached_tokens = prompt - cached_tokens;
+        let wait =
+            self.timing.prefill_overhead_s + loaded as f64 * self.timing.transfer_s_per_block;
         let (id, prompt_tokens, at) = (request.id, request.prompt_tokens, self.clock);
         self.outputs.push(Output::Admitted {
             id,
@@ -503,7 +521,7 @@ impl EngineCore {
             prompt_tokens,
             cached_tokens,
         });
-        let overhead = self.timing.prefill_overhead_s > 0.0;
+        let overhead = wait > 0.0;
         let phase = if overhead {
             EnginePhase::Overhead
         } else {
@@ -521,7 +539,7 @@ impl EngineCore {
         };
         self.running.insert(id, running);
         if overhead {
-            let at = self.clock + self.timing.prefill_overhead_s;
+            let at = self.clock + wait;
             self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
         } else {
             self.prefill(id, self.timing.work(cached_tokens, uncached_tokens));

@@ -12,6 +12,7 @@ fn timing() -> Timing {
         decode_s_per_token: 0.007,
         max_num_seqs: 256,
         block_tokens: 16,
+        transfer_s_per_block: 0.001,
         scheduling: Scheduling::Fcfs,
     }
 }
@@ -28,6 +29,7 @@ fn req(id: u64, tag: u64, prompt_tokens: usize, output_tokens: usize) -> EngineR
         output_tokens,
         token_ids: Vec::new(),
         priority: 0,
+        remote_blocks: 0,
     }
 }
 
@@ -375,4 +377,39 @@ fn an_aborted_prefill_frees_the_requests_waiting_on_its_blocks() {
     let out = run_to_idle(&mut core);
     let (at, _, _) = first_token(&out, 2);
     assert!(close(at, 0.2), "{at}");
+}
+
+#[test]
+fn a_decode_leg_loads_the_blocks_a_remote_prefill_computed_instead_of_computing_them() {
+    let first_token = |remote_blocks: usize| {
+        let mut core = EngineCore::new(timing(), 1000);
+        core.submit(EngineRequest {
+            remote_blocks,
+            ..req(1, 1, 1600, 2)
+        });
+        let outputs = run_to_idle(&mut core);
+        (outputs.iter())
+            .find_map(|o| match *o {
+                Output::FirstToken {
+                    ttft,
+                    cached_tokens,
+                    ..
+                } => Some((ttft, cached_tokens)),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let (computed, none) = first_token(0);
+    assert_eq!(none, 0);
+    assert!(
+        (computed - (0.020 + 1600.0 / 30_000.0)).abs() < TOL,
+        "{computed}"
+    );
+    // 99 of its 100 blocks loaded (the last token is always computed), 1 ms each.
+    let (loaded, cached) = first_token(100);
+    assert_eq!(cached, 99 * 16);
+    assert!(
+        (loaded - (0.020 + 0.099 + 16.0 / 30_000.0)).abs() < TOL,
+        "{loaded}"
+    );
 }

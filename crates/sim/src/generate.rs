@@ -55,6 +55,9 @@ struct Job {
     bytes_per_token: usize,
     /// Longest prompt plus output the instance accepts, tokens.
     limit: usize,
+    /// The blocks it hands over to a remote decode, when it is a disaggregated request's
+    /// prefill leg (`kv_transfer_params.do_remote_decode`).
+    handed_over: Option<usize>,
 }
 
 impl Job {
@@ -93,6 +96,7 @@ pub async fn generate(
     let config = &shared.config;
     let number = shared.next_number.fetch_add(1, Relaxed);
     let (mut request, stream) = prepare(config, endpoint, &body, number)?;
+    let hands_over = hands_over(&body);
     drop(body);
     request.priority = priority.unwrap_or(request.priority);
     let (prompt_tokens, output_tokens) = (request.prompt_tokens, request.output_tokens);
@@ -116,6 +120,7 @@ pub async fn generate(
         output_tokens,
         bytes_per_token,
         limit,
+        handed_over: hands_over.then(|| prompt_tokens / config.block_tokens.max(1)),
     };
     if stream {
         Ok(stream_response(job))
@@ -164,8 +169,41 @@ pub fn prepare(
         output_tokens: parsed.output_tokens.min(answer),
         token_ids,
         priority: body_priority(&body)?,
+        remote_blocks: remote_blocks(&body),
     };
     Ok((request, parsed.stream))
+}
+
+/// Blocks a remote prefill computed for this request: as many as its `kv_transfer_params`
+/// name (`remote_block_ids`) when they ask for a remote prefill's KV
+/// (`do_remote_prefill`), as vLLM's KV connectors do on a decode instance.
+fn remote_blocks(body: &Value) -> usize {
+    let params = &body["kv_transfer_params"];
+    let remote = params["do_remote_prefill"].as_bool() == Some(true);
+    (params["remote_block_ids"].as_array())
+        .filter(|_| remote)
+        .map_or(0, Vec::len)
+}
+
+/// Whether the request is a prefill leg whose KV a remote decode will load
+/// (`kv_transfer_params.do_remote_decode`).
+fn hands_over(raw: &[u8]) -> bool {
+    const ASKED: &[u8] = b"do_remote_decode";
+    if !raw.windows(ASKED.len()).any(|w| w == ASKED) {
+        return false;
+    }
+    let body: Value = serde_json::from_slice(raw).unwrap_or_default();
+    body["kv_transfer_params"]["do_remote_decode"].as_bool() == Some(true)
+}
+
+/// The `kv_transfer_params` of a prefill leg's answer, for its decode leg: the `blocks`
+/// the decode instance loads (their ids here are their positions), and from where.
+fn transfer_params(meta: &Meta, blocks: usize) -> Value {
+    serde_json::json!({
+        "do_remote_prefill": true, "do_remote_decode": false,
+        "remote_engine_id": meta.instance, "remote_block_ids": (0..blocks).collect::<Vec<_>>(),
+        "remote_host": null, "remote_port": null,
+    })
 }
 
 /// The body's `priority` (default 0), an integer as vLLM requires.
@@ -255,7 +293,13 @@ async fn complete(mut job: Job) -> Result<Response<SimBody>, ApiError> {
     let (cached_tokens, _, _) = first_token(&mut job).await?;
     finished(&mut job).await?;
     let text = output_text(0, job.output_tokens, job.bytes_per_token);
-    let body = full_response(&job.meta, &text, job.usage(cached_tokens));
+    let mut body = full_response(&job.meta, &text, job.usage(cached_tokens));
+    if let (Some(blocks), Some(fields)) = (job.handed_over, body.as_object_mut()) {
+        fields.insert(
+            "kv_transfer_params".into(),
+            transfer_params(&job.meta, blocks),
+        );
+    }
     Ok(json_response(StatusCode::OK, &body))
 }
 

@@ -6,7 +6,10 @@
 //! automatic prefix cache ([`cache`]), schedules and times requests like vLLM
 //! ([`engine`]), and reports `usage.prompt_tokens_details.cached_tokens` and vLLM's
 //! `/metrics`, so a routing mistake shows up as lost cache hits and slower
-//! time-to-first-token.
+//! time-to-first-token. It speaks vLLM's KV-connector handoff: a request whose
+//! `kv_transfer_params` ask for a remote decode answers with the parameters naming its
+//! blocks, and one that names a remote prefill's blocks loads them instead of computing
+//! them.
 //! Not for: generating meaningful text (outputs are a fixed phrase), modelling
 //! GPU-level effects (decode slowing with batch size, chunked-prefill interleaving,
 //! preemption), or sharing code with the router's request parsing.
@@ -75,6 +78,9 @@ pub struct SimConfig {
     pub prefill_overhead_ms: f64,
     /// Interval between output tokens after the first, milliseconds (default 7).
     pub decode_ms_per_token: f64,
+    /// Time to load one KV block a remote prefill computed, for a disaggregated request's
+    /// decode leg, milliseconds (default 0.1).
+    pub kv_transfer_ms_per_block: f64,
     /// Most requests running at once; the rest wait (default 256).
     pub max_num_seqs: usize,
     /// The order the waiting requests are admitted in (default first come, first served).
@@ -109,6 +115,7 @@ impl Default for SimConfig {
             attention_tokens: 0.0,
             prefill_overhead_ms: 20.0,
             decode_ms_per_token: 7.0,
+            kv_transfer_ms_per_block: 0.1,
             max_num_seqs: 256,
             scheduling_policy: engine::Scheduling::Fcfs,
             time_scale: 1.0,
@@ -145,6 +152,7 @@ impl SimConfig {
             ("attention_tokens", self.attention_tokens),
             ("prefill_overhead_ms", self.prefill_overhead_ms),
             ("decode_ms_per_token", self.decode_ms_per_token),
+            ("kv_transfer_ms_per_block", self.kv_transfer_ms_per_block),
         ];
         if let Some((name, _)) = delays.iter().find(|(_, v)| !(v.is_finite() && *v >= 0.0)) {
             return Err(SimConfigError::Negative(name));
@@ -159,6 +167,7 @@ impl SimConfig {
             attention_tokens: self.attention_tokens,
             prefill_overhead_s: self.prefill_overhead_ms / 1000.0,
             decode_s_per_token: self.decode_ms_per_token / 1000.0,
+            transfer_s_per_block: self.kv_transfer_ms_per_block / 1000.0,
             max_num_seqs: self.max_num_seqs,
             block_tokens: self.block_tokens,
             scheduling: self.scheduling_policy,
@@ -289,6 +298,10 @@ pub struct SimArgs {
     /// Interval between output tokens, milliseconds.
     #[arg(long, default_value_t = 7.0)]
     pub decode_ms_per_token: f64,
+    /// Time to load one KV block a remote prefill computed (the decode leg of a
+    /// disaggregated request, whose `kv_transfer_params` name the blocks), milliseconds.
+    #[arg(long, default_value_t = 0.1)]
+    pub kv_transfer_ms_per_block: f64,
     /// Most requests running at once per instance.
     #[arg(long, default_value_t = 256)]
     pub max_num_seqs: usize,
@@ -334,6 +347,7 @@ impl SimArgs {
             attention_tokens: self.attention_tokens,
             prefill_overhead_ms: self.prefill_overhead_ms,
             decode_ms_per_token: self.decode_ms_per_token,
+            kv_transfer_ms_per_block: self.kv_transfer_ms_per_block,
             max_num_seqs: self.max_num_seqs,
             scheduling_policy: self.scheduling_policy,
             time_scale: self.time_scale,

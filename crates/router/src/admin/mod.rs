@@ -77,7 +77,10 @@ impl Admin {
             AdminEndpoint::ListWorkers => {
                 json_ok(&json!({"urls": self.control.worker_urls().await}))
             }
-            AdminEndpoint::AddWorker => self.change(url, WorkerChange::Add).await,
+            AdminEndpoint::AddWorker => {
+                let role = query.and_then(|q| param(q, "role"));
+                self.change(url, WorkerChange::Add(role)).await
+            }
             AdminEndpoint::RemoveWorker => self.change(url, WorkerChange::Remove).await,
             AdminEndpoint::Route => failure(StatusCode::BAD_REQUEST, "no body", "invalid_request"),
             AdminEndpoint::Reload => match self.control.reload().await {
@@ -125,7 +128,7 @@ impl Admin {
             );
         };
         let result = match change {
-            WorkerChange::Add => self.control.add_worker(&url).await,
+            WorkerChange::Add(role) => self.control.add_worker(&url, role.as_deref()).await,
             WorkerChange::Remove => self.control.remove_worker(&url).await,
         };
         match result {
@@ -137,7 +140,8 @@ impl Admin {
 
 /// A change of the worker list.
 enum WorkerChange {
-    Add,
+    /// With a role (`prefill`, `decode` or `both`, the default).
+    Add(Option<String>),
     Remove,
 }
 

@@ -41,7 +41,8 @@ pub fn workers(state: &State) -> Value {
         .iter()
         .map(|b| {
             json!({
-                "url": b.worker.url, "address": b.addr.to_string(), "ready": b.is_ready(),
+                "url": b.worker.url, "role": b.worker.role.name(),
+                "address": b.addr.to_string(), "ready": b.is_ready(),
                 "healthy": b.is_healthy(), "ejected": b.is_ejected(), "inflight": b.load(),
                 "pending_prefill_bytes": b.account.pending().0,
                 "kv_tokens": b.account.capacity().map(|t| t.0),

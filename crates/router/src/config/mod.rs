@@ -19,7 +19,8 @@ pub use boot::Boot;
 pub use settings::{ModelPool, Settings};
 
 use crate::fleet::{
-    DiscoverySettings, HealthSettings, OutlierSettings, ReaderSettings, Worker, add_pool,
+    DiscoverySettings, HealthSettings, OutlierSettings, ReaderSettings, Role, Worker, add_pool,
+    add_role,
 };
 use crate::kv_events::KvEventSettings;
 use crate::limits::{ExchangeTimeouts, Limits, LiveLimits, RetryOn, RetrySettings};
@@ -106,10 +107,18 @@ impl Config {
     }
 }
 
-/// The workers of `worker_urls` and of the static model pools (`[[models]]`).
+/// The workers of `worker_urls`, `prefill` and `decode`, and of the static model pools
+/// (`[[models]]`).
 fn workers(s: &Settings) -> Result<Vec<Worker>, ConfigError> {
     let urls = s.worker_urls.as_deref().unwrap_or_default();
     let mut workers = Worker::parse_all(urls).map_err(|e| invalid("worker_urls", e.to_string()))?;
+    for (key, role, urls) in [
+        ("prefill", Role::Prefill, &s.prefill),
+        ("decode", Role::Decode, &s.decode),
+    ] {
+        let urls = urls.as_deref().unwrap_or_default();
+        add_role(&mut workers, role, urls).map_err(|e| invalid(key, e.to_string()))?;
+    }
     for pool in s.models.iter().flatten() {
         let bad = |why: String| invalid("models", format!("model `{}`: {why}", pool.name));
         if pool.name.is_empty() || pool.worker_urls.is_empty() {
@@ -279,6 +288,8 @@ fn limits(s: &Settings, d: Limits) -> Result<Limits, ConfigError> {
         max_queued_per_tenant: (s.max_queued_per_tenant).unwrap_or(d.max_queued_per_tenant),
         max_queued_per_priority: (s.max_queued_per_priority).unwrap_or(d.max_queued_per_priority),
         queue_timeout: seconds("queue_timeout", s.queue_timeout, d.queue_timeout)?,
+        max_local_prefill_length: (s.max_local_prefill_length)
+            .unwrap_or(d.max_local_prefill_length),
     })
 }
 

@@ -71,6 +71,15 @@ pub struct Settings {
     /// Backend base URLs, e.g. http://10.0.0.5:8000 (space or comma separated)
     #[arg(long, num_args = 1.., value_delimiter = ',')]
     pub worker_urls: Option<Vec<String>>,
+    /// Prefill instances of a disaggregated fleet (repeatable; also in `worker_urls` or `decode` makes it both): a chat or completions request is computed on one, then decoded on a `decode` instance [default: none]
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    pub prefill: Option<Vec<String>>,
+    /// Decode instances of a disaggregated fleet (repeatable); they also serve requests that are not disaggregated [default: none]
+    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    pub decode: Option<Vec<String>>,
+    /// In a disaggregated fleet, a request of which the decode instance it would go to lacks at most this many prompt tokens skips the prefill leg: that instance computes them (Dynamo's name) [default: 1000]
+    #[arg(long)]
+    pub max_local_prefill_length: Option<usize>,
     /// The routing policy [default: kv_aware]
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(policy::names()))]
     pub policy: Option<String>,

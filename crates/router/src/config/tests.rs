@@ -322,3 +322,48 @@ worker_urls = ["http://10.0.0.2:8000"]
     assert_eq!(names(0), ["big"]);
     assert_eq!(names(1), ["big", "s", "small"]);
 }
+
+#[test]
+fn prefill_and_decode_workers_have_their_roles_and_one_listed_for_both_serves_both() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        settings: Settings,
+    }
+    let flags = Flags::try_parse_from([
+        "prefix-router",
+        "--prefill",
+        "http://10.0.0.1:8000",
+        "--prefill",
+        "http://10.0.0.3:8000",
+        "--decode",
+        "http://10.0.0.2:8000,http://10.0.0.3:8000",
+        "--worker-urls",
+        "http://10.0.0.4:8000",
+    ])
+    .unwrap();
+    let config = Config::from_settings(flags.settings).unwrap();
+    let roles: Vec<(&str, Role)> = (config.workers.iter())
+        .map(|w| (w.url.as_str(), w.role))
+        .collect();
+    assert_eq!(
+        roles,
+        [
+            ("http://10.0.0.4:8000", Role::Both),
+            ("http://10.0.0.1:8000", Role::Prefill),
+            ("http://10.0.0.3:8000", Role::Both),
+            ("http://10.0.0.2:8000", Role::Decode),
+        ]
+    );
+    let file = "prefill = [\"http://10.0.0.1:8000\"]\ndecode = [\"http://10.0.0.2:8000\"]\n";
+    let settings: Settings = toml::from_str(file).unwrap();
+    let config = Config::from_settings(settings).unwrap();
+    assert_eq!(config.workers[1].role, Role::Decode);
+    let bad = Settings {
+        prefill: Some(vec!["ftp://10.0.0.1".into()]),
+        ..Settings::default()
+    };
+    let error = Config::from_settings(bad).unwrap_err().to_string();
+    assert!(error.contains("prefill"), "{error}");
+}

@@ -30,7 +30,7 @@ use super::wire::{self, Head, Phase, Side};
 use crate::admission::budget::Permit;
 use crate::endpoints;
 use crate::error::RouterError;
-use crate::fleet::{Backend, Ended};
+use crate::fleet::{Backend, Ended, Leg};
 use crate::limits::Limits;
 use crate::proxy::body::{self, Body, Reading};
 use crate::proxy::dispatch::{self, Answered, Route};
@@ -332,6 +332,7 @@ impl Seen {
             // Without response processing nothing is seen: nothing says it failed.
             served: status == 0 || (self.complete && !self.refused),
             trace: Some(&self.trace).filter(|_| status > 0),
+            leg: Leg::Whole,
         }
     }
 }

@@ -34,7 +34,7 @@ pub use health::{HealthChecks, HealthSettings};
 pub use models::{Models, Served, ServedModel};
 pub use outlier::{Ejection, Ended, OutlierSettings, Reason};
 pub use reader::{AfterRead, MetricsReader, ReaderSettings};
-pub use worker::{Worker, WorkerError, add_pool};
+pub use worker::{Leg, Role, Worker, WorkerError, add_pool, add_role};
 
 /// The backends at one moment. Never changes once published.
 #[derive(Debug, Default)]
@@ -121,6 +121,14 @@ impl Ready {
     pub fn only(mut self, id: BackendId) -> Ready {
         let backends = &self.snapshot.backends;
         self.members.retain(|m| backends[*m].account.id == id);
+        self
+    }
+
+    /// Those whose role serves `leg` ([`Role::serves`]).
+    pub fn for_leg(mut self, leg: Leg) -> Ready {
+        let backends = &self.snapshot.backends;
+        self.members
+            .retain(|m| backends[*m].worker.role.serves(leg));
         self
     }
 
@@ -221,6 +229,12 @@ impl Fleet {
             .map(|(i, _)| i)
             .collect();
         Ready { snapshot, members }
+    }
+
+    /// Whether prefill and decode are disaggregated: some backend, ready or not, serves
+    /// one of the two legs only.
+    pub fn disaggregated(&self) -> bool {
+        (self.snapshot().backends.iter()).any(|b| b.worker.role != Role::Both)
     }
 
     /// Whether some backend has not had its first health check yet (a fresh start, or a

@@ -1,7 +1,8 @@
 //! Worker URLs: `http://host:port` or `https://host:port` base URLs of backends, checked
 //! once. A host may be a name;
 //! resolving it is discovery's job (it re-resolves names over time). A worker of a static
-//! model pool carries the pool's models.
+//! model pool carries the pool's models. A worker of a disaggregated fleet has a [`Role`]:
+//! prefill, decode, or both (every worker of a fleet without roles).
 
 use std::sync::Arc;
 
@@ -20,6 +21,64 @@ pub struct Worker {
     pub tls: bool,
     /// The models of its static pools (`[[models]]`); `None`: what it lists.
     pub models: Option<Arc<Served>>,
+    /// Which legs of a disaggregated request it serves (`prefill`, `decode`).
+    pub role: Role,
+}
+
+/// Which legs of a request a worker serves, where prefill and decode are disaggregated.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Role {
+    /// Any leg, and whole requests (`worker_urls`, or listed in both `prefill` and `decode`).
+    #[default]
+    Both,
+    /// Prefill legs only (`prefill`).
+    Prefill,
+    /// Decode legs, and whole requests that are not disaggregated (`decode`).
+    Decode,
+}
+
+/// One leg of a request, or the whole of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Leg {
+    /// A request sent whole to one backend.
+    #[default]
+    Whole,
+    /// The prefill of a disaggregated request: its prompt, computed and handed over.
+    Prefill,
+    /// The decode of a disaggregated request, after its prefill elsewhere.
+    Decode,
+}
+
+impl Role {
+    /// Whether a worker of this role serves `leg`.
+    pub fn serves(self, leg: Leg) -> bool {
+        match self {
+            Role::Both => true,
+            Role::Prefill => leg == Leg::Prefill,
+            Role::Decode => leg != Leg::Prefill,
+        }
+    }
+
+    /// The role of a worker listed both as `self` and as `other`.
+    fn with(self, other: Role) -> Role {
+        if self == other { self } else { Role::Both }
+    }
+
+    /// The role `name`d so in the config, the admin API and `/workers`.
+    pub fn named(name: &str) -> Option<Role> {
+        [Role::Both, Role::Prefill, Role::Decode]
+            .into_iter()
+            .find(|r| r.name() == name)
+    }
+
+    /// Its name in the config and in `/workers`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Both => "both",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
 }
 
 impl Worker {
@@ -61,6 +120,7 @@ impl Worker {
             port: (authority.port_u16()).unwrap_or(if tls { 443 } else { 80 }),
             tls,
             models: None,
+            role: Role::Both,
         })
     }
 
@@ -110,6 +170,19 @@ pub fn add_pool(
         let mut all = served.as_ref().map_or_else(Vec::new, |s| s.models.clone());
         all.extend(models.clone());
         *served = Some(Arc::new(Served::new(all)));
+    }
+    Ok(())
+}
+
+/// Adds the workers listed for `role` at `urls` (`prefill`, `decode`) to `workers`: a
+/// worker listed for another role too serves both.
+pub fn add_role(workers: &mut Vec<Worker>, role: Role, urls: &[String]) -> Result<(), WorkerError> {
+    for url in urls {
+        let worker = Worker::parse(url)?;
+        match workers.iter_mut().find(|w| w.same_place(&worker)) {
+            Some(listed) => listed.role = listed.role.with(role),
+            None => workers.push(Worker { role, ..worker }),
+        }
     }
     Ok(())
 }

@@ -32,6 +32,12 @@ impl Body {
             _permit: permit,
         }
     }
+
+    /// Replaces its bytes (a leg's rewritten body, about the client's size), keeping its
+    /// budget.
+    pub fn replace(&mut self, bytes: Bytes) {
+        self.bytes = bytes;
+    }
 }
 
 /// How a body may be read.

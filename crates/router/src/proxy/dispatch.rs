@@ -25,7 +25,7 @@ use super::exchange::{Exchange, Failure};
 use super::prepare;
 use crate::admission::{Bounds, Left, Place, Queue, Retrying};
 use crate::error::{RouterError, ShedReason};
-use crate::fleet::{Backend, Ended, Fleet, Ready};
+use crate::fleet::{Backend, Ended, Fleet, Leg, Ready};
 use crate::limits::Limits;
 use crate::state::State;
 use crate::stats::{Label, RetryReason};
@@ -122,6 +122,7 @@ pub async fn run<E: Exchange>(
         state,
         limits,
         replayable: exchange.replayable(),
+        leg: exchange.leg(),
         budget: None,
     };
     let result = loop {
@@ -260,6 +261,8 @@ struct Retry<'s> {
     state: &'s State,
     limits: &'s Limits,
     replayable: bool,
+    /// The leg of the request: another backend serving it must be ready.
+    leg: Leg,
     /// The request's place in the retry budget, once it retried.
     budget: Option<Retrying<'s>>,
 }
@@ -281,7 +284,12 @@ impl Retry<'_> {
         }
         let mut excluded: SmallVec<[BackendId; 4]> = SmallVec::from_slice(tried);
         excluded.push(backend.id);
-        !self.state.fleet.ready(&excluded).is_empty()
+        !self
+            .state
+            .fleet
+            .ready(&excluded)
+            .for_leg(self.leg)
+            .is_empty()
     }
 
     /// Whether the attempt is retried: it [may](Retry::may) be, and the retry budget
@@ -401,8 +409,8 @@ async fn admitted<E: Exchange>(
         fleet.wait_until(FIRST_CHECK_WAIT, checked).await;
     }
     let limit = limits.max_inflight_per_backend;
-    let subset = exchange.subset();
-    let within = |f: &Fleet| f.ready(tried).within(subset.as_deref());
+    let (subset, leg) = (exchange.subset(), exchange.leg());
+    let within = |f: &Fleet| f.ready(tried).within(subset.as_deref()).for_leg(leg);
     let ready = match tried {
         [] => serving(within(fleet), route)?,
         _ => within(fleet).serving(route.model()),
@@ -498,7 +506,7 @@ pub fn at_home(
 
 /// Where the policy would place the request under `cap` among `accounts` if every one
 /// had room (asked without remembering anything): the position and the decision.
-fn unbounded(
+pub fn unbounded(
     state: &State,
     cap: Cap,
     accounts: &[&Arc<Account>],

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 
 use crate::error::RouterError;
-use crate::fleet::{Backend, Ended};
+use crate::fleet::{Backend, Ended, Leg};
 
 /// Where an attempt failed, which decides whether another backend may be tried.
 #[derive(Debug)]
@@ -72,6 +72,11 @@ pub trait Exchange: Send {
 
     /// What an answer says of its backend's health, from its status.
     fn ended(answer: &Self::Answer) -> Ended;
+
+    /// The leg of a request it carries: only backends whose role serves it are tried.
+    fn leg(&self) -> Leg {
+        Leg::Whole
+    }
 
     /// The addresses the request may go to, when the front end narrows the fleet (an
     /// Envoy gateway's subset hint); `None`: any backend.

@@ -4,6 +4,7 @@
 //! fails; `logging` writes one line per request.
 
 pub(crate) mod body;
+pub(crate) mod disaggregate;
 pub mod dispatch;
 pub(crate) mod exchange;
 pub(crate) mod headers;
@@ -28,14 +29,15 @@ use prefix_router_core::units::{PromptSize, TextBytes};
 
 use crate::endpoints;
 use crate::error::RouterError;
-use crate::fleet::Ended;
+use crate::fleet::{Ended, Leg};
 use crate::limits::Limits;
 use crate::responses;
 use crate::state::{Active, State};
 use crate::stats::Label;
 use crate::tenants::{Charge, Priority};
 use crate::traces::{Ending, RequestTrace};
-use dispatch::{Answered, Placed, Route};
+use disaggregate::Handoff;
+use dispatch::{Answered, Dispatched, Placed, Route};
 use prepare::Prepared;
 use relay::{Answering, Reply, Upstream};
 use steps::{Finished, PlacedRequest};
@@ -222,12 +224,36 @@ impl Router {
             timeouts: &limits.exchange,
             trace: &ctx.trace,
             subset,
+            leg: Leg::Whole,
         };
         let gate = steps::gate(state, &identity, ctx.prompt.tokens());
         // Counted in its tenant's share until the response ends.
         let _share = gate.control.enter(&gate.flow);
-        let dispatched =
-            dispatch::run(state, limits, &mut upstream, &route, gate, &ctx.trace).await;
+        let handoff = (&route, gate);
+        let dispatched = match disaggregate::prefill(
+            state,
+            limits,
+            endpoint,
+            &mut upstream,
+            handoff,
+            &ctx.trace,
+        )
+        .await
+        {
+            Ok(Handoff::Refused { status, body }) => {
+                drop(upstream);
+                return answer_bytes(session, status, body).await;
+            }
+            Ok(Handoff::Whole | Handoff::Local | Handoff::Decode) => {
+                dispatch::run(state, limits, &mut upstream, &route, gate, &ctx.trace).await
+            }
+            Err(e) => Dispatched {
+                placed: None,
+                retries: 0,
+                result: Err(e),
+            },
+        };
+        let leg = upstream.leg;
         drop(upstream);
         if let Err(RouterError::Overloaded { shed, .. }) = &dispatched.result {
             state.tenancy.shed(&identity, shed.label());
@@ -239,6 +265,7 @@ impl Router {
             request_id: &ctx.request_id,
             closing: state.draining(),
             learns_id: (endpoint == Some(Endpoint::Responses)).then_some(&state.responses),
+            leg,
         };
         relay(
             state,
@@ -293,6 +320,7 @@ async fn relay(
         released: refused,
         served: result.is_ok() && (200..300).contains(&status),
         trace: exchanged.trace.as_ref(),
+        leg: reply.leg,
     };
     steps::note_end(state, limits, held, route, finished);
     exchanged.result.map_err(|f| f.into_error())
@@ -328,7 +356,11 @@ async fn answer_json(
     status: u16,
     body: &serde_json::Value,
 ) -> Result<(), RouterError> {
-    let body = Bytes::from(body.to_string());
+    answer_bytes(session, status, Bytes::from(body.to_string())).await
+}
+
+/// Writes `body`, JSON, as the whole response, with `status`.
+async fn answer_bytes(session: &mut Session, status: u16, body: Bytes) -> Result<(), RouterError> {
     let gone = |e: Box<Error>| RouterError::ClientGone(crate::error::reason(&e));
     let head = error_header(status, &body, None).map_err(gone)?;
     let downstream = session.as_downstream_mut();

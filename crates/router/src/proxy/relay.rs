@@ -29,7 +29,7 @@ use super::body::Body;
 use super::exchange::{Exchange, Failure};
 use super::headers;
 use crate::error::RouterError;
-use crate::fleet::{Backend, Ended};
+use crate::fleet::{Backend, Ended, Leg};
 use crate::limits::ExchangeTimeouts;
 use crate::responses::{IdNote, ResponseHomes};
 use crate::stats::{Usage, UsageScanner};
@@ -57,6 +57,8 @@ pub struct Upstream<'s> {
     pub replayable: bool,
     /// The backends it may go to, when it names a stored response ([`Exchange::subset`]).
     pub subset: Option<Arc<[SocketAddr]>>,
+    /// The leg it carries ([`Exchange::leg`]).
+    pub leg: Leg,
 }
 
 #[async_trait]
@@ -103,12 +105,27 @@ impl Exchange for Upstream<'_> {
         self.replayable
     }
 
+    fn leg(&self) -> Leg {
+        self.leg
+    }
+
     fn ended(answer: &Answering) -> Ended {
         answer.ended()
     }
 }
 
 impl Upstream<'_> {
+    /// Makes it carry `leg` with `body` (framed by its length).
+    pub fn set_body(&mut self, body: Bytes, leg: Leg) {
+        // A length is always a valid header value.
+        let _ = (self.head).insert_header(http::header::CONTENT_LENGTH, body.len());
+        self.head.remove_header(&http::header::TRANSFER_ENCODING);
+        if let Some(held) = &mut self.body {
+            held.replace(body);
+        }
+        self.leg = leg;
+    }
+
     /// Sends the request to `backend`, with `span` as its trace parent, and waits for its
     /// final response head (and, with `stop`, a success's first body bytes, unless `stop`
     /// is notified first).
@@ -258,6 +275,71 @@ impl Answering {
         }
     }
 
+    /// Reads the whole response for the router itself (the prefill leg of a disaggregated
+    /// request), at most `limit` bytes, unless the client leaves first; the first body
+    /// byte marks `seat` answered. The connection goes back to the pool when it was read
+    /// to its end.
+    pub async fn collect(
+        mut self,
+        connector: &TransportConnector,
+        session: &mut Session,
+        seat: &Seat,
+        timeouts: &ExchangeTimeouts,
+        limit: usize,
+    ) -> (Exchanged, Bytes) {
+        let mut seen = Trace {
+            status: (self.upstream.response_header()).map_or(0, |h| h.status.as_u16()),
+            ..Trace::default()
+        };
+        let mut usage = UsageScanner::default();
+        let mut body = bytes::BytesMut::new();
+        let mut first = self.first.take();
+        let (upstream, sent) = (&mut self.upstream, self.sent);
+        let read = async {
+            loop {
+                let (chunk, at) = match first.take() {
+                    Some(first) => first,
+                    None => {
+                        let chunk = upstream.read_response_body().await;
+                        let chunk = chunk.map_err(|e| aborted(&crate::error::reason(&e)))?;
+                        (chunk, sent.elapsed())
+                    }
+                };
+                if seen.first_byte.is_none() {
+                    seat.answered();
+                    seen.first_byte = Some(at);
+                    upstream.set_read_timeout(Some(timeouts.idle));
+                }
+                let Some(bytes) = chunk else {
+                    return Ok(());
+                };
+                if body.len() + bytes.len() > limit {
+                    return Err(aborted("the answer is larger than the router reads"));
+                }
+                usage.feed(&bytes);
+                body.extend_from_slice(&bytes);
+            }
+        };
+        let result = until_client_gone(session, read).await.and_then(|read| read);
+        seen.total = self.sent.elapsed();
+        seen.usage = usage.usage();
+        let span = std::mem::take(&mut self.span);
+        span.end(ExchangeEnd {
+            status: seen.status,
+            first_byte: seen.first_byte,
+            usage: seen.usage.map(|u| (u.prompt, u.cached)),
+            error: result.as_ref().err(),
+        });
+        if result.is_ok() {
+            self.pool(connector, timeouts).await;
+        }
+        let exchanged = Exchanged {
+            trace: Some(seen),
+            result: result.map_err(Failure::Final),
+        };
+        (exchanged, body.freeze())
+    }
+
     async fn pool(self, connector: &TransportConnector, timeouts: &ExchangeTimeouts) {
         if let HttpSession::H1(mut h1) = self.upstream {
             h1.respect_keepalive();
@@ -277,6 +359,8 @@ pub struct Reply<'r> {
     pub closing: bool,
     /// Where to note the response id it makes, when successful (a `POST /v1/responses`).
     pub learns_id: Option<&'r ResponseHomes>,
+    /// The leg it answers.
+    pub leg: Leg,
 }
 
 /// Bodies up to this size go upstream in the same write as the head (one copy of at most

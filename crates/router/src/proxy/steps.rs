@@ -20,7 +20,7 @@ use super::prepare::Prepared;
 use super::relay::Trace;
 use crate::endpoints::Probe;
 use crate::error::RouterError;
-use crate::fleet::{Backend, Ended, Served};
+use crate::fleet::{Backend, Ended, Leg, Served};
 use crate::limits::{Limits, LiveLimits};
 use crate::state::State;
 use crate::stats::{ModelExchange, OTHER};
@@ -104,6 +104,9 @@ pub struct Finished<'t> {
     pub served: bool,
     /// What was seen of the response, if any.
     pub trace: Option<&'t Trace>,
+    /// The leg it was: a decode leg's prompt was computed by its prefill leg, whose
+    /// figures count in the models' hit rates.
+    pub leg: Leg,
 }
 
 /// Notes what the end of `held`'s exchange, placed by `route`, taught the router.
@@ -128,7 +131,9 @@ pub fn note_end(
         note_response(state, backend, seat, route, trace);
     }
     let usage = finished.trace.and_then(|t| t.usage);
-    if let Route::Policy(request) = route {
+    if let Route::Policy(request) = route
+        && finished.leg != Leg::Decode
+    {
         let listed = |s: &Arc<Served>| s.serves(request.model);
         let model = match backend.models.served().filter(listed) {
             Some(_) => String::from_utf8_lossy(request.model),

@@ -23,3 +23,14 @@ label_set! {
         Failed => "failed",
     }
 }
+
+label_set! {
+    /// How a chat or completions request of a disaggregated fleet went.
+    pub enum Split {
+        /// In two legs: prefilled on a prefill instance, decoded on a decode instance.
+        Legs => "split",
+        /// Whole, to a decode instance that lacked at most `max_local_prefill_length` of
+        /// its prompt tokens.
+        Local => "local",
+    }
+}

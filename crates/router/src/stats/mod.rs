@@ -21,7 +21,7 @@ use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, O
 
 pub use index::IndexMetrics;
 use labels::Reload;
-pub use labels::RetryReason;
+pub use labels::{RetryReason, Split};
 pub use models::{ModelExchange, ModelMetrics, OTHER};
 pub(crate) use registry::label_set;
 pub use registry::{Counters, Label, Registry};
@@ -38,6 +38,7 @@ pub struct Stats {
     text_bytes: IntCounter,
     retries: Counters<RetryReason>,
     retry_budget_exhausted: IntCounter,
+    split: Counters<Split>,
     ttfb: HistogramVec,
     upstream_duration: HistogramVec,
     body_bytes: Histogram,
@@ -85,6 +86,11 @@ impl Stats {
             retry_budget_exhausted: r.counter(
                 "retry_budget_exhausted_total",
                 "Failed attempts not retried because the retry budget was spent",
+            ),
+            split: r.counters(
+                "disaggregated_total",
+                "Requests of a disaggregated fleet, in two legs or decoded where their prefix was",
+                "way",
             ),
             ttfb: r.seconds_by_backend(
                 "upstream_first_byte_seconds",
@@ -166,6 +172,11 @@ impl Stats {
     /// An attempt that failed for `reason` is tried on another backend.
     pub fn retry(&self, reason: RetryReason) {
         self.retries.inc(reason);
+    }
+
+    /// A request of a disaggregated fleet went `way`.
+    pub fn split(&self, way: Split) {
+        self.split.inc(way);
     }
 
     /// A failed attempt was not retried: the retry budget was spent.
