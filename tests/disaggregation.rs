@@ -244,6 +244,10 @@ async fn simulated_instances_split_a_long_first_turn_and_decode_the_next_where_i
     request["max_tokens"] = json!(8);
     let listing = "a file of the repository, read in full; ".repeat(200);
     request["messages"][1]["content"] = json!(format!("Fix the failing test. {listing}"));
+    let (status, explained) = post(&router.admin_url, "/route", &request).await;
+    assert_eq!(status, 200, "{explained}");
+    assert_eq!(explained["disaggregation"], "split", "{explained}");
+    assert_eq!(explained["backend"].as_str(), Some(url(&prefill).as_str()));
     let (status, first) = post(&router.url, "/v1/chat/completions", &request).await;
     assert_eq!(status, 200, "{first}");
     let (prompt, cached) = usage_of(&first);
@@ -266,6 +270,9 @@ async fn simulated_instances_split_a_long_first_turn_and_decode_the_next_where_i
     request["messages"] = json!([request["messages"][0], request["messages"][1],
         {"role": "assistant", "content": answer},
         {"role": "user", "content": "Now run the whole test suite and report."}]);
+    let (_, explained) = post(&router.admin_url, "/route", &request).await;
+    assert_eq!(explained["disaggregation"], "local", "{explained}");
+    assert_eq!(explained["backend"].as_str(), Some(url(&decode).as_str()));
     let (status, second) = post(&router.url, "/v1/chat/completions", &request).await;
     assert_eq!(status, 200, "{second}");
     let (next, cached) = usage_of(&second);

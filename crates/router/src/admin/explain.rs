@@ -19,6 +19,10 @@
 //! requests there with no answer yet it would stop if placed there
 //! ([`crate::tenants::preempt`]), and `stops_at_home` names its conversation's home when
 //! that is full and it would stop a lower priority there to take the slot.
+//! `disaggregation` (in a fleet with prefill and decode roles) says whether the request
+//! would go in two legs (`split`: then the backends are those that prefill, and `backend`
+//! its prefill leg's) or whole to where it would decode (`local`); null when sent whole
+//! anyway.
 
 use bytes::Bytes;
 use http::HeaderMap;
@@ -31,6 +35,7 @@ use serde_json::{Value, json};
 use crate::error::RouterError;
 use prefix_router_core::flow::{AtHome, Gate, Wait};
 
+use crate::proxy::disaggregate::Plan;
 use crate::proxy::dispatch::{self, Route};
 use crate::proxy::prepare::{self, Prepared};
 use crate::proxy::steps;
@@ -61,12 +66,6 @@ pub async fn explain(
         .map(|id| responses::pinned(&state.responses, &state.fleet, id))
         .transpose()?
         .flatten();
-    let ready = state.fleet.ready(&[]).within(stored.as_deref());
-    let ready = dispatch::serving(ready, &route)?;
-    if ready.is_empty() {
-        return Err(RouterError::NoBackend);
-    }
-    let accounts = ready.accounts();
     let limit = limits.max_inflight_per_backend;
     let live_config = state.live();
     let identity = live_config.tenants.identify(headers);
@@ -76,6 +75,13 @@ pub async fn explain(
         ..steps::gate(state, identity, size.tokens())
     });
     let cap = gate.map_or(Cap::from(limit), |g| g.cap(limit));
+    let plan = Plan::of(state, limits, Some(endpoint), &body, (&route, cap));
+    let ready = (state.fleet.ready(&[]).within(stored.as_deref())).for_leg(plan.leg());
+    let ready = dispatch::serving(ready, &route)?;
+    if ready.is_empty() {
+        return Err(RouterError::NoBackend);
+    }
+    let accounts = ready.accounts();
     let decided = prepare::decide(state, &accounts, cap, &request);
     let url = |i: usize| ready.backend(i).map(|b| b.worker.url.clone());
     let matches = (state.selector.index())
@@ -140,6 +146,7 @@ pub async fn explain(
         "estimated": size.estimated(),
         "matched_tokens": decision.map(|d| tokens(d.matched)),
         "session": prepared.session_source.as_ref().map(ToString::to_string),
+        "disaggregation": plan.way().map(|w| w.label()),
         "backends": backends,
         "ejected": ejected(state),
     }))

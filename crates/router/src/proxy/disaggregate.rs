@@ -27,6 +27,7 @@
 use bytes::Bytes;
 use log::debug;
 use prefix_router_core::flow::Gate;
+use prefix_router_core::ledger::Cap;
 use prefix_router_core::request::Endpoint;
 use serde_json::{Map, Value, json};
 
@@ -71,20 +72,18 @@ pub async fn prefill(
     (route, gate): (&Route<'_, '_>, Gate<'_>),
     trace: &RequestTrace,
 ) -> Result<Handoff, RouterError> {
-    let generates = matches!(endpoint, Some(Endpoint::Chat | Endpoint::Completions));
     let Some(client) = upstream.body.as_ref().map(|b| b.bytes.clone()) else {
         return Ok(Handoff::Whole);
     };
-    let Some(prefill) = (generates && splits(state))
-        .then(|| prefill_body(&client))
-        .flatten()
-    else {
-        return Ok(Handoff::Whole);
+    let cap = gate.cap(limits.max_inflight_per_backend);
+    let prefill = match Plan::of(state, limits, endpoint, &client, (route, cap)) {
+        Plan::Whole => return Ok(Handoff::Whole),
+        Plan::Local => {
+            state.stats.split(Split::Local);
+            return Ok(Handoff::Local);
+        }
+        Plan::Legs(prefill) => prefill,
     };
-    if decodes_locally(state, limits, route, gate) {
-        state.stats.split(Split::Local);
-        return Ok(Handoff::Local);
-    }
     state.stats.split(Split::Legs);
     upstream.set_body(prefill, Leg::Prefill);
     let dispatched = dispatch::run(state, limits, upstream, route, gate, trace).await;
@@ -131,6 +130,52 @@ pub async fn prefill(
     Ok(Handoff::Decode)
 }
 
+/// How a request goes in this fleet, before anything is sent.
+pub enum Plan {
+    /// Whole: the fleet is not disaggregated, or not for this request.
+    Whole,
+    /// Whole, to the decode instance holding all but `max_local_prefill_length` tokens.
+    Local,
+    /// In two legs, the first with this body.
+    Legs(Bytes),
+}
+
+impl Plan {
+    /// How `client`'s request to `endpoint`, placed by `route` under `cap`, goes.
+    pub fn of(
+        state: &State,
+        limits: &Limits,
+        endpoint: Option<Endpoint>,
+        client: &[u8],
+        (route, cap): (&Route, Cap),
+    ) -> Plan {
+        let generates = matches!(endpoint, Some(Endpoint::Chat | Endpoint::Completions));
+        let prefill = (generates && splits(state)).then(|| prefill_body(client));
+        match prefill.flatten() {
+            None => Plan::Whole,
+            Some(_) if decodes_locally(state, limits, route, cap) => Plan::Local,
+            Some(prefill) => Plan::Legs(prefill),
+        }
+    }
+
+    /// Its way, as `POST /route` and the metrics say it; none for a request sent whole.
+    pub fn way(&self) -> Option<Split> {
+        match self {
+            Plan::Whole => None,
+            Plan::Local => Some(Split::Local),
+            Plan::Legs(_) => Some(Split::Legs),
+        }
+    }
+
+    /// The leg its first exchange carries.
+    pub fn leg(&self) -> Leg {
+        match self {
+            Plan::Legs(_) => Leg::Prefill,
+            Plan::Whole | Plan::Local => Leg::Whole,
+        }
+    }
+}
+
 /// Whether the fleet splits requests now: it has roles, and a backend serving prefill legs
 /// is ready (else the backends that decode serve requests whole, computing their prompts).
 fn splits(state: &State) -> bool {
@@ -140,7 +185,7 @@ fn splits(state: &State) -> bool {
 
 /// Whether the decode instance the policy would choose (asked without remembering
 /// anything) lacks at most `max_local_prefill_length` tokens of the prompt.
-fn decodes_locally(state: &State, limits: &Limits, route: &Route, gate: Gate) -> bool {
+fn decodes_locally(state: &State, limits: &Limits, route: &Route, cap: Cap) -> bool {
     let Route::Policy(request) = route else {
         return true;
     };
@@ -148,7 +193,6 @@ fn decodes_locally(state: &State, limits: &Limits, route: &Route, gate: Gate) ->
     let Ok(ready) = dispatch::serving(ready, route) else {
         return false;
     };
-    let cap = gate.cap(limits.max_inflight_per_backend);
     let Some((_, decision)) = dispatch::unbounded(state, cap, &ready.accounts(), route) else {
         return false;
     };
