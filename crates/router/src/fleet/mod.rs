@@ -43,6 +43,8 @@ pub struct Snapshot {
     pub backends: Vec<Arc<Backend>>,
     /// Increases by one with every published change.
     pub generation: u64,
+    /// Whether some member serves one leg of a disaggregated request only.
+    pub disaggregated: bool,
 }
 
 impl Snapshot {
@@ -126,6 +128,9 @@ impl Ready {
 
     /// Those whose role serves `leg` ([`Role::serves`]).
     pub fn for_leg(mut self, leg: Leg) -> Ready {
+        if !self.snapshot.disaggregated {
+            return self;
+        }
         let backends = &self.snapshot.backends;
         self.members
             .retain(|m| backends[*m].worker.role.serves(leg));
@@ -234,7 +239,7 @@ impl Fleet {
     /// Whether prefill and decode are disaggregated: some backend, ready or not, serves
     /// one of the two legs only.
     pub fn disaggregated(&self) -> bool {
-        (self.snapshot().backends.iter()).any(|b| b.worker.role != Role::Both)
+        self.current.load().disaggregated
     }
 
     /// Whether some backend has not had its first health check yet (a fresh start, or a
@@ -286,9 +291,11 @@ impl Fleet {
             .map(|(worker, addr)| self.member(&current, worker, *addr, connect))
             .collect();
         let generation = self.generation.fetch_add(1, Relaxed) + 1;
+        let disaggregated = (backends.iter()).any(|b| b.worker.role != Role::Both);
         self.current.store(Arc::new(Snapshot {
             backends,
             generation,
+            disaggregated,
         }));
         self.readiness_changed();
         true
