@@ -299,3 +299,23 @@ fn usage_of(answer: &Value) -> (u64, u64) {
         .unwrap();
     (usage["prompt_tokens"].as_u64().unwrap(), cached)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_during_the_prefill_leg_stops_it_and_no_decode_runs() {
+    let prefill = TestUpstream::start("p").await;
+    prefill.set_reply(UpstreamReply::Silent);
+    let decode = TestUpstream::start("d").await;
+    let router = fleet(&[&prefill], &[&decode]).await;
+    let sent = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .json(&conversation(false))
+        .timeout(std::time::Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(sent.is_err(), "the client gave up waiting");
+    assert_eq!(prefill.count(), 1);
+    router
+        .wait_until("the prefill leg stopped", |r| r.inflight() == 0)
+        .await;
+    assert_eq!(decode.count(), 0);
+}
