@@ -12,6 +12,13 @@ fn example() -> &'static Path {
     ))
 }
 
+/// The command line's flags, as the binary parses them.
+#[derive(clap::Parser)]
+struct Flags {
+    #[command(flatten)]
+    settings: Settings,
+}
+
 fn error_of(settings: Settings) -> String {
     Config::from_settings(settings)
         .expect_err("must be refused")
@@ -263,11 +270,6 @@ fn tokenizers_come_by_model_from_the_file_and_for_every_model_from_the_flag() {
 #[test]
 fn every_default_the_flags_help_states_is_the_default() {
     use clap::{CommandFactory, Parser};
-    #[derive(Parser)]
-    struct Flags {
-        #[command(flatten)]
-        settings: Settings,
-    }
     let defaults = format!("{:?}", Config::from_settings(Settings::default()).unwrap());
     let mut checked = 0;
     for arg in Flags::command().get_arguments() {
@@ -326,11 +328,6 @@ worker_urls = ["http://10.0.0.2:8000"]
 #[test]
 fn prefill_and_decode_workers_have_their_roles_and_one_listed_for_both_serves_both() {
     use clap::Parser;
-    #[derive(Parser)]
-    struct Flags {
-        #[command(flatten)]
-        settings: Settings,
-    }
     let flags = Flags::try_parse_from([
         "prefix-router",
         "--prefill",

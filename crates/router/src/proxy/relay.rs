@@ -257,22 +257,8 @@ impl Answering {
         let streamed = response
             .stream(session, &mut self.upstream, reply.request_id)
             .await;
-        response.seen.total = self.sent.elapsed();
-        response.seen.usage = response.usage.usage();
-        let span = std::mem::take(&mut self.span);
-        span.end(ExchangeEnd {
-            status: seen.status,
-            first_byte: seen.first_byte,
-            usage: seen.usage.map(|u| (u.prompt, u.cached)),
-            error: streamed.as_ref().err(),
-        });
-        if streamed.is_ok() {
-            self.pool(connector, timeouts).await;
-        }
-        Exchanged {
-            trace: Some(seen),
-            result: streamed.map_err(Failure::Final),
-        }
+        let usage = response.usage.usage();
+        self.end(seen, usage, streamed, (connector, timeouts)).await
     }
 
     /// Reads the whole response for the router itself (the prefill leg of a disaggregated
@@ -321,8 +307,22 @@ impl Answering {
             }
         };
         let result = until_client_gone(session, read).await.and_then(|read| read);
+        let usage = usage.usage();
+        let exchanged = self.end(seen, usage, result, (connector, timeouts)).await;
+        (exchanged, body.freeze())
+    }
+
+    /// Ends the exchange once its response was read (`result`): its trace completed with
+    /// `usage`, its span ended, its connection pooled when the response ended cleanly.
+    async fn end(
+        mut self,
+        mut seen: Trace,
+        usage: Option<Usage>,
+        result: Result<(), RouterError>,
+        (connector, timeouts): (&TransportConnector, &ExchangeTimeouts),
+    ) -> Exchanged {
         seen.total = self.sent.elapsed();
-        seen.usage = usage.usage();
+        seen.usage = usage;
         let span = std::mem::take(&mut self.span);
         span.end(ExchangeEnd {
             status: seen.status,
@@ -333,11 +333,10 @@ impl Answering {
         if result.is_ok() {
             self.pool(connector, timeouts).await;
         }
-        let exchanged = Exchanged {
+        Exchanged {
             trace: Some(seen),
             result: result.map_err(Failure::Final),
-        };
-        (exchanged, body.freeze())
+        }
     }
 
     async fn pool(self, connector: &TransportConnector, timeouts: &ExchangeTimeouts) {
