@@ -5,6 +5,7 @@
 #   make overhead - the router's cost per request next to nginx's (installs wrk and nginx; ~3 min)
 #   make real-engine - the router in front of 4 llama.cpp servers (builds llama.cpp once)
 #   make real-vllm - the router and its peers in front of 4 real vLLM instances on the CPU
+#                    (PD=1: a prefill and a decode instance, disaggregated)
 #   make run    - the router on the defaults of conf/prefix-router.toml (add ARGS="--worker-urls ...")
 
 CARGO ?= cargo
@@ -86,4 +87,4 @@ real-engine: deps
 # (65 minutes for KV 0.6x alone on this host; KV, RUNS, FRONTS and WORKLOAD narrow it:
 # benches/real_vllm/run.sh).
 real-vllm: deps
-	PATH="$$PATH:$$HOME/.local/bin" benches/real_vllm/run.sh
+	PATH="$$PATH:$$HOME/.local/bin" benches/real_vllm/$(if $(filter 1,$(PD)),pd.sh,run.sh)
