@@ -175,6 +175,47 @@ async fn spans_reach_a_real_otlp_receiver_linked_under_the_clients_trace() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disaggregated_request_shows_its_way_and_each_legs_span() {
+    let receiver = Receiver::start(0.0);
+    let prefill = TestUpstream::start("p").await;
+    prefill.set_reply(UpstreamReply::Body(
+        r#"{"id":"x","kv_transfer_params":null}"#.into(),
+    ));
+    let decode = TestUpstream::start("d").await;
+    let urls = |u: &TestUpstream| Some(vec![u.url()]);
+    let settings = Settings {
+        prefill: urls(&prefill),
+        decode: urls(&decode),
+        max_local_prefill_length: Some(0),
+        ..traced(&[], &receiver.url)
+    };
+    let router = TestRouter::start(settings, 2);
+    assert_eq!(traced_chat(&router).await, 200);
+    let spans = receiver.spans(5).await;
+
+    let server = named(&spans, "POST /v1/chat/completions");
+    assert_eq!(
+        server["attributes"]["prefix_router.disaggregation"],
+        "split"
+    );
+    let mut legs: Vec<_> = (spans.iter().filter(|s| s["name"] == "upstream"))
+        .map(|s| {
+            let attributes = &s["attributes"];
+            let leg = attributes["prefix_router.leg"].as_str().unwrap_or("none");
+            let backend = attributes["prefix_router.backend"]
+                .as_str()
+                .unwrap_or("none");
+            (leg.to_string(), backend.to_string())
+        })
+        .collect();
+    legs.sort();
+    let expected = [("decode", &decode), ("prefill", &prefill)]
+        .map(|(leg, up)| (leg.to_string(), up.addr.to_string()));
+    assert_eq!(legs, expected, "{spans:#?}");
+    assert_eq!((prefill.count(), decode.count()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unsampled_parent_is_followed_and_still_passed_on() {
     let receiver = Receiver::start(0.0);
     let up = TestUpstream::start("a").await;

@@ -49,6 +49,17 @@ pub enum Leg {
     Decode,
 }
 
+impl Leg {
+    /// Its name in traces; `None` for a whole request.
+    pub fn name(self) -> Option<&'static str> {
+        match self {
+            Leg::Whole => None,
+            Leg::Prefill => Some("prefill"),
+            Leg::Decode => Some("decode"),
+        }
+    }
+}
+
 impl Role {
     /// Whether a worker of this role serves `leg`.
     pub fn serves(self, leg: Leg) -> bool {

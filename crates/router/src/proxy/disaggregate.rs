@@ -38,7 +38,7 @@ use crate::error::RouterError;
 use crate::fleet::Leg;
 use crate::limits::Limits;
 use crate::state::State;
-use crate::stats::Split;
+use crate::stats::{Label, Split};
 use crate::traces::RequestTrace;
 
 /// Bytes of a prefill answer the router reads at most: one token and its parameters.
@@ -79,12 +79,12 @@ pub async fn prefill(
     let prefill = match Plan::of(state, limits, endpoint, &client, (route, cap)) {
         Plan::Whole => return Ok(Handoff::Whole),
         Plan::Local => {
-            state.stats.split(Split::Local);
+            went(state, trace, Split::Local);
             return Ok(Handoff::Local);
         }
         Plan::Legs(prefill) => prefill,
     };
-    state.stats.split(Split::Legs);
+    went(state, trace, Split::Legs);
     upstream.set_body(prefill, Leg::Prefill);
     let dispatched = dispatch::run(state, limits, upstream, route, gate, trace).await;
     let dispatch::Answered {
@@ -128,6 +128,12 @@ pub async fn prefill(
     let decode = decode_body(&client, transfer_params(&answer)).unwrap_or(client);
     upstream.set_body(decode, Leg::Decode);
     Ok(Handoff::Decode)
+}
+
+/// Counts how a disaggregated request went, and tells its trace.
+fn went(state: &State, trace: &RequestTrace, way: Split) {
+    state.stats.split(way);
+    trace.disaggregated(way.label());
 }
 
 /// How a request goes in this fleet, before anything is sent.

@@ -74,7 +74,7 @@ impl Exchange for Upstream<'_> {
             .body
             .as_ref()
             .map_or_else(Bytes::new, |b| b.bytes.clone());
-        let span = self.trace.exchange(&backend.authority);
+        let span = self.trace.exchange(&backend.authority, self.leg.name());
         match self.attempt(backend, &body, &span, stop).await {
             Ok(mut answering) => {
                 answering.span = span;

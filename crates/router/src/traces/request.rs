@@ -121,8 +121,15 @@ impl RequestTrace {
         }
     }
 
-    /// A client span for one attempt on `backend` (`host:port`).
-    pub fn exchange(&self, backend: &str) -> ExchangeSpan {
+    /// How a disaggregated request went (`split` or `local`), on its server span.
+    pub fn disaggregated(&self, way: &'static str) {
+        let Some(live) = self.recording() else { return };
+        (live.server.span()).set_attribute(KeyValue::new("prefix_router.disaggregation", way));
+    }
+
+    /// A client span for one attempt on `backend` (`host:port`), for the leg it carries
+    /// (`None`: the whole request).
+    pub fn exchange(&self, backend: &str, leg: Option<&'static str>) -> ExchangeSpan {
         let Some(live) = &self.live else {
             return ExchangeSpan::default();
         };
@@ -133,6 +140,9 @@ impl RequestTrace {
         ];
         if let Ok(port) = port.parse::<i64>() {
             attributes.push(KeyValue::new("server.port", port));
+        }
+        if let Some(leg) = leg {
+            attributes.push(KeyValue::new("prefix_router.leg", leg));
         }
         let span = (live.tracer.span_builder("upstream"))
             .with_kind(SpanKind::Client)
