@@ -34,18 +34,19 @@ start_sims() { # 4 fresh simulated vLLM backends, time divided by $speedup (defa
   done
   for u in "${urls[@]}"; do wait_ok "$u/health"; done
 }
-start_router() { # POLICY URL...: the router in front of URL..., ready; sets $port. Extra flags in $ROUTER_ARGS.
+start_router() { # POLICY [URL...]: the router in front of URL..., ready; sets $port. Extra flags (other backends: BACKENDS says how many in all) in $ROUTER_ARGS.
   port=$(free_port); admin=$(free_port)
   local policy="$1"; shift
+  local workers=(); [ $# = 0 ] || workers=(--worker-urls "$(IFS=,; echo "$*")")
   # shellcheck disable=SC2086
   "${ROUTER_BIN:-$bin}" --host 127.0.0.1 --port "$port" --admin-port "$admin" --policy "$policy" \
-    --worker-urls "$(IFS=,; echo "$*")" ${ROUTER_ARGS:-} >"$out/router-$port.log" 2>&1 &
+    "${workers[@]}" ${ROUTER_ARGS:-} >"$out/router-$port.log" 2>&1 &
   pids+=($!)
   wait_ok "http://127.0.0.1:$admin/health"
   for _ in $(seq 1 300); do # until every backend passed the router's health check
     ready=$(curl -s "http://127.0.0.1:$admin/stats" | python3 -c \
       'import json,sys; print(sum(b["ready"] for b in json.load(sys.stdin)["backends"]))' || echo 0)
-    [ "$ready" = "$#" ] && return 0
+    [ "$ready" = "${BACKENDS:-$#}" ] && return 0
     sleep 0.1
   done
   echo "the router's backends did not become ready" >&2; return 1

@@ -32,43 +32,7 @@ source benches/real_vllm/vllm.sh
 instances="${INSTANCES:-4}"
 engine="${ENGINE:-vllm}"
 
-case "${WORKLOAD:-agent}" in
-  agent) workload=(--sessions "${SESSIONS:-24}" --system-prompts 4 --prompt-scale 0.15
-           --message-scale 1.5 --min-context-tokens 2500 --max-context-tokens 20000) ;;
-  shared) workload=(--sessions "${SESSIONS:-32}" --system-prompts 2 --prompt-scale 0.6
-            --message-scale 1.5 --min-context-tokens 5000 --max-context-tokens 20000) ;;
-  *) echo "unknown WORKLOAD ${WORKLOAD}" >&2; exit 1 ;;
-esac
-workload+=(--output-scale "${OUTPUT_SCALE:-0.25}" --session-rate "${SESSION_RATE:-2}" --think-min "${THINK:-1}" --think-max "${THINK:-1}")
-
-free_pair() { # a free port P with P+1 free too (vLLM's HTTP port and its KV events')
-  python3 -c 'import socket
-while True:
-    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
-    try:
-        b = socket.socket(); b.bind(("0.0.0.0", p + 1)); b.close(); a.close(); print(p); break
-    except OSError:
-        a.close()'
-}
-
-contexts() { # the workload's final contexts in the model's tokens: "SUM MAX" (a simulator with the model's tokenizer, no KV limit)
-  local p; p=$(free_port)
-  "$bin" sim --count 1 --base-port "$p" --model tiny --tokenizer "$model" --kv-blocks 10000000 \
-    --max-model-len 10000000 --time-scale 100 >"$out/contexts-sim.log" 2>&1 &
-  local sim=$!
-  wait_ok "http://127.0.0.1:$p/health"
-  "$bin" replay --url "http://127.0.0.1:$p" --synthetic agent "${workload[@]}" --speedup 100 \
-    --model tiny --stream --quiet --requests-out "$out/contexts.jsonl" >/dev/null
-  kill "$sim"; wait "$sim" 2>/dev/null || true
-  python3 - "$out/contexts.jsonl" <<'PY'
-import json, sys
-final = {}
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    final[r["session"]] = max(final.get(r["session"], 0), r["prompt_tokens"] or 0)
-print(sum(final.values()), max(final.values()))
-PY
-}
+set_workload "${WORKLOAD:-agent}"
 
 start_engines() { # KV_BLOCKS MAX_MODEL_LEN: the instances, healthy; sets urls and events
   urls=(); events=()
@@ -100,15 +64,6 @@ stop_engines() { # each engine's metrics kept in its log directory (its timing o
 }
 engine_pids=(); urls=(); stops=0
 trap 'stop; stop_engines' EXIT
-
-reset_caches() { # every engine's prefix cache emptied (vLLM's dev endpoint)
-  for u in "${urls[@]}"; do
-    for _ in $(seq 1 50); do
-      [ "$(curl -s -X POST "$u/reset_prefix_cache")" = '{"success":true}' ] && break
-      sleep 0.2
-    done
-  done
-}
 
 start_front() { # NAME: the front NAME in front of the engines; sets $port, $front_pid and, for ours, $admin
   admin=
@@ -202,7 +157,7 @@ for share in "${shares[@]}"; do
   [ "$engine" = sim ] || start_engines "$blocks" "$len"
   for run in $(seq 1 "${RUNS:-1}"); do
     for front in "${fronts[@]}"; do
-      if [ "$engine" = sim ]; then start_engines "$blocks" "$len"; else reset_caches; fi
+      if [ "$engine" = sim ]; then start_engines "$blocks" "$len"; else reset_caches "${urls[@]}"; fi
       start_front "$front"
       replay "$front" "$share" "$run"
       stop

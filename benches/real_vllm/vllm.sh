@@ -1,6 +1,7 @@
 # What the real-vLLM benches share (sourced, not run): vLLM 0.32's CPU build and the tiny
 # model (tests/vllm/setup.sh) in $vllm and $model, and one instance started the same way
-# for each: 32-token blocks, prefix caching, `cached_tokens` in usage, a KV sized exactly.
+# for each: 32-token blocks, prefix caching, `cached_tokens` in usage, a KV sized exactly;
+# the agent sessions replayed, their final contexts, and each engine's cache emptied.
 # Extra environment (VLLM_SERVER_DEV_MODE, VLLM_ENABLE_RESPONSES_API_STORE) is the caller's
 # to export.
 { read -r vllm; read -r model; } < <(tests/vllm/setup.sh target/vllm)
@@ -23,5 +24,52 @@ wait_healthy() { # URL...: each answers /health within 300 s, else the bench sto
   for u in "$@"; do
     for _ in $(seq 1 600); do curl -sf -o /dev/null "$u/health" && break; sleep 0.5; done
     curl -sf -o /dev/null "$u/health" || { echo "$u never became healthy" >&2; exit 1; }
+  done
+}
+set_workload() { # agent|shared: the sessions replayed, as replay flags in $workload
+  case "$1" in
+    agent) workload=(--sessions "${SESSIONS:-24}" --system-prompts 4 --prompt-scale 0.15
+             --message-scale 1.5 --min-context-tokens 2500 --max-context-tokens 20000) ;;
+    shared) workload=(--sessions "${SESSIONS:-32}" --system-prompts 2 --prompt-scale 0.6
+              --message-scale 1.5 --min-context-tokens 5000 --max-context-tokens 20000) ;;
+    *) echo "unknown WORKLOAD $1" >&2; exit 1 ;;
+  esac
+  workload+=(--output-scale "${OUTPUT_SCALE:-0.25}" --session-rate "${SESSION_RATE:-2}" --think-min "${THINK:-1}" --think-max "${THINK:-1}")
+}
+free_pair() { # a free port P with P+1 free too (vLLM's HTTP port and its KV events')
+  python3 -c 'import socket
+while True:
+    a = socket.socket(); a.bind(("127.0.0.1", 0)); p = a.getsockname()[1]
+    try:
+        b = socket.socket(); b.bind(("0.0.0.0", p + 1)); b.close(); a.close(); print(p); break
+    except OSError:
+        a.close()'
+}
+
+contexts() { # the workload's final contexts in the model's tokens: "SUM MAX" (a simulator with the model's tokenizer, no KV limit)
+  local p; p=$(free_port)
+  "$bin" sim --count 1 --base-port "$p" --model tiny --tokenizer "$model" --kv-blocks 10000000 \
+    --max-model-len 10000000 --time-scale 100 >"$out/contexts-sim.log" 2>&1 &
+  local sim=$!
+  wait_ok "http://127.0.0.1:$p/health"
+  "$bin" replay --url "http://127.0.0.1:$p" --synthetic agent "${workload[@]}" --speedup 100 \
+    --model tiny --stream --quiet --requests-out "$out/contexts.jsonl" >/dev/null
+  kill "$sim"; wait "$sim" 2>/dev/null || true
+  python3 - "$out/contexts.jsonl" <<'PY'
+import json, sys
+final = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    final[r["session"]] = max(final.get(r["session"], 0), r["prompt_tokens"] or 0)
+print(sum(final.values()), max(final.values()))
+PY
+}
+
+reset_caches() { # URL...: each engine's prefix cache emptied (vLLM's dev endpoint)
+  for u in "$@"; do
+    for _ in $(seq 1 50); do
+      [ "$(curl -s -X POST "$u/reset_prefix_cache")" = '{"success":true}' ] && break
+      sleep 0.2
+    done
   done
 }
