@@ -70,6 +70,41 @@ async fn a_request_is_prefilled_on_one_instance_and_decoded_on_another() {
     assert_eq!(length, leg.body.len().to_string());
 }
 
+/// A client's body as an agent sends it: tool schemas whose keys are not in sorted order.
+const AGENT_BODY: &str = r#"{"model":"m","stream":true,"max_tokens":64,
+"tools":[{"type":"function","function":{"name":"read","description":"Read a file",
+"parameters":{"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},
+"required":["path"]}}}],
+"messages":[{"role":"user","content":"Read src/main.rs"}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_legs_carry_the_clients_tools_and_messages_byte_for_byte() {
+    let prefill = TestUpstream::start("p").await;
+    prefill.set_reply(UpstreamReply::Body(PREFILLED.into()));
+    let decode = TestUpstream::start("d").await;
+    let router = fleet(&[&prefill], &[&decode]).await;
+    let response = client()
+        .post(format!("{}/v1/chat/completions", router.url))
+        .header("content-type", "application/json")
+        .body(AGENT_BODY)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let member = |name: &str| {
+        let start = AGENT_BODY.find(&format!("\"{name}\":")).unwrap();
+        let end = AGENT_BODY[start..].find("}]").unwrap() + start + 2;
+        AGENT_BODY[start..end].to_string()
+    };
+    let (tools, messages) = (member("tools"), member("messages"));
+    for upstream in [&prefill, &decode] {
+        let [leg] = upstream.received().try_into().unwrap();
+        let sent = String::from_utf8(leg.body.to_vec()).unwrap();
+        assert!(sent.contains(&tools), "{sent}");
+        assert!(sent.contains(&messages), "{sent}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_parameters_to_pass_the_decode_leg_streams_the_clients_body_as_it_came() {
     let prefill = TestUpstream::start("p").await;

@@ -14,7 +14,13 @@
 # (its prefix cache's hits over its lookups; the client's `cached_tokens` counts what the
 # decode instance loaded), the decode instance's, TTFT, makespan, failures, the requests
 # each instance served, and how our router sent them (`split`: two legs, `local`: whole
-# to the decode instance).
+# to the decode instance). Each instance's /metrics before and after each run are kept in
+# OUT (its engine-side TTFT, queue and prefill times; `external_prefix_cache_hits` counts
+# what the decode instance loaded).
+#
+# CONNECTOR=nixl runs vLLM's NixlConnector instead, host buffers on the CPU (the prefill
+# instance a producer, the decode instance a consumer pulling the blocks the prefill answer
+# names; needs `nixl` in vLLM's venv, which tests/vllm/setup.sh installs).
 #
 # Env: KV (1.0: the share of the workload's final contexts each instance's KV holds),
 # FRONTS (pd,pd-always,whole,vllm-router-pd), RUNS (1), MAX_NUM_SEQS (16), SESSIONS (24),
@@ -30,16 +36,24 @@ store="$out/kv-store"
 len=32768
 
 engine_pids=()
+connector() { # ROLE: the instance's --kv-transfer-config for $CONNECTOR
+  case ${CONNECTOR:-example} in
+    example) echo "{\"kv_connector\":\"ExampleConnector\",\"kv_role\":\"kv_both\",\"kv_connector_extra_config\":{\"shared_storage_path\":\"$store\"}}" ;;
+    nixl) local role=kv_producer; [ "$1" = decode ] && role=kv_consumer
+      echo "{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"$role\",\"kv_buffer_device\":\"cpu\"}" ;;
+    *) echo "unknown CONNECTOR $CONNECTOR" >&2; exit 1 ;;
+  esac
+}
 start_engines() { # KV_BLOCKS: the prefill instance on core 0 and the decode instance on core 1; sets prefill, decode
-  local blocks=$1 config p
+  local blocks=$1 p
   mkdir -p "$store"
-  config="{\"kv_connector\":\"ExampleConnector\",\"kv_role\":\"kv_both\",\"kv_connector_extra_config\":{\"shared_storage_path\":\"$store\"}}"
   local events='{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:PORT"}'
   local role core=0
   for role in prefill decode; do
     p=$(free_pair)
-    VLLM_SERVER_DEV_MODE=1 serve_vllm "$out/$role" "$p" "$core" "$blocks" "$len" "${MAX_NUM_SEQS:-16}" \
-      --kv-transfer-config "$config" --max-num-batched-tokens "$len" \
+    VLLM_SERVER_DEV_MODE=1 VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=$(free_port) \
+      serve_vllm "$out/$role" "$p" "$core" "$blocks" "$len" "${MAX_NUM_SEQS:-16}" \
+      --kv-transfer-config "$(connector $role)" --max-num-batched-tokens "$len" \
       --enable-auto-tool-choice --tool-call-parser hermes --kv-events-config "${events/PORT/$((p + 1))}"
     engine_pids+=($!)
     printf -v "$role" 'http://127.0.0.1:%s' "$p"
@@ -49,7 +63,12 @@ start_engines() { # KV_BLOCKS: the prefill instance on core 0 and the decode ins
 }
 trap 'stop; for e in "${engine_pids[@]}"; do kill "$e" 2>/dev/null || true; done' EXIT
 
-fresh() { # both prefix caches emptied, and the connector's folder
+engine_metrics() { # RUN WHEN: each instance's /metrics kept in OUT (the difference is one run's)
+  curl -s "$prefill/metrics" >"$out/$1.prefill.$2" || true
+  curl -s "$decode/metrics" >"$out/$1.decode.$2" || true
+}
+
+fresh() { # both prefix caches emptied, and the example connector's folder
   reset_caches "$prefill" "$decode"
   find "$store" -mindepth 1 -delete
 }
@@ -109,10 +128,13 @@ echo "workload agent: final contexts $total tokens; KV ${KV:-1.0}x: $blocks bloc
 start_engines "$blocks"
 IFS=, read -ra fronts <<<"${FRONTS:-pd,pd-always,whole,vllm-router-pd}"
 for run in $(seq 1 "${RUNS:-1}"); do
-  for front in "${fronts[@]}"; do
+  for k in "${!fronts[@]}"; do # each run starts one front later, as in run.sh
+    front=${fronts[$(((k + run - 1) % ${#fronts[@]}))]}
     fresh
+    engine_metrics "$front-$run" before
     start_front "$front"
     replay "$front" "$run"
+    engine_metrics "$front-$run" after
     stop
   done
 done

@@ -6,8 +6,10 @@
 # replay --synthetic agent`, contexts sized for CPU prefill) are replayed once per front
 # and run: our policies, ours in vLLM mode (token mode on the model's own tokenizer and the
 # engines' KV events), smg 1.13.0, vllm-router 0.1.17's cache_aware and its kv_aware on the
-# same KV events. Every engine's prefix cache is emptied before each run. Prints one line
-# per run; the reports (and our routers' /metrics) are kept in OUT.
+# same KV events. Every engine's prefix cache is emptied before each run. Each run starts one
+# front later than the run before (the engines' speed drifts over a sitting, so no front
+# always goes first). Prints one line per run; the reports (and our routers' /metrics) are
+# kept in OUT.
 #
 # ENGINE=sim runs the same through `prefix-router sim` instances configured like the real
 # fleet (block size, KV blocks, max-num-seqs, max-model-len, the model's tokenizer, KV
@@ -156,7 +158,8 @@ for share in "${shares[@]}"; do
   echo "KV ${share}x: $blocks blocks ($((blocks * block)) tokens) per instance, max-model-len $len"
   [ "$engine" = sim ] || start_engines "$blocks" "$len"
   for run in $(seq 1 "${RUNS:-1}"); do
-    for front in "${fronts[@]}"; do
+    for k in "${!fronts[@]}"; do
+      front=${fronts[$(((k + run - 1) % ${#fronts[@]}))]}
       if [ "$engine" = sim ]; then start_engines "$blocks" "$len"; else reset_caches "${urls[@]}"; fi
       start_front "$front"
       replay "$front" "$share" "$run"

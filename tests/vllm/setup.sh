@@ -63,6 +63,10 @@ PY
   rm -rf "$dir/wheel"
   touch "$dir/venv/.installed"
 fi
+if [ ! -e "$dir/venv/.nixl" ]; then # NixlConnector's transfer library (its core does not link CUDA)
+  timeout 600 "$dir/venv/bin/pip" --disable-pip-version-check install --no-deps nixl==1.5.1 nixl-cu13==1.5.1 >>"$log" 2>&1
+  touch "$dir/venv/.nixl"
+fi
 if [ ! -s "$dir/model/config.json" ]; then
   "$here/../tokens/fetch.sh" "$dir/tokenizers" >&2
   rm -rf "$dir/model"

@@ -1,6 +1,8 @@
 //! Request parsing: one pass over a routed request body yields the routing text, the model
 //! and the body's session ids, all borrowed from the body. Pure functions, no I/O; the
-//! body itself is never changed (the proxy forwards it byte for byte).
+//! body itself is never changed (the proxy forwards it byte for byte). Where the router
+//! sends a changed request (a prefill leg), [`Members`] writes it with every member it does
+//! not change as it came.
 //!
 //! The routing text of turn N+1 of a conversation starts with the routing text of turn N:
 //! everything the router does depends on that, and the tests check it for every endpoint.
@@ -10,6 +12,7 @@ mod chat;
 mod completions;
 mod content;
 mod json;
+mod members;
 mod messages;
 mod responses;
 mod session;
@@ -17,6 +20,7 @@ mod text;
 
 use json::{Json, Kind};
 
+pub use members::Members;
 pub use session::{
     BodySessions, DEFAULT_HEADERS, SessionField, SessionKey, SessionSource, SessionSources,
 };

@@ -28,8 +28,7 @@ use bytes::Bytes;
 use log::debug;
 use prefix_router_core::flow::Gate;
 use prefix_router_core::ledger::Cap;
-use prefix_router_core::request::Endpoint;
-use serde_json::{Map, Value, json};
+use prefix_router_core::request::{Endpoint, Members};
 
 use super::dispatch::{self, Route};
 use super::relay::Upstream;
@@ -206,45 +205,49 @@ fn decodes_locally(state: &State, limits: &Limits, route: &Route, cap: Cap) -> b
     uncached.0 <= limits.max_local_prefill_length
 }
 
+/// What the prefill leg asks of the engine: compute the prompt for a decode elsewhere.
+const REMOTE_DECODE: &[u8] = br#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+
 /// The prefill leg's body: the client's, computing its prompt and one token for a decode
-/// elsewhere. `None` for a body that is not a JSON object, or asks for several choices.
+/// elsewhere, every member it does not change as it came (so the prompt is the decode
+/// leg's, token for token). `None` for a body that is not a JSON object, or asks for
+/// several choices.
 pub fn prefill_body(client: &[u8]) -> Option<Bytes> {
-    let mut body: Map<String, Value> = serde_json::from_slice(client).ok()?;
-    if (body.get("n").and_then(Value::as_u64)).is_some_and(|n| n > 1) {
+    let mut body = Members::of(client).ok()?;
+    let choices = body
+        .get("n")
+        .and_then(|n| std::str::from_utf8(n).ok()?.parse::<u64>().ok());
+    if choices.is_some_and(|n| n > 1) {
         return None;
     }
-    body.insert("max_tokens".into(), 1.into());
-    if body.contains_key("max_completion_tokens") {
-        body.insert("max_completion_tokens".into(), 1.into());
+    body.set("max_tokens", b"1");
+    if body.get("max_completion_tokens").is_some() {
+        body.set("max_completion_tokens", b"1");
     }
-    body.insert("stream".into(), false.into());
+    body.set("stream", b"false");
     body.remove("stream_options");
-    let remote_decode = json!({
-        "do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-        "remote_block_ids": null, "remote_host": null, "remote_port": null,
-    });
-    body.insert("kv_transfer_params".into(), remote_decode);
-    serde_json::to_vec(&body).ok().map(Bytes::from)
+    body.set("kv_transfer_params", REMOTE_DECODE);
+    Some(body.write().into())
 }
 
-/// The `kv_transfer_params` of a prefill answer, when it has some (not null).
-pub fn transfer_params(answer: &[u8]) -> Option<Value> {
-    let mut answer: Map<String, Value> = serde_json::from_slice(answer).ok()?;
-    answer.remove("kv_transfer_params").filter(|p| !p.is_null())
+/// The `kv_transfer_params` of a prefill answer (its JSON), when it has some (not null).
+pub fn transfer_params(answer: &[u8]) -> Option<&[u8]> {
+    let params = Members::of(answer).ok()?.get("kv_transfer_params")?;
+    (params != b"null").then_some(params)
 }
 
-/// The decode leg's body: the client's with the prefill's `params`; `None` (the client's
-/// body as it came) without parameters to pass.
-pub fn decode_body(client: &[u8], params: Option<Value>) -> Option<Bytes> {
-    let params = params?;
-    let mut body: Map<String, Value> = serde_json::from_slice(client).ok()?;
-    body.insert("kv_transfer_params".into(), params);
-    serde_json::to_vec(&body).ok().map(Bytes::from)
+/// The decode leg's body: the client's with the prefill's `params`, every other member as
+/// it came; `None` (the client's body as it came) without parameters to pass.
+pub fn decode_body(client: &[u8], params: Option<&[u8]>) -> Option<Bytes> {
+    let mut body = Members::of(client).ok()?;
+    body.set("kv_transfer_params", params?);
+    Some(body.write().into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
 
     fn parse(bytes: &[u8]) -> Value {
         serde_json::from_slice(bytes).unwrap()
@@ -284,7 +287,9 @@ mod tests {
         let answer = br#"{"id":"x","choices":[],"kv_transfer_params":
             {"remote_engine_id":"e1","remote_block_ids":[1,2],"remote_host":"10.0.0.1","remote_port":5600}}"#;
         let params = transfer_params(answer);
-        let body = parse(&decode_body(client, params).unwrap());
+        let written = decode_body(client, params).unwrap();
+        assert!(written.starts_with(br#"{"model":"m","prompt":"p","stream":true,"#));
+        let body = parse(&written);
         assert_eq!(body["stream"], true);
         assert_eq!(
             body["kv_transfer_params"]["remote_block_ids"],
