@@ -107,6 +107,30 @@ async fn error_statuses_pass_through() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_connection_the_only_backend_closed_is_replaced_not_failed() {
+    let up = TestUpstream::start("a").await;
+    up.set_reply(UpstreamReply::OneAConnection);
+    let router = TestRouter::start(settings(&[&up]), 1);
+    let body = chat(&[("user", "hi".into())]);
+    for turn in 0..3 {
+        let (status, answer) = post(&router.url, "/v1/chat/completions", &body).await;
+        assert_eq!(
+            (turn, status, answer["backend"].as_str()),
+            (turn, 200, Some("a"))
+        );
+    }
+    let sent = up
+        .received()
+        .iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .count();
+    assert_eq!(
+        sent, 5,
+        "each request after the first found its pooled connection closed and took a new one"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_exchanges_eject_a_backend_until_its_check_passes_and_clients_see_none() {
     let (a, b) = (
         TestUpstream::start("a").await,

@@ -151,9 +151,15 @@ fn chat(messages: &[Value], max_tokens: usize) -> Value {
 }
 
 async fn post(url: &str, body: &Value) -> (u16, Value) {
+    post_raw(url, body.to_string()).await
+}
+
+/// Posts `body` as it is written (its keys in their order).
+async fn post_raw(url: &str, body: String) -> (u16, Value) {
     let response = reqwest::Client::new()
         .post(url)
-        .json(body)
+        .header("content-type", "application/json")
+        .body(body)
         .timeout(Duration::from_secs(120))
         .send()
         .await
@@ -402,17 +408,22 @@ async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
     s.tokenizer = Some(model);
     s.max_local_prefill_length = Some(0);
     let router = TestRouter::start(s, 2);
-    // A prompt the connector can store: its length is not 1 more than whole blocks.
+    // A prompt the connector can store: its length is not 1 more than whole blocks. The
+    // tool's schema lists its keys out of sorted order, as agents send them: the template
+    // renders them in that order, so the prefill leg must keep it for the prompts to match.
+    let tools = r#"[{"type":"function","function":{"name":"read_file","description":"Read a file",
+        "parameters":{"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},
+        "required":["path"]}}}]"#;
     let system = "You review Rust code for a storage engine. ".repeat(30);
     let mut question = "What does this function do?".to_string();
     let body = loop {
-        let messages = [
-            json!({"role": "system", "content": system}),
-            json!({"role": "user", "content": question}),
-        ];
-        let body =
-            json!({"model": "tiny", "max_tokens": 8, "temperature": 0, "messages": messages});
-        let (status, explained) = post(&format!("{}/route", router.admin_url), &body).await;
+        let messages = json!([{"role": "system", "content": system},
+                              {"role": "user", "content": question}]);
+        let body = format!(
+            r#"{{"model":"tiny","max_tokens":8,"temperature":0,"tools":{tools},"messages":{messages}}}"#
+        );
+        let route = format!("{}/route", router.admin_url);
+        let (status, explained) = post_raw(&route, body.clone()).await;
         assert_eq!(status, 200, "{explained}");
         let tokens = explained["prompt_tokens"].as_u64().unwrap() as usize;
         if tokens % BLOCK != 1 {
@@ -422,7 +433,8 @@ async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
     };
     let loaded = || gauge(&decode, "vllm:external_prefix_cache_hits_total");
     assert_eq!(loaded().await, 0);
-    let (status, split) = post(&format!("{}/v1/chat/completions", router.url), &body).await;
+    let (status, split) =
+        post_raw(&format!("{}/v1/chat/completions", router.url), body.clone()).await;
     assert_eq!(status, 200, "{split}");
     assert!(
         loaded().await > 0,
@@ -434,7 +446,7 @@ async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
         "one token prefilled"
     );
     // The same request on one instance alone answers the same, greedily.
-    let (status, alone) = post(&format!("{}/v1/chat/completions", prefill.url), &body).await;
+    let (status, alone) = post_raw(&format!("{}/v1/chat/completions", prefill.url), body).await;
     assert_eq!(status, 200, "{alone}");
     let text = |answer: &Value| answer["choices"][0]["message"]["content"].clone();
     assert_eq!(text(&split), text(&alone));

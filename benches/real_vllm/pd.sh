@@ -6,15 +6,16 @@
 #   pd             ours with `--prefill` and `--decode`, in vLLM mode (the model's tokens and
 #                  the engines' KV events), skipping the prefill leg as it decides;
 #   pd-always      the same, with max_local_prefill_length 0: every request in two legs;
+#   pd-always-text the same in text mode (no tokenizer, no KV events);
 #   whole          ours with both instances as a plain fleet (no legs);
 #   vllm-router-pd vllm-router 0.1.17's PD mode (--vllm-pd-disaggregation, cache_aware).
 # Prompts are computed in one step (--max-num-batched-tokens = max-model-len): the
 # connector is wrong on a chunked prompt. Before each run both prefix caches and the
 # connector's folder are emptied. One line per run: the prefill instance's own hit rate
 # (its prefix cache's hits over its lookups; the client's `cached_tokens` counts what the
-# decode instance loaded), the decode instance's, TTFT, makespan, failures, the requests
-# each instance served, and how our router sent them (`split`: two legs, `local`: whole
-# to the decode instance). Each instance's /metrics before and after each run are kept in
+# decode instance loaded), the decode instance's, TTFT, makespan, the router's CPU,
+# failures, the requests each instance served, and how our router sent them (`split`: two
+# legs, `local`: whole to the decode instance). Each instance's /metrics before and after each run are kept in
 # OUT (its engine-side TTFT, queue and prefill times; `external_prefix_cache_hits` counts
 # what the decode instance loaded).
 #
@@ -91,10 +92,12 @@ start_front() { # NAME: sets $port, and $admin for ours
   case $1 in
     pd) BACKENDS=2 ROUTER_ARGS="$mode $pair" start_router kv_aware ;;
     pd-always) BACKENDS=2 ROUTER_ARGS="$mode $pair --max-local-prefill-length 0" start_router kv_aware ;;
+    pd-always-text) BACKENDS=2 ROUTER_ARGS="$pair --max-local-prefill-length 0" start_router kv_aware ;;
     whole) ROUTER_ARGS="$mode" start_router kv_aware "$prefill" "$decode" ;;
     vllm-router-pd) start_vllm_router_pd ;;
     *) echo "unknown front $1" >&2; return 1 ;;
   esac
+  front_pid=${pids[-1]}
 }
 
 replay() { # NAME RUN: the workload through $port, one line
@@ -106,7 +109,7 @@ replay() { # NAME RUN: the workload through $port, one line
     curl -s "http://127.0.0.1:$admin/metrics" >"${report%.json}.metrics" || true
     ways=$(grep '^prefix_router_disaggregated_total' "${report%.json}.metrics" | sed -E 's/.*way="([a-z]+)"} ([0-9]+)/\1=\2/' | tr '\n' ' ')
   fi
-  python3 - "$report" "$1" "$2" "$ways" <<'PY'
+  python3 - "$report" "$1" "$2" "$ways" "$(cpu_seconds "$front_pid")" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 t = r.get("ttft_ms") or {}
@@ -117,7 +120,7 @@ served = "/".join(str(row["requests"]) for row in rows)
 print(f"{sys.argv[2]:15} run={sys.argv[3]} prefill/decode_hit={own} client_hit={(r['hit_rate'] or 0):.3f} "
       f"ttft_p50={t.get('p50', 0) / 1000:.2f}s ttft_p99={t.get('p99', 0) / 1000:.2f}s "
       f"makespan={r['elapsed_s']:.1f}s ok={q['ok']} failed={q['failed']} prefill/decode_requests={served} "
-      f"{q['errors'] or ''} {sys.argv[4]}",
+      f"cpu={sys.argv[5]}s {q['errors'] or ''} {sys.argv[4]}",
       flush=True)
 PY
 }
@@ -126,6 +129,8 @@ read -r total _ < <(contexts)
 blocks=$(python3 -c "import math; print(max(math.ceil(${KV:-1.0} * $total / $block), $len // $block + 1))")
 echo "workload agent: final contexts $total tokens; KV ${KV:-1.0}x: $blocks blocks an instance; 1 prefill, 1 decode"
 start_engines "$blocks"
+warm_up "$prefill"; warm_up "$decode" # one at a time: the example connector fails (its engine
+# stops) on a prompt the other instance is still writing
 IFS=, read -ra fronts <<<"${FRONTS:-pd,pd-always,whole,vllm-router-pd}"
 for run in $(seq 1 "${RUNS:-1}"); do
   for k in "${!fronts[@]}"; do # each run starts one front later, as in run.sh

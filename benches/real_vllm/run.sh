@@ -99,31 +99,6 @@ start_vllm_router_kv() { # vllm-router's kv_aware, fed by every engine's KV even
   echo "vllm-router did not register its backends" >&2; return 1
 }
 
-cpu_seconds() { # PID: CPU seconds of PID and its descendants so far
-  python3 - "$1" <<'PY'
-import os, sys
-tick = os.sysconf("SC_CLK_TCK")
-def children(pid):
-    out = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            out += open(f"/proc/{pid}/task/{task}/children").read().split()
-        except OSError:
-            pass
-    return out
-total, todo = 0, [sys.argv[1]]
-while todo:
-    pid = todo.pop()
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])
-        todo += children(pid)
-    except OSError:
-        pass
-print(f"{total / tick:.1f}")
-PY
-}
-
 replay() { # NAME KV RUN: the workload through $port, one line
   local report="$out/${1//\//_}-$2-$3.json"
   "$bin" replay --url "http://127.0.0.1:$port" --synthetic agent "${workload[@]}" --speedup "${SPEEDUP:-1}" \
@@ -156,7 +131,7 @@ for share in "${shares[@]}"; do
   blocks=$(python3 -c "import math; print(math.ceil($share * $total / $instances / $block))")
   len=$(( ${MAX_MODEL_LEN:-32768} < (blocks - 1) * block ? ${MAX_MODEL_LEN:-32768} : (blocks - 1) * block ))
   echo "KV ${share}x: $blocks blocks ($((blocks * block)) tokens) per instance, max-model-len $len"
-  [ "$engine" = sim ] || start_engines "$blocks" "$len"
+  [ "$engine" = sim ] || { start_engines "$blocks" "$len"; warm_up "${urls[@]}"; }
   for run in $(seq 1 "${RUNS:-1}"); do
     for k in "${!fronts[@]}"; do
       front=${fronts[$(((k + run - 1) % ${#fronts[@]}))]}

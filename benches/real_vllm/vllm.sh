@@ -27,6 +27,7 @@ wait_healthy() { # URL...: each answers /health within 300 s, else the bench sto
   done
 }
 set_workload() { # agent|shared: the sessions replayed, as replay flags in $workload
+  workload_kind=$1
   case "$1" in
     agent) workload=(--sessions "${SESSIONS:-24}" --system-prompts 4 --prompt-scale 0.15
              --message-scale 1.5 --min-context-tokens 2500 --max-context-tokens 20000) ;;
@@ -72,4 +73,45 @@ reset_caches() { # URL...: each engine's prefix cache emptied (vLLM's dev endpoi
       sleep 0.2
     done
   done
+}
+
+warm_up() { # URL...: 4 sessions straight to each engine at once, then its cache emptied. An
+  # engine's first minutes run slower (at 1.0x and 1.5x the first front after a start was
+  # the slowest of the four that placed alike; behind PD pairs, the engines' own TTFT was
+  # longest in the first run), and no front should pay that.
+  local saved=("${workload[@]}") u warm=()
+  SESSIONS=4 set_workload "$workload_kind"
+  for u in "$@"; do
+    "$bin" replay --url "$u" --synthetic agent "${workload[@]}" --model tiny --stream --quiet \
+      --timeout 900 >/dev/null 2>&1 &
+    warm+=($!)
+  done
+  wait "${warm[@]}" || true
+  workload=("${saved[@]}")
+  reset_caches "$@"
+}
+
+cpu_seconds() { # PID: CPU seconds of PID and its descendants so far
+  python3 - "$1" <<'PY'
+import os, sys
+tick = os.sysconf("SC_CLK_TCK")
+def children(pid):
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out += open(f"/proc/{pid}/task/{task}/children").read().split()
+        except OSError:
+            pass
+    return out
+total, todo = 0, [sys.argv[1]]
+while todo:
+    pid = todo.pop()
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+        todo += children(pid)
+    except OSError:
+        pass
+print(f"{total / tick:.1f}")
+PY
 }

@@ -7,7 +7,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -44,6 +44,9 @@ pub enum UpstreamReply {
     Slow(Duration),
     /// Drops the connection without answering.
     Hangup,
+    /// JSON to a connection's first request; any later one on it is dropped unanswered, as
+    /// by a server closing an idle keep-alive connection just as it is reused.
+    OneAConnection,
     /// Never answers.
     Silent,
     /// A chunked body cut after its first chunk (the connection is dropped).
@@ -201,7 +204,9 @@ async fn serve(
         let mut stopped = stopped.clone();
         tokio::spawn(async move {
             let handler = Arc::clone(&shared);
-            let service = service_fn(move |req| handle(Arc::clone(&handler), req));
+            let served = Arc::new(AtomicUsize::new(0));
+            let service =
+                service_fn(move |req| handle(Arc::clone(&handler), req, Arc::clone(&served)));
             let conn = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service);
             tokio::select! {
@@ -221,9 +226,11 @@ fn full(bytes: Bytes) -> TestBody {
         .boxed()
 }
 
+/// Answers `req`, the connection's request number `served` counts (from 0).
 async fn handle(
     shared: Arc<UpstreamState>,
     req: Request<Incoming>,
+    served: Arc<AtomicUsize>,
 ) -> Result<Response<TestBody>, std::io::Error> {
     if req.uri().path() == "/health" {
         let status = if shared.healthy.load(SeqCst) {
@@ -289,6 +296,10 @@ async fn handle(
         UpstreamReply::Status(status) => status_only(status),
         UpstreamReply::Sse { chunks, gate } => sse(chunks, gate),
         UpstreamReply::Hangup => return Err(std::io::Error::other("hang up")),
+        UpstreamReply::OneAConnection if served.fetch_add(1, SeqCst) > 0 => {
+            return Err(std::io::Error::other("closed while idle"));
+        }
+        UpstreamReply::OneAConnection => json(&shared.name, len),
         UpstreamReply::Silent => std::future::pending().await,
         UpstreamReply::Cut => cut(),
         UpstreamReply::Trickle { chunks, every } => trickle(chunks, every),

@@ -136,11 +136,40 @@ impl Upstream<'_> {
         span: &ExchangeSpan,
         stop: Option<&Notify>,
     ) -> Result<Answering, Failure> {
-        let timeouts = self.timeouts;
-        let (mut stream, reused) = (self.connector)
+        let connect = |e: Box<Error>| Failure::Unsent(upstream_error(&e));
+        let (stream, reused) = (self.connector)
             .get_stream(&backend.peer)
             .await
-            .map_err(|e| Failure::Unsent(upstream_error(&e)))?;
+            .map_err(connect)?;
+        match self
+            .exchange(stream, reused, backend, body, span, stop)
+            .await
+        {
+            // A pooled connection the backend closed as it was taken (a server's keep-alive
+            // timeout, uvicorn's 5 s for vLLM): nothing was answered, once more on a new one.
+            Err(Failure::Unsent(_)) if reused => {
+                let stream = (self.connector)
+                    .new_stream(&backend.peer)
+                    .await
+                    .map_err(connect)?;
+                self.exchange(stream, false, backend, body, span, stop)
+                    .await
+            }
+            done => done,
+        }
+    }
+
+    /// The request on `stream` (`reused` from the pool), until its final response head.
+    async fn exchange(
+        &mut self,
+        mut stream: Stream,
+        reused: bool,
+        backend: &Backend,
+        body: &Bytes,
+        span: &ExchangeSpan,
+        stop: Option<&Notify>,
+    ) -> Result<Answering, Failure> {
+        let timeouts = self.timeouts;
         let mut req = self.head.clone();
         headers::set_host(&mut req, &backend.authority);
         // The id is a printable token (checked or made by `headers::request_id`).
