@@ -206,7 +206,10 @@ fn decodes_locally(state: &State, limits: &Limits, route: &Route, cap: Cap) -> b
 }
 
 /// What the prefill leg asks of the engine: compute the prompt for a decode elsewhere.
-const REMOTE_DECODE: &[u8] = br#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+const REMOTE_DECODE: &str = concat!(
+    r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"#,
+    r#""remote_block_ids":null,"remote_host":null,"remote_port":null}"#
+);
 
 /// The prefill leg's body: the client's, computing its prompt and one token for a decode
 /// elsewhere, every member it does not change as it came (so the prompt is the decode
@@ -226,7 +229,7 @@ pub fn prefill_body(client: &[u8]) -> Option<Bytes> {
     }
     body.set("stream", b"false");
     body.remove("stream_options");
-    body.set("kv_transfer_params", REMOTE_DECODE);
+    body.set("kv_transfer_params", REMOTE_DECODE.as_bytes());
     Some(body.write().into())
 }
 
