@@ -122,6 +122,9 @@ fn environment(command: &mut Command, dir: &Path) {
         std::fs::create_dir_all(dir.join(sub)).unwrap();
     }
     command.env("VLLM_CPU_OMP_THREADS_BIND", "0");
+    // NixlConnector's side channel, on loopback and a port of each instance's own.
+    command.env("VLLM_NIXL_SIDE_CHANNEL_HOST", "127.0.0.1");
+    command.env("VLLM_NIXL_SIDE_CHANNEL_PORT", free_port().to_string());
     command.env("VLLM_CACHE_ROOT", dir.join("cache"));
     command.env("TMPDIR", dir.join("tmp"));
     command.env("VLLM_RPC_BASE_PATH", dir.join("rpc"));
@@ -386,37 +389,45 @@ fn shared_storage(dir: &Path) -> String {
     .to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
-    let _heavy = heavy().await;
-    let store = scratch_dir("vllm-pd-store");
-    let config = shared_storage(&store);
-    // The connector is wrong on a chunked prompt: every prompt in one step.
-    let flags = [
-        "--kv-transfer-config",
-        &config,
-        "--max-num-batched-tokens",
-        "2048",
-    ];
-    let (mut prefill, mut decode) = (Vllm::spawn(&flags), Vllm::spawn(&flags));
-    prefill.wait_healthy().await;
-    decode.wait_healthy().await;
+/// A prefill instance and a decode instance with these `--kv-transfer-config`s, the prompt
+/// computed in one step (the example connector is wrong on a chunked one), healthy.
+async fn pair(prefill: &str, decode: &str) -> (Vllm, Vllm) {
+    let flags = |config| {
+        [
+            "--kv-transfer-config",
+            config,
+            "--max-num-batched-tokens",
+            "2048",
+        ]
+    };
+    let (mut p, mut d) = (Vllm::spawn(&flags(prefill)), Vllm::spawn(&flags(decode)));
+    p.wait_healthy().await;
+    d.wait_healthy().await;
+    (p, d)
+}
+
+/// The router in token mode in front of the pair, every request in two legs.
+fn pd_router(prefill: &Vllm, decode: &Vllm) -> TestRouter {
     let (_, model) = crate::support::fixtures::vllm();
     let mut s = settings(&[]);
     s.prefill = Some(vec![prefill.url.clone()]);
     s.decode = Some(vec![decode.url.clone()]);
     s.tokenizer = Some(model);
     s.max_local_prefill_length = Some(0);
-    let router = TestRouter::start(s, 2);
-    // A prompt the connector can store: its length is not 1 more than whole blocks. The
-    // tool's schema lists its keys out of sorted order, as agents send them: the template
-    // renders them in that order, so the prefill leg must keep it for the prompts to match.
+    TestRouter::start(s, 2)
+}
+
+/// A chat body as an agent writes it: a tool schema whose keys are out of sorted order (the
+/// template renders them in that order, so both legs must keep it for their prompts to
+/// match), and a prompt whose length is not 1 more than whole blocks (the example
+/// connector stores nothing for those).
+async fn agent_body(router: &TestRouter) -> String {
     let tools = r#"[{"type":"function","function":{"name":"read_file","description":"Read a file",
         "parameters":{"type":"object","properties":{"path":{"type":"string"},"limit":{"type":"integer"}},
         "required":["path"]}}}]"#;
     let system = "You review Rust code for a storage engine. ".repeat(30);
     let mut question = "What does this function do?".to_string();
-    let body = loop {
+    loop {
         let messages = json!([{"role": "system", "content": system},
                               {"role": "user", "content": question}]);
         let body = format!(
@@ -427,21 +438,30 @@ async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
         assert_eq!(status, 200, "{explained}");
         let tokens = explained["prompt_tokens"].as_u64().unwrap() as usize;
         if tokens % BLOCK != 1 {
-            break body;
+            return body;
         }
         question.push_str(" Briefly.");
-    };
-    let loaded = || gauge(&decode, "vllm:external_prefix_cache_hits_total");
-    assert_eq!(loaded().await, 0);
+    }
+}
+
+/// Sends `body` through the pair's router: one token prefilled, `moved` (a counter of the
+/// decode instance) grown by the handoff, and the answer the prefill instance alone gives.
+async fn split_answers_as_one(
+    router: &TestRouter,
+    (prefill, decode): (&Vllm, &Vllm),
+    body: String,
+    moved: &str,
+) {
+    assert_eq!(gauge(decode, moved).await, 0);
     let (status, split) =
         post_raw(&format!("{}/v1/chat/completions", router.url), body.clone()).await;
     assert_eq!(status, 200, "{split}");
     assert!(
-        loaded().await > 0,
-        "the decode instance loaded the prefill's KV"
+        gauge(decode, moved).await > 0,
+        "the decode instance took the prefill's KV ({moved})"
     );
     assert_eq!(
-        gauge(&prefill, "vllm:generation_tokens_total").await,
+        gauge(prefill, "vllm:generation_tokens_total").await,
         1,
         "one token prefilled"
     );
@@ -451,4 +471,30 @@ async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
     let text = |answer: &Value| answer["choices"][0]["message"]["content"].clone();
     assert_eq!(text(&split), text(&alone));
     assert_eq!(split["usage"]["completion_tokens"], 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_vllm_pair_prefills_on_one_and_decodes_on_the_other() {
+    let _heavy = heavy().await;
+    let store = scratch_dir("vllm-pd-store");
+    let config = shared_storage(&store);
+    let (prefill, decode) = pair(&config, &config).await;
+    let router = pd_router(&prefill, &decode);
+    let body = agent_body(&router).await;
+    let loaded = "vllm:external_prefix_cache_hits_total";
+    split_answers_as_one(&router, (&prefill, &decode), body, loaded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_vllm_pair_hands_off_over_nixl() {
+    let _heavy = heavy().await;
+    let config = |role| {
+        json!({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"})
+            .to_string()
+    };
+    let (prefill, decode) = pair(&config("kv_producer"), &config("kv_consumer")).await;
+    let router = pd_router(&prefill, &decode);
+    let body = agent_body(&router).await;
+    let pulled = "vllm:nixl_xfer_time_seconds_count";
+    split_answers_as_one(&router, (&prefill, &decode), body, pulled).await;
 }
