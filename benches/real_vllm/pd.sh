@@ -15,9 +15,9 @@
 # (its prefix cache's hits over its lookups; the client's `cached_tokens` counts what the
 # decode instance loaded), the decode instance's, TTFT, makespan, the router's CPU,
 # failures, the requests each instance served, and how our router sent them (`split`: two
-# legs, `local`: whole to the decode instance). Each instance's /metrics before and after each run are kept in
-# OUT (its engine-side TTFT, queue and prefill times; `external_prefix_cache_hits` counts
-# what the decode instance loaded).
+# legs, `local`: whole to the decode instance). Each instance's /metrics before and after
+# each run are kept in OUT (its own TTFT, queue and prefill times; what the decode instance
+# loaded in `external_prefix_cache_hits`, or pulled in `nixl_xfer_time_seconds_count`).
 #
 # CONNECTOR=nixl runs vLLM's NixlConnector instead, host buffers on the CPU (the prefill
 # instance a producer, the decode instance a consumer pulling the blocks the prefill answer
