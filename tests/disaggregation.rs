@@ -83,14 +83,8 @@ async fn both_legs_carry_the_clients_tools_and_messages_byte_for_byte() {
     prefill.set_reply(UpstreamReply::Body(PREFILLED.into()));
     let decode = TestUpstream::start("d").await;
     let router = fleet(&[&prefill], &[&decode]).await;
-    let response = client()
-        .post(format!("{}/v1/chat/completions", router.url))
-        .header("content-type", "application/json")
-        .body(AGENT_BODY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let (status, _) = post_raw(&router.url, "/v1/chat/completions", AGENT_BODY).await;
+    assert_eq!(status, 200);
     let member = |name: &str| {
         let start = AGENT_BODY.find(&format!("\"{name}\":")).unwrap();
         let end = AGENT_BODY[start..].find("}]").unwrap() + start + 2;

@@ -102,9 +102,16 @@ pub fn chat(messages: &[(&str, String)]) -> Value {
 
 /// POSTs `body` as JSON to `path`; returns the status and the response body.
 pub async fn post(url: &str, path: &str, body: &Value) -> (u16, Value) {
+    post_raw(url, path, serde_json::to_vec(body).unwrap()).await
+}
+
+/// POSTs `body` as it is written (its keys in their order) to `path`, as JSON; returns the
+/// status and the response body.
+pub async fn post_raw(url: &str, path: &str, body: impl Into<reqwest::Body>) -> (u16, Value) {
     let resp = client()
         .post(format!("{url}{path}"))
-        .json(body)
+        .header("content-type", "application/json")
+        .body(body)
         .send()
         .await
         .unwrap();

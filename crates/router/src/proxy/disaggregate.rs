@@ -155,11 +155,12 @@ impl Plan {
         (route, cap): (&Route, Cap),
     ) -> Plan {
         let generates = matches!(endpoint, Some(Endpoint::Chat | Endpoint::Completions));
-        let prefill = (generates && splits(state)).then(|| prefill_body(client));
-        match prefill.flatten() {
+        // The prefill leg's body is written only for a request that goes in two legs.
+        let body = (generates && splits(state)).then(|| splittable(client));
+        match body.flatten() {
             None => Plan::Whole,
             Some(_) if decodes_locally(state, limits, route, cap) => Plan::Local,
-            Some(prefill) => Plan::Legs(prefill),
+            Some(body) => Plan::Legs(prefill_leg(body)),
         }
     }
 
@@ -211,18 +212,20 @@ const REMOTE_DECODE: &str = concat!(
     r#""remote_block_ids":null,"remote_host":null,"remote_port":null}"#
 );
 
-/// The prefill leg's body: the client's, computing its prompt and one token for a decode
-/// elsewhere, every member it does not change as it came (so the prompt is the decode
-/// leg's, token for token). `None` for a body that is not a JSON object, or asks for
-/// several choices.
-pub fn prefill_body(client: &[u8]) -> Option<Bytes> {
-    let mut body = Members::of(client).ok()?;
+/// The client's body as members, when it may go in two legs: a JSON object asking for one
+/// choice.
+fn splittable(client: &[u8]) -> Option<Members<'_>> {
+    let body = Members::of(client).ok()?;
     let choices = body
         .get("n")
         .and_then(|n| std::str::from_utf8(n).ok()?.parse::<u64>().ok());
-    if choices.is_some_and(|n| n > 1) {
-        return None;
-    }
+    choices.is_none_or(|n| n <= 1).then_some(body)
+}
+
+/// The prefill leg's body: the client's, computing its prompt and one token for a decode
+/// elsewhere, every member it does not change as it came (so the prompt is the decode
+/// leg's, token for token).
+fn prefill_leg(mut body: Members<'_>) -> Bytes {
     body.set("max_tokens", b"1");
     if body.get("max_completion_tokens").is_some() {
         body.set("max_completion_tokens", b"1");
@@ -230,7 +233,7 @@ pub fn prefill_body(client: &[u8]) -> Option<Bytes> {
     body.set("stream", b"false");
     body.remove("stream_options");
     body.set("kv_transfer_params", REMOTE_DECODE.as_bytes());
-    Some(body.write().into())
+    body.write().into()
 }
 
 /// The `kv_transfer_params` of a prefill answer (its JSON), when it has some (not null).
@@ -251,6 +254,11 @@ pub fn decode_body(client: &[u8], params: Option<&[u8]>) -> Option<Bytes> {
 mod tests {
     use super::*;
     use serde_json::{Value, json};
+
+    /// The prefill leg's body, or `None` for a request that does not go in two legs.
+    fn prefill_body(client: &[u8]) -> Option<Bytes> {
+        splittable(client).map(prefill_leg)
+    }
 
     fn parse(bytes: &[u8]) -> Value {
         serde_json::from_slice(bytes).unwrap()
