@@ -25,13 +25,17 @@
 # long prompts), INSTANCES (4), MAX_NUM_SEQS (16), MAX_MODEL_LEN (32768:
 # longer prompts get 400; at most the KV less a block), THINK (1 s), OUTPUT_SCALE (0.25: answers
 # of 7-75 tokens, as a CPU decodes a token in tens of milliseconds), SESSIONS, SESSION_RATE,
-# OUT (a directory for logs and reports; default a temporary one).
+# OUT (a directory for logs and reports; default a temporary one), ENGINE_PORTS (the
+# engines' HTTP ports, a comma list, each with the next port free for its KV events;
+# default free ones: `consistent_hash` hashes the backends' addresses, so a simulated
+# fleet places as a real one did only on the same ports).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source benches/common.sh
 bench_start
 source benches/real_vllm/vllm.sh
 instances="${INSTANCES:-4}"
+IFS=, read -ra ports <<<"${ENGINE_PORTS:-}"
 engine="${ENGINE:-vllm}"
 
 set_workload "${WORKLOAD:-agent}"
@@ -39,7 +43,7 @@ set_workload "${WORKLOAD:-agent}"
 start_engines() { # KV_BLOCKS MAX_MODEL_LEN: the instances, healthy; sets urls and events
   urls=(); events=()
   for i in $(seq 0 $((instances - 1))); do
-    local p; p=$(free_pair)
+    local p=${ports[$i]:-}; [ -n "$p" ] || p=$(free_pair)
     local dir="$out/engine-$i"
     local config="{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:$((p + 1))\"}"
     if [ "$engine" = sim ]; then

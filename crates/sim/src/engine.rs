@@ -33,10 +33,15 @@
 //! - Its first output token is out when its prefill ends; each further one every
 //!   `decode_s_per_token` (independent of load). It finishes with its last token,
 //!   releasing its blocks to the cache.
+//! - With `max_num_batched_tokens` set, prefill and decode share vLLM's engine steps
+//!   instead (see `batch`): a step of `decode_s_per_token` plus its prefill work computes
+//!   a token of every decoding request and, in admission order, chunks of the prompts
+//!   still prefilling, up to that many tokens.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
+use super::batch::{Stepped, Steps};
 use super::cache::{Allocation, BlockCache, BlockHash, Change, max_hit_blocks};
 
 /// Remaining prefill below this many tokens counts as done (float slack).
@@ -53,8 +58,12 @@ pub struct Timing {
     pub attention_tokens: f64,
     /// Fixed latency each request pays before its prefill, seconds.
     pub prefill_overhead_s: f64,
-    /// Interval between output tokens after the first, seconds.
+    /// Interval between output tokens after the first, seconds; with
+    /// `max_num_batched_tokens`, the time of a step that prefills nothing.
     pub decode_s_per_token: f64,
+    /// Most tokens one engine step computes (vLLM's `--max-num-batched-tokens`); 0 for
+    /// none: prefills share the throughput continuously and decode runs beside them.
+    pub max_num_batched_tokens: usize,
     /// Most requests running (prefilling or decoding) at once.
     pub max_num_seqs: usize,
     /// Tokens per KV block.
@@ -166,12 +175,15 @@ pub struct EngineCore {
     outputs: Vec<Output>,
     /// Cache changes with their token ids, when the engine publishes KV events.
     changes: Vec<Change>,
+    /// The engine's steps, with `max_num_batched_tokens` set.
+    steps: Option<Steps>,
 }
 
 impl EngineCore {
     /// An idle engine at simulated time 0 with a cache of `kv_blocks` blocks.
     pub fn new(timing: Timing, kv_blocks: usize) -> Self {
         Self {
+            steps: (timing.max_num_batched_tokens > 0).then(Steps::default),
             timing,
             cache: BlockCache::new(kv_blocks),
             clock: 0.0,
@@ -242,34 +254,44 @@ impl EngineCore {
     pub fn submit(&mut self, request: EngineRequest) {
         self.waiting.push_back((request, self.clock));
         self.admit();
+        self.start_step();
     }
 
     /// Drops a request wherever it is (client gone); its blocks are released, and only
     /// those its prefill computed stay cached. Unknown or finished ids are ignored.
     pub fn abort(&mut self, id: u64) {
         if let Some(running) = self.running.remove(&id) {
-            let left = (self.prefilling.iter().find(|&&(other, _)| other == id))
-                .map_or(0.0, |&(_, left)| left);
-            let (cached, uncached) = (running.cached_tokens, running.uncached_tokens);
-            let uncomputed = match running.phase {
-                EnginePhase::Overhead => uncached,
-                EnginePhase::Prefill => {
-                    let done = (self.timing.work(cached, uncached) - left).max(0.0);
-                    uncached.saturating_sub(self.timing.tokens_of(cached, done) as usize)
-                }
-                EnginePhase::Decode => 0,
-            };
-            let prompt = cached + uncached;
-            let computed = prompt.saturating_sub(uncomputed) / self.timing.block_tokens.max(1);
+            let computed = self.computed_tokens(id, &running) / self.timing.block_tokens.max(1);
             self.prefilling.retain(|&(other, _)| other != id);
             self.blocked.retain(|&other| other != id);
             self.cache.release_computed(running.allocation, computed);
             self.unblock();
-            self.admit();
         } else {
             self.waiting.retain(|(request, _)| request.id != id);
-            self.admit();
         }
+        self.admit();
+        self.start_step();
+    }
+
+    /// The prompt tokens `running` (just taken out as `id`) has computed or hit.
+    fn computed_tokens(&mut self, id: u64, running: &RunningRequest) -> usize {
+        let (cached, uncached) = (running.cached_tokens, running.uncached_tokens);
+        let prompt = cached + uncached;
+        if let Some(steps) = &mut self.steps {
+            let computed = steps.remove(id);
+            return if running.phase == EnginePhase::Decode { prompt } else { computed };
+        }
+        let uncomputed = match running.phase {
+            EnginePhase::Overhead => uncached,
+            EnginePhase::Prefill => {
+                let left = (self.prefilling.iter().find(|&&(other, _)| other == id))
+                    .map_or(0.0, |&(_, left)| left);
+                let done = (self.timing.work(cached, uncached) - left).max(0.0);
+                uncached.saturating_sub(self.timing.tokens_of(cached, done) as usize)
+            }
+            EnginePhase::Decode => 0,
+        };
+        prompt.saturating_sub(uncomputed)
     }
 
     /// The simulated time of the next event, if any: a prefill ending, an overhead
@@ -279,7 +301,11 @@ impl EngineCore {
             .timers
             .peek()
             .map(|&Reverse((at, _))| f64::from_bits(at));
-        match (timer, self.next_prefill_end()) {
+        let compute = match &self.steps {
+            Some(steps) => steps.next_end(),
+            None => self.next_prefill_end(),
+        };
+        match (timer, compute) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -323,9 +349,13 @@ impl EngineCore {
 
     fn step(&mut self, at: f64) {
         let prefill_due = self.next_prefill_end().is_some_and(|end| end <= at);
+        let step_due = (self.steps.as_ref()).is_some_and(|s| s.next_end().is_some_and(|e| e <= at));
         self.set_clock(at);
         if prefill_due {
             self.end_prefills();
+        }
+        if step_due {
+            self.end_step();
         }
         while self
             .timers
@@ -337,6 +367,27 @@ impl EngineCore {
             }
         }
         self.admit();
+        self.start_step();
+    }
+
+    /// Ends the engine step under way: prefilled requests wait for their blocks as in
+    /// [`Self::end_prefills`], and those with their last token finish.
+    fn end_step(&mut self) {
+        let stepped = (self.steps.as_mut()).map(Steps::end).unwrap_or_default();
+        for event in stepped {
+            match event {
+                Stepped::Prefilled(id) => self.blocked.push(id),
+                Stepped::Done(id) => self.finish(id),
+            }
+        }
+        self.unblock();
+    }
+
+    /// Starts the next engine step, if the engine steps and is idle with work to do.
+    fn start_step(&mut self) {
+        if let Some(steps) = &mut self.steps {
+            steps.start(self.clock, &self.timing);
+        }
     }
 
     /// Ends the prefill that was due (the least remaining, whatever float error left
@@ -386,7 +437,10 @@ impl EngineCore {
                 let work = self
                     .timing
                     .work(running.cached_tokens, running.uncached_tokens);
-                self.prefill(id, work);
+                match &mut self.steps {
+                    Some(steps) => steps.ready(id),
+                    None => self.prefill(id, work),
+                }
             }
             EnginePhase::Decode => self.finish(id),
             EnginePhase::Prefill => {}
@@ -429,6 +483,8 @@ impl EngineCore {
         });
         if output_tokens <= 1 {
             self.finish(id);
+        } else if let Some(steps) = &mut self.steps {
+            steps.decode(id, output_tokens - 1);
         } else {
             let at = at + (output_tokens - 1) as f64 * self.timing.decode_s_per_token;
             self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
@@ -439,6 +495,9 @@ impl EngineCore {
     fn finish(&mut self, id: u64) {
         if let Some(running) = self.running.remove(&id) {
             let output_tokens = running.output_tokens;
+            if let Some(steps) = &mut self.steps {
+                steps.remove(id);
+            }
             self.cache.release(running.allocation);
             self.outputs.push(Output::Finished {
                 id,
@@ -538,10 +597,16 @@ impl EngineCore {
             phase,
         };
         self.running.insert(id, running);
+        if let Some(steps) = &mut self.steps {
+            steps.admit(id, cached_tokens, prompt_tokens);
+            if !overhead {
+                steps.ready(id);
+            }
+        }
         if overhead {
             let at = self.clock + wait;
             self.timers.push(Reverse((at.max(0.0).to_bits(), id)));
-        } else {
+        } else if self.steps.is_none() {
             self.prefill(id, self.timing.work(cached_tokens, uncached_tokens));
         }
     }
@@ -549,7 +614,7 @@ impl EngineCore {
 
 impl Timing {
     /// The prefill work, in tokens at position 0, of `tokens` tokens after the first `from`.
-    fn work(&self, from: usize, tokens: usize) -> f64 {
+    pub(crate) fn work(&self, from: usize, tokens: usize) -> f64 {
         let (from, to) = (from as f64, (from + tokens) as f64);
         let attention = if self.attention_tokens > 0.0 {
             (to * to - from * from) / (2.0 * self.attention_tokens)

@@ -10,6 +10,7 @@ fn timing() -> Timing {
         attention_tokens: 0.0,
         prefill_overhead_s: 0.020,
         decode_s_per_token: 0.007,
+        max_num_batched_tokens: 0,
         max_num_seqs: 256,
         block_tokens: 16,
         transfer_s_per_block: 0.001,
@@ -412,4 +413,75 @@ fn a_decode_leg_loads_the_blocks_a_remote_prefill_computed_instead_of_computing_
         (loaded - (0.020 + 0.099 + 16.0 / 30_000.0)).abs() < TOL,
         "{loaded}"
     );
+}
+
+/// Engine steps of at most 1,000 tokens, 10 ms each plus their prefill at 10,000 tokens/s,
+/// and no overhead.
+fn stepping() -> Timing {
+    Timing {
+        prefill_tokens_per_s: 10_000.0,
+        prefill_overhead_s: 0.0,
+        decode_s_per_token: 0.010,
+        max_num_batched_tokens: 1_000,
+        ..timing()
+    }
+}
+
+#[test]
+fn a_lone_request_steps_its_prefill_then_a_token_a_step() {
+    let mut core = EngineCore::new(stepping(), 26_000);
+    core.submit(req(1, 1, 160, 3));
+    let out = run_to_idle(&mut core);
+    // One step prefills all 160 tokens, then two steps decode.
+    assert!(close(first_token(&out, 1).0, 0.010 + 0.016));
+    assert!(close(finished(&out, 1), 0.026 + 2.0 * 0.010));
+}
+
+#[test]
+fn a_long_prefill_is_chunked_and_slows_the_decodes_beside_it() {
+    let mut core = EngineCore::new(stepping(), 26_000);
+    core.submit(req(1, 1, 16, 10));
+    core.submit(req(2, 2, 3_000, 2));
+    let out = run_to_idle(&mut core);
+    // Step 1 began with the first alone (16 prompt tokens, 0.0116 s); steps 2-4: its
+    // decode and 999 of the second's tokens (0.1099 s each); step 5: its decode and the
+    // second's last 3 tokens (0.0103 s).
+    let prefilled = 0.0116 + 3.0 * 0.1099 + 0.0103;
+    assert!(close(first_token(&out, 1).0, 0.0116));
+    assert!(close(first_token(&out, 2).0, prefilled), "{out:?}");
+    // The second's one more token in step 6; the first's last 5 of 9 in steps 6-10.
+    assert!(close(finished(&out, 2), prefilled + 0.010));
+    assert!(close(finished(&out, 1), prefilled + 5.0 * 0.010));
+}
+
+#[test]
+fn an_aborted_stepped_prefill_leaves_the_blocks_of_its_ended_steps_cached() {
+    let mut core = EngineCore::new(stepping(), 26_000);
+    core.submit(req(1, 1, 3_200, 10));
+    // Step 1 (1,000 tokens) ended at 0.11 s; step 2 is under way.
+    core.advance(0.15);
+    core.abort(1);
+    core.submit(req(2, 1, 3_200, 10));
+    let out = run_to_idle(&mut core);
+    let cached = out.iter().find_map(|o| match *o {
+        Output::Admitted {
+            id: 2,
+            cached_tokens,
+            ..
+        } => Some(cached_tokens),
+        _ => None,
+    });
+    assert_eq!(cached, Some(1_000 / 16 * 16), "{out:?}");
+    assert_eq!(core.running(), 0);
+}
+
+#[test]
+fn a_request_admitted_after_a_long_prefill_waits_for_its_chunks() {
+    let mut core = EngineCore::new(stepping(), 26_000);
+    core.submit(req(1, 1, 3_000, 2));
+    core.submit(req(2, 2, 16, 2));
+    let out = run_to_idle(&mut core);
+    // Three steps of 1,000 of the first's tokens (0.11 s each) spend the whole budget.
+    assert!(close(first_token(&out, 1).0, 0.33));
+    assert!(close(first_token(&out, 2).0, 0.33 + 0.010 + 0.0016));
 }

@@ -11,8 +11,9 @@
 //! blocks, and one that names a remote prefill's blocks loads them instead of computing
 //! them.
 //! Not for: generating meaningful text (outputs are a fixed phrase), modelling
-//! GPU-level effects (decode slowing with batch size, chunked-prefill interleaving,
-//! preemption), or sharing code with the router's request parsing.
+//! GPU-level effects (decode slowing with batch size, preemption), or sharing code with
+//! the router's request parsing. Chunked-prefill steps are modelled when
+//! `max_num_batched_tokens` is set.
 //!
 //! Start instances in-process with [`start`] (tests bind `127.0.0.1:0`), or from
 //! the command line with [`run`] (`sim --count 4 --base-port 8001 --time-scale 60`).
@@ -29,6 +30,7 @@
 //! # }
 //! ```
 
+mod batch;
 pub mod cache;
 mod driver;
 pub mod engine;
@@ -76,8 +78,14 @@ pub struct SimConfig {
     pub attention_tokens: f64,
     /// Fixed latency per request before its prefill, milliseconds (default 20).
     pub prefill_overhead_ms: f64,
-    /// Interval between output tokens after the first, milliseconds (default 7).
+    /// Interval between output tokens after the first, milliseconds (default 7); with
+    /// `max_num_batched_tokens`, the time of an engine step that prefills nothing.
     pub decode_ms_per_token: f64,
+    /// Most tokens one engine step computes, as vLLM's `--max-num-batched-tokens`: every
+    /// step decodes a token of each running request and prefills chunks of the others, so
+    /// a long prefill slows the decodes beside it (default 0: prefills share the
+    /// throughput continuously and decode keeps its own pace).
+    pub max_num_batched_tokens: usize,
     /// Time to load one KV block a remote prefill computed, for a disaggregated request's
     /// decode leg, milliseconds (default 0.1).
     pub kv_transfer_ms_per_block: f64,
@@ -115,6 +123,7 @@ impl Default for SimConfig {
             attention_tokens: 0.0,
             prefill_overhead_ms: 20.0,
             decode_ms_per_token: 7.0,
+            max_num_batched_tokens: 0,
             kv_transfer_ms_per_block: 0.1,
             max_num_seqs: 256,
             scheduling_policy: engine::Scheduling::Fcfs,
@@ -167,6 +176,7 @@ impl SimConfig {
             attention_tokens: self.attention_tokens,
             prefill_overhead_s: self.prefill_overhead_ms / 1000.0,
             decode_s_per_token: self.decode_ms_per_token / 1000.0,
+            max_num_batched_tokens: self.max_num_batched_tokens,
             transfer_s_per_block: self.kv_transfer_ms_per_block / 1000.0,
             max_num_seqs: self.max_num_seqs,
             block_tokens: self.block_tokens,
@@ -295,9 +305,15 @@ pub struct SimArgs {
     /// Fixed latency per request before its prefill, milliseconds.
     #[arg(long, default_value_t = 20.0)]
     pub prefill_overhead_ms: f64,
-    /// Interval between output tokens, milliseconds.
+    /// Interval between output tokens, milliseconds; with --max-num-batched-tokens, the
+    /// time of an engine step that prefills nothing.
     #[arg(long, default_value_t = 7.0)]
     pub decode_ms_per_token: f64,
+    /// Most tokens one engine step computes, as vLLM's: every step decodes a token of each
+    /// running request and prefills chunks of the others in admission order; 0: prefills
+    /// share the throughput continuously and decode keeps its own pace.
+    #[arg(long, default_value_t = 0)]
+    pub max_num_batched_tokens: usize,
     /// Time to load one KV block a remote prefill computed (the decode leg of a
     /// disaggregated request, whose `kv_transfer_params` name the blocks), milliseconds.
     #[arg(long, default_value_t = 0.1)]
@@ -347,6 +363,7 @@ impl SimArgs {
             attention_tokens: self.attention_tokens,
             prefill_overhead_ms: self.prefill_overhead_ms,
             decode_ms_per_token: self.decode_ms_per_token,
+            max_num_batched_tokens: self.max_num_batched_tokens,
             kv_transfer_ms_per_block: self.kv_transfer_ms_per_block,
             max_num_seqs: self.max_num_seqs,
             scheduling_policy: self.scheduling_policy,
