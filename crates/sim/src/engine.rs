@@ -278,8 +278,7 @@ impl EngineCore {
         let (cached, uncached) = (running.cached_tokens, running.uncached_tokens);
         let prompt = cached + uncached;
         if let Some(steps) = &mut self.steps {
-            let computed = steps.remove(id);
-            return if running.phase == EnginePhase::Decode { prompt } else { computed };
+            return steps.remove(id);
         }
         let uncomputed = match running.phase {
             EnginePhase::Overhead => uncached,
