@@ -33,16 +33,20 @@ struct Chunk {
     prompt_tokens: usize,
 }
 
+/// The step under way.
 #[derive(Debug)]
 struct Step {
+    /// When it ends, simulated seconds.
     end: f64,
+    /// What it computes, in admission order.
     chunks: Vec<Chunk>,
 }
 
 /// What the end of a step did to a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stepped {
-    /// Its prompt is computed: its first token is out.
+    /// Its prompt is computed: its first token is out once no block it hit is still
+    /// being computed by another request.
     Prefilled(u64),
     /// Its last token is out.
     Done(u64),
