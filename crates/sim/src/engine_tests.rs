@@ -66,6 +66,16 @@ fn finished(outputs: &[Output], want: u64) -> f64 {
         .expect("finished")
 }
 
+/// The cached tokens `want` was admitted with, if it was.
+fn cached_on_admission(outputs: &[Output], want: u64) -> Option<usize> {
+    outputs.iter().find_map(|o| match *o {
+        Output::Admitted {
+            id, cached_tokens, ..
+        } if id == want => Some(cached_tokens),
+        _ => None,
+    })
+}
+
 fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < TOL
 }
@@ -334,14 +344,7 @@ fn an_aborted_prefill_leaves_only_the_blocks_it_computed_cached() {
     core.abort(1);
     core.submit(req(2, 1, 3_200, 10));
     let out = run_to_idle(&mut core);
-    let cached = out.iter().find_map(|o| match *o {
-        Output::Admitted {
-            id: 2,
-            cached_tokens,
-            ..
-        } => Some(cached_tokens),
-        _ => None,
-    });
+    let cached = cached_on_admission(&out, 2);
     assert_eq!(cached, Some(1_500 / 16 * 16), "{out:?}");
 }
 
@@ -463,14 +466,7 @@ fn an_aborted_stepped_prefill_leaves_the_blocks_of_its_ended_steps_cached() {
     core.abort(1);
     core.submit(req(2, 1, 3_200, 10));
     let out = run_to_idle(&mut core);
-    let cached = out.iter().find_map(|o| match *o {
-        Output::Admitted {
-            id: 2,
-            cached_tokens,
-            ..
-        } => Some(cached_tokens),
-        _ => None,
-    });
+    let cached = cached_on_admission(&out, 2);
     assert_eq!(cached, Some(1_000 / 16 * 16), "{out:?}");
     assert_eq!(core.running(), 0);
 }
