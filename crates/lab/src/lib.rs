@@ -3,8 +3,9 @@
 //! selection path (parser, policies, index, sessions) with the proxy's in-flight and
 //! pending-prefill accounting, and, in the flow scenarios, the proxy's flow control over
 //! the core's (tenants and priorities sharing a full fleet); the engine half is the simulator's own model (block prefix
-//! cache with LRU and pinning, `max_num_seqs` scheduling, shared prefill throughput, decode
-//! interval), fed by the simulator's own template. The clients follow the replay's
+//! cache with LRU and pinning, `max_num_seqs` scheduling, shared prefill throughput and a
+//! decode interval, or vLLM's engine steps with `--max-num-batched-tokens`), fed by the
+//! simulator's own template. The clients follow the replay's
 //! schedule and the report is the replay's, so a lab run reads like a real-time one.
 //!
 //! Deterministic (the same inputs and seed give byte-identical output), with no sockets
@@ -174,6 +175,11 @@ pub struct LabArgs {
     /// `X-Vllm-Priority` does.
     #[arg(long, value_enum, default_value = "fcfs")]
     pub scheduling_policy: Scheduling,
+    /// Engines compute in vLLM's steps of at most this many tokens (prefill chunks and a
+    /// token of each decoding request; vLLM's `--max-num-batched-tokens`); 0 for none:
+    /// prefills share the throughput continuously and decode runs beside them.
+    #[arg(long, default_value_t = 0)]
+    pub max_num_batched_tokens: usize,
     /// Where the named traces are.
     #[arg(long, default_value = "../shared/traces")]
     pub traces: PathBuf,
@@ -268,6 +274,8 @@ pub struct Setting {
     pub restart: bool,
     /// The order the engines admit waiting requests in.
     pub scheduling: Scheduling,
+    /// Most tokens of an engine step (0: no steps).
+    pub max_num_batched_tokens: usize,
 }
 
 impl Setting {
@@ -291,6 +299,7 @@ impl Setting {
             bypass: 0.0,
             restart: false,
             scheduling: Scheduling::Fcfs,
+            max_num_batched_tokens: 0,
         }
     }
 
@@ -300,6 +309,7 @@ impl Setting {
             max_model_len: self.scenario.max_model_len,
             max_num_seqs: self.scenario.max_num_seqs,
             scheduling_policy: self.scheduling,
+            max_num_batched_tokens: self.max_num_batched_tokens,
             ..SimConfig::default()
         }
     }

@@ -73,6 +73,7 @@ pub fn settings(args: &LabArgs) -> Result<Vec<Setting>, LabError> {
                     bypass: args.bypass,
                     restart: args.restart,
                     scheduling: args.scheduling_policy,
+                    max_num_batched_tokens: args.max_num_batched_tokens,
                 });
             }
         }

@@ -44,6 +44,25 @@ fn every_request_is_answered_and_counted() {
     assert_eq!(results[0].decisions.values().sum::<u64>(), 120);
 }
 
+/// On vLLM's engine steps every request is answered too, deterministically, and the
+/// timing is the steps' own: a step's fixed time and chunked prefills move the tail.
+#[test]
+fn on_engine_steps_every_request_is_answered_the_same_way_twice() {
+    let stepped = Setting {
+        max_num_batched_tokens: 2048,
+        ..small()
+    };
+    let report = |setting: &Setting| {
+        let mut results = compare(setting, &["kv_aware".to_string()], &mut |_| {}).unwrap();
+        results.remove(0).report
+    };
+    let json = |setting: &Setting| serde_json::to_string(&report(setting)).unwrap();
+    let first = report(&stepped);
+    assert_eq!((first.requests.sent, first.requests.ok), (120, 120));
+    assert_eq!(serde_json::to_string(&first).unwrap(), json(&stepped));
+    assert_ne!(json(&stepped), json(&small()));
+}
+
 /// Without a tenants file, what waits past the router's in-flight limit waits in its
 /// queue as the proxy's does: a wait past the router's default `queue_timeout` (30 s)
 /// gets 503, and the rest is answered.
