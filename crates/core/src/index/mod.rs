@@ -64,11 +64,21 @@ impl PrefixIndex {
             .text(total)
     }
 
-    /// Records `chain` under `backend` (chosen by someone else); returns how much of it the
-    /// backend was believed to hold before.
-    pub fn record(&self, model: &[u8], chain: &[[u8; 8]], backend: BackendId) -> TextBytes {
-        let routed = (self.trees).route(model, &[chain.as_flattened()], |_| Some(backend));
-        routed.map_or(TextBytes(0), |r| KeyBytes(r.matched).text())
+    /// Records `chain` (of a text of `total` bytes) under `backend`, chosen by someone else;
+    /// returns the matches it had before.
+    pub fn record(
+        &self,
+        model: &[u8],
+        chain: &[[u8; 8]],
+        total: TextBytes,
+        backend: BackendId,
+    ) -> Matches<TextBytes> {
+        let mut before = None;
+        (self.trees).route(model, &[chain.as_flattened()], |keys| {
+            before = Some(keys.text(total));
+            Some(backend)
+        });
+        before.unwrap_or_else(|| Matches::none(total))
     }
 
     /// The most `backend` may hold as the index sees it: its budget, in routing text.

@@ -1,7 +1,10 @@
 //! The conversation table: which backend each conversation was last placed on and by
 //! whom (remembered for a time-to-live), and for each backend the routing text of its
 //! *live* conversations, those expected back: what its KV must hold for them to keep
-//! hitting. Bounded in entries; entries leave as time passes (amortized on every note).
+//! hitting. A start that several conversations share (a system prompt, as the prefix
+//! index saw it) is held once on a backend, so it counts once there, however many of its
+//! live conversations begin with it. Bounded in entries; entries leave as time passes
+//! (amortized on every note).
 //!
 //! A conversation is live until it has been idle for [`LIVE_GAPS`] times its own rhythm
 //! (the time between its last notes, the longer of the last two nearly), at least
@@ -17,7 +20,7 @@
 //! that a conversation whose turns reach different replicas has one home.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -54,6 +57,9 @@ pub struct Note {
     pub backend: BackendId,
     /// Its routing text now; 0 for a release.
     pub bytes: TextBytes,
+    /// The start of that text other conversations share (a system prompt), which its
+    /// backend holds once however many conversations count it; 0 if none.
+    pub shared: TextBytes,
     /// Who placed it: a router replica's id.
     pub origin: u64,
 }
@@ -63,6 +69,7 @@ struct ConversationEntry {
     backend: BackendId,
     origin: u64,
     bytes: TextBytes,
+    shared: TextBytes,
     seen: Duration,
     /// Its rhythm: the time between its last two notes, or half the one before when that
     /// was longer; `None` until it is seen twice.
@@ -81,7 +88,30 @@ struct Inner {
     /// stale when seen again later.
     kept: VecDeque<(Duration, u128)>,
     /// Live conversations, by backend id.
-    per_backend: Vec<Live>,
+    per_backend: Vec<Held>,
+}
+
+/// A backend's live conversations, as summed: their own text, and the shared starts they
+/// count, each once.
+#[derive(Clone, Default)]
+struct Held {
+    conversations: usize,
+    whole: TextBytes,
+    own: TextBytes,
+    /// Shared start -> how many live conversations count it. Keyed by length: two
+    /// different prompts of one length are taken for one.
+    shared: BTreeMap<TextBytes, usize>,
+}
+
+impl Held {
+    fn live(&self) -> Live {
+        let shared = self.shared.keys().fold(TextBytes(0), |sum, &s| sum + s);
+        Live {
+            conversations: self.conversations,
+            bytes: self.own + shared,
+            whole: self.whole,
+        }
+    }
 }
 
 /// A backend's live conversations: what its KV must hold for them to keep hitting.
@@ -89,8 +119,11 @@ struct Inner {
 pub struct Live {
     /// How many.
     pub conversations: usize,
-    /// Their routing text.
+    /// Their routing text, a start several of them share counted once: what the KV holds
+    /// for them.
     pub bytes: TextBytes,
+    /// Their routing texts summed, each whole: what they would hold apart.
+    pub whole: TextBytes,
 }
 
 type Sink = Box<dyn Fn(Note) + Send + Sync>;
@@ -148,6 +181,7 @@ impl Conversations {
             conversation,
             backend,
             bytes: TextBytes(0),
+            shared: TextBytes(0),
             origin,
         });
     }
@@ -175,6 +209,7 @@ impl Conversations {
             backend: note.backend,
             origin: note.origin,
             bytes: note.bytes,
+            shared: note.shared.min(note.bytes),
             seen: now,
             gap,
             live_until: Some(now + horizon),
@@ -193,7 +228,7 @@ impl Conversations {
         self.expire();
         let inner = self.inner.lock();
         backends
-            .map(|b| (inner.per_backend.get(b.0 as usize).copied()).unwrap_or_default())
+            .map(|b| (inner.per_backend.get(b.0 as usize)).map_or_else(Live::default, Held::live))
             .collect()
     }
 
@@ -253,20 +288,32 @@ impl Inner {
         }
         let i = e.backend.0 as usize;
         if self.per_backend.len() <= i {
-            self.per_backend.resize(i + 1, Live::default());
+            self.per_backend.resize(i + 1, Held::default());
         }
-        let live = &mut self.per_backend[i];
-        live.conversations += 1;
-        live.bytes += e.bytes;
+        let held = &mut self.per_backend[i];
+        held.conversations += 1;
+        held.whole += e.bytes;
+        held.own += e.bytes.saturating_sub(e.shared);
+        if e.shared.0 > 0 {
+            *held.shared.entry(e.shared).or_default() += 1;
+        }
     }
 
     fn sub(&mut self, e: ConversationEntry) {
         if e.live_until.is_none() {
             return;
         }
-        if let Some(live) = self.per_backend.get_mut(e.backend.0 as usize) {
-            live.conversations = live.conversations.saturating_sub(1);
-            live.bytes = live.bytes.saturating_sub(e.bytes);
+        let Some(held) = self.per_backend.get_mut(e.backend.0 as usize) else {
+            return;
+        };
+        held.conversations = held.conversations.saturating_sub(1);
+        held.whole = held.whole.saturating_sub(e.bytes);
+        held.own = held.own.saturating_sub(e.bytes.saturating_sub(e.shared));
+        if let Some(n) = held.shared.get_mut(&e.shared) {
+            *n -= 1;
+            if *n == 0 {
+                held.shared.remove(&e.shared);
+            }
         }
     }
 
@@ -332,6 +379,7 @@ mod tests {
             conversation,
             backend: BackendId(backend),
             bytes: TextBytes(bytes),
+            shared: TextBytes(0),
             origin: 7,
         }
     }
@@ -353,6 +401,28 @@ mod tests {
         assert_eq!(held(&t, &[0, 1]), [(0, 0), (2, 200)]);
         t.sweep(&|b| b != BackendId(1));
         assert_eq!(held(&t, &[1]), [(0, 0)]);
+    }
+
+    #[test]
+    fn a_start_several_conversations_share_counts_once_per_backend() {
+        let (t, _) = table();
+        let sharing = |conversation, backend, bytes, shared| Note {
+            shared: TextBytes(shared),
+            ..note(conversation, backend, bytes)
+        };
+        // Three conversations over a prompt of 100, two of them on backend 0.
+        t.note(sharing(1, 0, 150, 100));
+        t.note(sharing(2, 0, 130, 100));
+        t.note(sharing(3, 1, 120, 100));
+        // Another prompt, of 80, on backend 0 too.
+        t.note(sharing(4, 0, 90, 80));
+        assert_eq!(held(&t, &[0, 1]), [(3, 50 + 30 + 10 + 100 + 80), (1, 120)]);
+        let whole = t.held([BackendId(0)].into_iter())[0].whole;
+        assert_eq!(whole, TextBytes(150 + 130 + 90), "each whole");
+        // Moved, a conversation takes its share along; the prompt stays while one counts it.
+        t.note(sharing(1, 1, 160, 100));
+        t.note(sharing(4, 1, 95, 80));
+        assert_eq!(held(&t, &[0, 1]), [(1, 130), (3, 60 + 20 + 15 + 100 + 80)]);
     }
 
     #[test]

@@ -14,16 +14,20 @@
 //!   conversation's own history. At least [`MIN_PRIVATE`] of it on some backend make the
 //!   request a continuation, at home on the backend with the longest match.
 //! - **A continuation stays home**, unless home's live conversations (those expected back,
-//!   see [`Conversations`]) overflow its KV while another backend has room: then it moves
-//!   once, as a new conversation would be placed, instead of thrashing home's cache. A
-//!   turn the engine refused, or that failed, holds no KV: the proxy releases it
-//!   ([`Selector::released`]) and its conversation stops counting.
+//!   a prompt they share counted once, as the KV holds it; see [`Conversations`]) overflow
+//!   its KV while another backend has room: then it moves once, as a new conversation
+//!   would be placed, instead of thrashing home's cache. A turn the engine refused, or
+//!   that failed, holds no KV: the proxy releases it ([`Selector::released`]) and its
+//!   conversation stops counting.
 //! - **A new conversation** goes, among the backends with room for it (all of them when
 //!   none has), to the one where its first token comes soonest: the prefill of what that
 //!   backend does not hold, plus [`QUEUE_WEIGHT`] of the prefill already queued there. A
 //!   hot prefix ([`Matches::hot`](crate::tree::Matches::hot)) counts as held everywhere,
 //!   since every backend will soon hold it: a shared system prompt is worth little, a
-//!   session's own context a lot.
+//!   session's own context a lot. Room is counted in whole texts, as if live
+//!   conversations shared nothing: with a shared prompt counted once there, every
+//!   conversation of a prompt piled onto the backend that held it first and the rest of
+//!   the fleet idled (docs/BENCHMARKS.md, sessions sharing long prompts).
 //!
 //! Where each sequence has a KV of its own (llama.cpp's slots, read from its `/props`),
 //! room is also counted in live conversations, and a prefix other conversations share
@@ -96,12 +100,13 @@ impl View<'_> {
         self.ask.candidates.len()
     }
 
-    /// Whether candidate `i` can take this conversation without overflowing its KV: in
-    /// bytes, and in sequences where each has a KV of its own.
+    /// Whether candidate `i` has room for this conversation: its live conversations and
+    /// this one fit in its KV even were each to hold its whole text apart, and in
+    /// sequences where each has a KV of its own.
     fn room(&self, i: usize) -> bool {
         let (candidate, live) = (&self.ask.candidates[i], self.held[i]);
         let bytes = candidate.capacity.0 == 0
-            || live.bytes + self.ask.matches.total() <= candidate.capacity;
+            || live.whole + self.ask.matches.total() <= candidate.capacity;
         bytes && (candidate.sequences == 0 || live.conversations < candidate.sequences)
     }
 
@@ -115,7 +120,7 @@ impl View<'_> {
     /// bytes and, where each sequence has a KV of its own, its sequences.
     fn fill(&self, i: usize) -> f64 {
         let (candidate, live) = (&self.ask.candidates[i], self.held[i]);
-        let bytes = live.bytes.0 as f64 / candidate.capacity.0.max(1) as f64;
+        let bytes = live.whole.0 as f64 / candidate.capacity.0.max(1) as f64;
         let sequences = live.conversations as f64 / candidate.sequences.max(1) as f64;
         if candidate.sequences == 0 {
             bytes
@@ -233,12 +238,15 @@ impl Rule for KvAware {
         }
     }
 
-    fn placed(&self, request: &Request, backend: BackendId) {
+    fn placed(&self, request: &Request, backend: BackendId, shared: TextBytes) {
         self.conversations.note(Note {
             conversation: request.conversation(),
             backend,
             // A note of 0 bytes is a release: a placement counts at least 1.
             bytes: request.size().max(TextBytes(1)),
+            // Only a start before the conversation's own history (a system prompt) is
+            // held once for many: a fork of its own history is its own.
+            shared: shared.min(request.anchor()),
             origin: self.origin,
         });
     }
@@ -357,33 +365,37 @@ mod tests {
     }
 
     #[test]
-    fn a_full_backend_sheds_new_conversations_and_moves_one_that_overflows_it() {
+    fn a_full_backend_sheds_new_conversations_and_moves_one_only_once_its_kv_overflows() {
         let s = selector();
         let p = PROMPT.len();
-        let fleet = fleet(3, p * 7 / 2);
+        let fleet = fleet(3, 4 * p);
         let first = |i| conversation(user(i), &[]);
         let home = s.select(&request(&first(0), None), &fleet).index;
-        // The second conversation on the prompt goes where the prompt is, while it fits.
-        assert_eq!(s.select(&request(&first(1), None), &fleet).index, home);
-        // Conversation 0 grows until the two overflow their backend's KV.
+        // New conversations on the prompt go where it is while their whole texts fit...
+        for i in 1..3 {
+            assert_eq!(s.select(&request(&first(i), None), &fleet).index, home);
+        }
+        // ...and then to a backend with room.
+        let new = s.select(&request(&first(3), None), &fleet);
+        assert_ne!(new.index, home);
+        assert_eq!(new.outcome, Outcome::Placed);
+        // Conversation 0 grows: whole, the three texts overflow home's KV, but home holds
+        // the prompt once, so its next turn stays.
         let output: &'static str = Box::leak("tool output ".repeat(p * 3 / 24).into_boxed_str());
-        let grown = conversation(user(0), &[output]);
-        assert_eq!(s.select(&request(&grown, None), &fleet).index, home);
-        // A new conversation holding the same prompt goes to a backend with room.
-        let third = s.select(&request(&first(2), None), &fleet);
-        assert_ne!(third.index, home);
-        assert_eq!(third.outcome, Outcome::Placed);
-        let next = conversation(user(0), &[output, "and the next question"]);
-        // The next turn of conversation 0 leaves the overflowing backend for one with room.
-        let moved = s.select(&request(&next, None), &fleet);
+        let grown = |i, more: &'static str| conversation(user(i), &[output, more]);
+        for more in ["", "and the next question"] {
+            let stays = s.select(&request(&grown(0, more), None), &fleet);
+            assert_eq!((stays.index, stays.outcome), (home, Outcome::PrefixHit));
+        }
+        // Conversation 1 grows alike: now their own histories and the prompt overflow it,
+        // and conversation 0's next turn leaves for a backend with room.
+        assert_eq!(s.select(&request(&grown(1, ""), None), &fleet).index, home);
+        let moved = s.select(&request(&grown(0, "and another one"), None), &fleet);
         assert_eq!(
             (moved.outcome, moved.home),
             (Outcome::Imbalance, Some(home))
         );
-        assert!(
-            moved.index != home && moved.index != third.index,
-            "{moved:?}"
-        );
+        assert_ne!(moved.index, home);
     }
 
     #[test]

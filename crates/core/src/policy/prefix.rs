@@ -36,8 +36,10 @@ pub trait Rule: Send + Sync {
     /// Decides among the candidates.
     fn decide(&self, ask: &Ask) -> Decision;
 
-    /// Learns that `request` went to `backend` (chosen by this rule or by session affinity).
-    fn placed(&self, _request: &Request, _backend: BackendId) {}
+    /// Learns that `request` went to `backend` (chosen by this rule or by session
+    /// affinity), the index having seen `shared` of its text continued by other texts
+    /// ([`Matches::shared`]).
+    fn placed(&self, _request: &Request, _backend: BackendId, _shared: TextBytes) {}
 }
 
 /// A policy that routes on prefix matches with rule `R`.
@@ -89,16 +91,18 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
             });
         }
         let mut decision = Decision::new(0, Outcome::PrefixMiss);
+        let mut shared = TextBytes(0);
         let routed = self.index.route(request.model, &chain, total, |matches| {
             decision = self.rule.decide(&Ask {
                 matches,
                 candidates,
                 request,
             });
+            shared = matches.shared();
             candidates.get(decision.index).map(|c| c.id)
         });
         if let Some(backend) = routed {
-            self.rule.placed(request, backend);
+            self.rule.placed(request, backend, shared);
         }
         decision
     }
@@ -109,9 +113,9 @@ impl<R: Rule> Policy for PrefixPolicy<R> {
             let matches = self.index.matches(request.model, &chain, request.size());
             return matches.matched(backend);
         }
-        let matched = self.index.record(request.model, &chain, backend);
-        self.rule.placed(request, backend);
-        matched
+        let matches = (self.index).record(request.model, &chain, request.size(), backend);
+        self.rule.placed(request, backend, matches.shared());
+        matches.matched(backend)
     }
 }
 

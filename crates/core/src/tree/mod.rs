@@ -125,6 +125,16 @@ impl Matches {
 }
 
 impl<U: Copy + Ord + Default> Matches<U> {
+    /// No match, for a text of length `total`.
+    pub fn none(total: U) -> Self {
+        Matches {
+            total,
+            shared: U::default(),
+            hot: U::default(),
+            per_backend: SmallVec::new(),
+        }
+    }
+
     /// Length of the whole text.
     pub fn total(&self) -> U {
         self.total

@@ -99,6 +99,7 @@ mod tests {
             conversation,
             backend: BackendId(backend),
             bytes: TextBytes(100),
+            shared: TextBytes(0),
             origin: 0,
         }
     }

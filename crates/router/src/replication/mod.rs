@@ -3,10 +3,10 @@
 //! publish/subscribe. Each placement a replica makes of a conversation, and each response
 //! id it learns, is published on a channel; every replica merges the others' into its own
 //! tables. Replicas then agree on each conversation's home, and on where each response
-//! lives, whichever replica a request reaches, at the cost of one note (40 bytes) per
+//! lives, whichever replica a request reaches, at the cost of one note (48 bytes) per
 //! routed request, batched off the request path. A message's first byte says what its
-//! notes are ([`VERSION`]: placements, [`RESPONSES`]: response ids), so a replica that
-//! knows only placements skips the rest. Off unless `shared_table` is configured: a single
+//! notes are ([`VERSION`]: placements, [`RESPONSES`]: response ids), so a replica skips
+//! what it does not know, such as the placements of an older version during an upgrade. Off unless `shared_table` is configured: a single
 //! router never needs it.
 //!
 //! Backends are named on the wire by the hash of their address, the same on every
@@ -42,13 +42,16 @@ mod metrics;
 const OUTBOX: usize = 1 << 16;
 /// Notes published in one message at most.
 const BATCH: usize = 1024;
-/// Wire format version of placements, the first byte of their messages.
-const VERSION: u8 = 1;
+/// Wire format version of placements, the first byte of their messages (1 had no shared
+/// start).
+const VERSION: u8 = 3;
 /// The first byte of messages of response ids (notes of 0 bytes, whose conversation is the
 /// id's key).
 const RESPONSES: u8 = 2;
-/// Bytes of one note on the wire.
+/// Bytes of one response id's note on the wire.
 const NOTE_BYTES: usize = 40;
+/// Bytes of one placement on the wire: a note and its shared start.
+const PLACEMENT_BYTES: usize = NOTE_BYTES + 8;
 
 /// Where replicas share their table.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,6 +143,7 @@ impl Replication {
                         conversation: key,
                         backend,
                         bytes: TextBytes(0),
+                        shared: TextBytes(0),
                         origin: self.origin,
                     }),
                 }
@@ -189,7 +193,7 @@ impl Replication {
                 .find(|b| b.id == id)
                 .map(|b| b.account.hash)
         };
-        let mut payload = Vec::with_capacity(1 + notes.len() * NOTE_BYTES);
+        let mut payload = Vec::with_capacity(1 + notes.len() * PLACEMENT_BYTES);
         payload.push(kind);
         for note in notes {
             let Some(hash) = hash_of(note.backend) else {
@@ -199,6 +203,9 @@ impl Replication {
             payload.extend_from_slice(&hash.to_le_bytes());
             payload.extend_from_slice(&(note.bytes.0 as u64).to_le_bytes());
             payload.extend_from_slice(&note.origin.to_le_bytes());
+            if kind == VERSION {
+                payload.extend_from_slice(&(note.shared.0 as u64).to_le_bytes());
+            }
         }
         payload
     }
@@ -207,12 +214,14 @@ impl Replication {
         let Some((&kind, records)) = payload.split_first() else {
             return;
         };
-        if kind != VERSION && kind != RESPONSES {
-            return;
-        }
+        let size = match kind {
+            VERSION => PLACEMENT_BYTES,
+            RESPONSES => NOTE_BYTES,
+            _ => return,
+        };
         let snapshot = self.fleet.snapshot();
         let mut merged = 0;
-        for record in records.chunks_exact(NOTE_BYTES) {
+        for record in records.chunks_exact(size) {
             let Some(note) = decode(record) else {
                 continue;
             };
@@ -226,13 +235,14 @@ impl Replication {
             else {
                 continue;
             };
-            let bytes = TextBytes(usize::try_from(note.bytes).unwrap_or(usize::MAX));
+            let text = |n: u64| TextBytes(usize::try_from(n).unwrap_or(usize::MAX));
             match (kind, &self.tables.conversations) {
                 (RESPONSES, _) => self.tables.responses.merge(note.conversation, backend.id),
                 (_, Some(conversations)) => conversations.merge(Note {
                     conversation: note.conversation,
                     backend: backend.id,
-                    bytes,
+                    bytes: text(note.bytes),
+                    shared: text(note.shared),
                     origin: note.origin,
                 }),
                 (_, None) => continue,
@@ -249,6 +259,8 @@ struct Wire {
     hash: u64,
     bytes: u64,
     origin: u64,
+    /// 0 where the record has none (a response id's).
+    shared: u64,
 }
 
 fn decode(record: &[u8]) -> Option<Wire> {
@@ -258,6 +270,7 @@ fn decode(record: &[u8]) -> Option<Wire> {
         hash: u64_at(16)?,
         bytes: u64_at(24)?,
         origin: u64_at(32)?,
+        shared: u64_at(40).unwrap_or(0),
     })
 }
 
@@ -332,6 +345,7 @@ mod tests {
             conversation: 42,
             backend: BackendId(1),
             bytes: TextBytes(0),
+            shared: TextBytes(0),
             origin: 1,
         };
         b.merge(&a.encode(RESPONSES, &[id]));
@@ -354,6 +368,7 @@ mod tests {
             conversation,
             backend: BackendId(backend),
             bytes: TextBytes(bytes),
+            shared: TextBytes(0),
             origin,
         }
     }
@@ -362,21 +377,25 @@ mod tests {
     fn notes_travel_by_backend_hash_and_a_replica_skips_its_own() {
         let fleet = fleet();
         let (a, b) = (replica(&fleet, 1), replica(&fleet, 2));
-        let payload = a.encode(
-            VERSION,
-            &[note(7, 1, 300, 1), note(8, 0, 0, 1), note(9, 0, 50, 2)],
-        );
-        assert_eq!(payload.len(), 1 + 3 * NOTE_BYTES);
+        // 7 and 10 share a start of 100 bytes, which backend 1 holds once.
+        let shared = |n: Note| Note {
+            shared: TextBytes(100),
+            ..n
+        };
+        let notes = [note(7, 1, 300, 1), note(8, 0, 0, 1), note(9, 0, 50, 2)];
+        let payload = a.encode(VERSION, &[shared(notes[0]), notes[1], notes[2]]);
+        assert_eq!(payload.len(), 1 + 3 * PLACEMENT_BYTES);
         b.merge(&payload);
         assert_eq!(b.conversations().home_of(7), Some((BackendId(1), 1)));
         // A release (0 bytes) of a conversation b never saw changes nothing; b's own note
         // coming back is skipped.
         assert_eq!(b.conversations().home_of(8), None);
         assert_eq!(b.conversations().home_of(9), None);
+        b.merge(&a.encode(VERSION, &[shared(note(10, 1, 250, 1))]));
         let live = b
             .conversations()
             .held([BackendId(0), BackendId(1)].into_iter());
-        assert_eq!((live[0].conversations, live[1].bytes), (0, TextBytes(300)));
+        assert_eq!((live[0].conversations, live[1].bytes), (0, TextBytes(450)));
     }
 
     #[test]
@@ -388,7 +407,7 @@ mod tests {
         b.merge(&payload);
         assert_eq!(b.conversations().home_of(7), None);
         let mut payload = a.encode(VERSION, &[note(7, 1, 300, 1), note(8, 1, 300, 1)]);
-        payload.truncate(1 + NOTE_BYTES + 10);
+        payload.truncate(1 + PLACEMENT_BYTES + 10);
         b.merge(&payload);
         assert_eq!(b.conversations().home_of(7), Some((BackendId(1), 1)));
         assert_eq!(
