@@ -6,8 +6,8 @@
 //! lives, whichever replica a request reaches, at the cost of one note (48 bytes) per
 //! routed request, batched off the request path. A message's first byte says what its
 //! notes are ([`VERSION`]: placements, [`RESPONSES`]: response ids), so a replica skips
-//! what it does not know, such as the placements of an older version during an upgrade. Off unless `shared_table` is configured: a single
-//! router never needs it.
+//! what it does not know, such as the placements of an older version during an upgrade.
+//! Off unless `shared_table` is configured: a single router never needs it.
 //!
 //! Backends are named on the wire by the hash of their address, the same on every
 //! replica. A replica that loses the server keeps routing on its own table and reconnects
